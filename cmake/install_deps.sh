@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the Debian packages moonmoe's build, tests, examples and benchmarks need.
+# A quick no-op (no apt-get update) when they are all installed already.
+set -euo pipefail
+
+packages=(
+  cmake g++ make
+  libeigen3-dev nlohmann-json3-dev
+  doctest-dev libbenchmark-dev
+  libopenblas-dev libopenmpi-dev openmpi-bin
+)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "install_deps.sh: not a Debian/Ubuntu system (no dpkg-query); install these yourself:" >&2
+  echo "  ${packages[*]}" >&2
+  exit 0
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if (( ${#missing[@]} == 0 )); then
+  echo "install_deps.sh: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+if (( EUID == 0 )); then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "install_deps.sh: need root or sudo to install: ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "install_deps.sh: installing ${missing[*]}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps.sh: installed ${missing[*]}"

@@ -1,0 +1,68 @@
+// moonmoe/config/model.hpp: `Model<Dims<...>, Attention<...>, RoPE<...>, MoE<...>, Optimizer<...>, Parallel<...>,
+// Backend<...>>`, a whole model as a type.
+//
+// Components come in any order and each is optional: a missing one is Kimi K2's (and Parallel<1, 1, 1>,
+// Backend<cpu>). The type checks its configuration when it is used (any member access), and answers the
+// accounting questions at compile time when every size is static:
+//
+//   using K2 = moonmoe::KimiK2;
+//   static_assert(K2::parameter_count() == 1'026'408'232'448);
+#pragma once
+
+#include "accounting.hpp"
+#include "model_config.hpp"
+
+namespace moonmoe {
+
+template <class... Components>
+struct Model {
+    using accepted = detail::slot_list<slots::dims, slots::attention, slots::rope, slots::moe, slots::optimizer,
+                                       slots::parallel, slots::backend>;
+    MOONMOE_CHECK_ARGUMENTS("Model<...>", accepted, Components);
+
+    using dims = detail::pick_t<slots::dims, Dims<>, Components...>;
+    using attention = detail::pick_t<slots::attention, Attention<>, Components...>;
+    using rope = detail::pick_t<slots::rope, RoPE<>, Components...>;
+    using moe = detail::pick_t<slots::moe, MoE<>, Components...>;
+    using optimizer = detail::pick_t<slots::optimizer, Optimizer<>, Components...>;
+    using parallel = detail::pick_t<slots::parallel, Parallel<>, Components...>;
+    using backend = typename detail::pick_t<slots::backend, Backend<>, Components...>::type;
+
+    static constexpr ModelConfig config{dims::value,      attention::value, rope::value,  moe::value,
+                                        optimizer::value, parallel::value,  backend::kind};
+
+#define MOONMOE_STATIC_RULE(name, message, ...) static_assert(rules::name(config), message);
+    MOONMOE_CONFIG_RULES(MOONMOE_STATIC_RULE)
+#undef MOONMOE_STATIC_RULE
+
+    static constexpr bool is_static = config.is_static();
+
+    /// The same model with some components replaced, e.g. `KimiK2::with<Parallel<1, 1, 1>>`.
+    template <class... New>
+    using with = typename detail::replacing<Model, New...>::template apply<Components...>;
+
+    /// Parameter counts per component and in total (spec/kimi_k2.md §6).
+    static constexpr ParameterCounts parameters() requires is_static { return count_parameters(config); }
+    static constexpr index_t parameter_count() requires is_static { return parameters().total; }
+    static constexpr index_t activated_parameter_count() requires is_static { return parameters().active; }
+
+    /// Forward FLOPs per token at sequence length `seq_len` (causal), per component.
+    static constexpr FlopCounts flops_per_token(index_t seq_len) requires is_static {
+        return count_flops(config, seq_len);
+    }
+
+    static constexpr bool dp_is_static = config.parallel.dp != Dynamic;
+
+    /// Bytes held by the most loaded rank of the Parallel<> layout, at the DP size of the type...
+    static constexpr RankMemory memory_per_rank() requires(is_static && dp_is_static) {
+        return most_loaded_rank(config, config.parallel.dp);
+    }
+    /// ...or at data-parallel size `dp` (for a type whose DP is Dynamic, or to ask "what if").
+    static constexpr RankMemory memory_per_rank(index_t dp) requires is_static {
+        ModelConfig c = config;
+        c.parallel.dp = dp;
+        return most_loaded_rank(c, dp);
+    }
+};
+
+}  // namespace moonmoe

@@ -1,0 +1,235 @@
+// moonmoe/config/optimizer.hpp: `Optimizer<Muon<...>, QKClip<100.0>>`, i.e. MuonClip, with AdamW for what Muon does
+// not take (embeddings, the output head, 1-D parameters) and a WSD learning-rate schedule.
+//
+// Defaults are Kimi K2's recipe (report §2.1 and §3.4.1, Algorithm 1): Muon with momentum 0.95 (Nesterov), five
+// quintic Newton-Schulz steps, update RMS matched to AdamW (0.2 * sqrt(max(n, m))), weight decay 0.1 with the
+// unscaled learning rate, QK-Clip at tau = 100, WSD with 500 warm-up steps, 2e-4 for 10T tokens, cosine to 2e-5
+// over 5.5T tokens at 67M tokens per step. Formulas and oracles: spec/muonclip.md.
+#pragma once
+
+#include "detail/cmath.hpp"
+#include "named.hpp"
+
+namespace moonmoe {
+namespace slots {
+struct optimizer; struct muon; struct adamw; struct qk_clip; struct schedule;
+struct momentum; struct nesterov; struct ns_steps; struct ns_coefficients; struct update_scale; struct weight_decay;
+struct learning_rate; struct beta1; struct beta2; struct eps; struct clip_alpha; struct clip_scope;
+struct warmup; struct stable; struct decay; struct final_lr;
+}  // namespace slots
+
+// ---- Newton-Schulz coefficient schedules: (a, b, c) per iteration, p(x) = a x + b x^3 + c x^5 ----
+struct NSCoefficients { double a, b, c; };
+
+/// Keller Jordan's fixed quintic, repeated every iteration (KellerJordan/Muon, torch.optim.Muon default).
+struct KellerQuintic {
+    static constexpr NSCoefficients table[] = {{3.4445, -4.7750, 2.0315}};
+    static constexpr bool cycle = true;  ///< repeat the table; otherwise the last entry repeats past its end
+};
+/// Polar Express as in modded-nanogpt (normalise by 1.02 * ||X||_F); spec/muonclip.md §9.
+struct PolarExpress {
+    static constexpr NSCoefficients table[] = {
+        {8.156554524902461, -22.48329292557795, 15.878769915207462},
+        {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+        {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+        {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+        {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
+    static constexpr bool cycle = false;
+    static constexpr double norm_safety = 1.02;
+};
+/// You's per-iteration quintic (Emerging-Optimizers "quintic"), cycled past five steps.
+struct YouQuintic {
+    static constexpr NSCoefficients table[] = {{4.0848, -6.8946, 2.9270}, {3.9505, -6.3029, 2.6377},
+                                               {3.7418, -5.5913, 2.3037}, {2.8769, -3.1427, 1.2046},
+                                               {2.8366, -3.0525, 1.2012}};
+    static constexpr bool cycle = true;
+};
+
+// ---- Muon update scale policies: the factor on the orthogonalised update of an n x m matrix ----
+/// 0.2 * sqrt(max(n, m)): matches AdamW's update RMS so Muon reuses AdamW's lr and weight decay (Moonlight, K2).
+template <auto K = 0.2>
+struct MatchAdamWRMS { static constexpr double factor = double(K); };
+/// sqrt(max(1, n / m)): Keller Jordan's original scale.
+struct ShapeScale {};
+
+enum class UpdateScaleKind { match_adamw_rms, shape };
+
+template <auto V> using Momentum = Value<slots::momentum, double(V)>;
+template <bool B> using Nesterov = Value<slots::nesterov, B>;
+template <int N> using NSSteps = Value<slots::ns_steps, N>;
+template <class C> using Coefficients = Policy<slots::ns_coefficients, C>;
+template <class S> using UpdateScale = Policy<slots::update_scale, S>;
+template <auto V> using WeightDecay = Value<slots::weight_decay, double(V)>;
+template <auto V> using LearningRate = Value<slots::learning_rate, double(V)>;  ///< peak lr (the schedule multiplies it)
+template <auto V> using Beta1 = Value<slots::beta1, double(V)>;
+template <auto V> using Beta2 = Value<slots::beta2, double(V)>;
+template <auto V> using Eps = Value<slots::eps, double(V)>;
+
+struct MuonConfig {
+    bool enabled;  ///< false: AdamW takes the matrices too (NoMuon)
+    double momentum;
+    bool nesterov;
+    int ns_steps;
+    UpdateScaleKind scale;
+    double scale_factor;  ///< K of MatchAdamWRMS<K>; 1 for ShapeScale
+    double weight_decay;
+    double learning_rate;
+};
+
+namespace detail {
+template <class S> struct scale_of;
+template <auto K> struct scale_of<MatchAdamWRMS<K>> {
+    static constexpr UpdateScaleKind kind = UpdateScaleKind::match_adamw_rms;
+    static constexpr double factor = double(K);
+};
+template <> struct scale_of<ShapeScale> {
+    static constexpr UpdateScaleKind kind = UpdateScaleKind::shape;
+    static constexpr double factor = 1.0;
+};
+}  // namespace detail
+
+template <class... Args>
+struct Muon {
+    using slot = slots::muon;
+    using accepted = detail::slot_list<slots::momentum, slots::nesterov, slots::ns_steps, slots::ns_coefficients,
+                                       slots::update_scale, slots::weight_decay, slots::learning_rate>;
+    MOONMOE_CHECK_ARGUMENTS("Muon<...>", accepted, Args);
+    using coefficients = detail::policy_of<slots::ns_coefficients, KellerQuintic, Args...>;
+    using scale = detail::scale_of<detail::policy_of<slots::update_scale, MatchAdamWRMS<>, Args...>>;
+    static constexpr MuonConfig value{
+        .enabled = true,
+        .momentum = detail::value_of<slots::momentum, 0.95, Args...>,
+        .nesterov = detail::value_of<slots::nesterov, true, Args...>,
+        .ns_steps = detail::value_of<slots::ns_steps, 5, Args...>,
+        .scale = scale::kind,
+        .scale_factor = scale::factor,
+        .weight_decay = detail::value_of<slots::weight_decay, 0.1, Args...>,
+        .learning_rate = detail::value_of<slots::learning_rate, 2e-4, Args...>,
+    };
+};
+
+/// No Muon: every parameter goes to AdamW (as DeepSeek-V3 was trained).
+struct NoMuon {
+    using slot = slots::muon;
+    using coefficients = KellerQuintic;
+    static constexpr MuonConfig value{.enabled = false, .momentum = 0.95, .nesterov = true, .ns_steps = 5,
+                                      .scale = UpdateScaleKind::match_adamw_rms, .scale_factor = 0.2,
+                                      .weight_decay = 0.1, .learning_rate = 2e-4};
+};
+
+struct AdamWConfig {
+    double beta1, beta2, eps, weight_decay, learning_rate;
+};
+
+template <class... Args>
+struct AdamW {
+    using slot = slots::adamw;
+    using accepted =
+        detail::slot_list<slots::beta1, slots::beta2, slots::eps, slots::weight_decay, slots::learning_rate>;
+    MOONMOE_CHECK_ARGUMENTS("AdamW<...>", accepted, Args);
+    static constexpr AdamWConfig value{
+        .beta1 = detail::value_of<slots::beta1, 0.9, Args...>,
+        .beta2 = detail::value_of<slots::beta2, 0.95, Args...>,
+        .eps = detail::value_of<slots::eps, 1e-8, Args...>,
+        .weight_decay = detail::value_of<slots::weight_decay, 0.1, Args...>,
+        .learning_rate = detail::value_of<slots::learning_rate, 2e-4, Args...>,
+    };
+};
+
+// ---- QK-Clip ----
+/// Which logit maximum decides a head's rescaling.
+enum class ClipScope {
+    per_head,   ///< each head by its own maximum (K2's Algorithm 1)
+    per_layer,  ///< all heads of a layer by the layer's maximum (the report's naive form)
+};
+struct PerHead { static constexpr ClipScope value = ClipScope::per_head; };
+struct PerLayer { static constexpr ClipScope value = ClipScope::per_layer; };
+
+template <auto A> using ClipAlpha = Value<slots::clip_alpha, double(A)>;  ///< MHA: q *= gamma^alpha, k *= gamma^(1-alpha)
+template <class S> using Scope = Policy<slots::clip_scope, S>;
+
+struct QKClipConfig {
+    bool enabled;
+    double tau;    ///< threshold on the maximum scaled pre-softmax logit
+    double alpha;
+    ClipScope scope;
+};
+
+template <auto Tau, class... Args>
+struct QKClip {
+    using slot = slots::qk_clip;
+    using accepted = detail::slot_list<slots::clip_alpha, slots::clip_scope>;
+    MOONMOE_CHECK_ARGUMENTS("QKClip<tau, ...>", accepted, Args);
+    static constexpr QKClipConfig value{
+        .enabled = true,
+        .tau = double(Tau),
+        .alpha = detail::value_of<slots::clip_alpha, 0.5, Args...>,
+        .scope = detail::policy_of<slots::clip_scope, PerHead, Args...>::value,
+    };
+};
+/// Plain Muon: no rescaling after the step.
+struct NoQKClip {
+    using slot = slots::qk_clip;
+    static constexpr QKClipConfig value{.enabled = false, .tau = 0.0, .alpha = 0.5, .scope = ClipScope::per_head};
+};
+
+// ---- WSD learning-rate schedule: linear warm-up, constant, cosine decay to a final rate ----
+template <long long N> using Warmup = Value<slots::warmup, N>;  ///< steps
+template <long long N> using Stable = Value<slots::stable, N>;  ///< steps at the peak rate after warm-up
+template <long long N> using Decay = Value<slots::decay, N>;    ///< steps of cosine decay
+template <auto V> using FinalLR = Value<slots::final_lr, double(V)>;  ///< as a fraction of the peak rate
+
+struct ScheduleConfig {
+    long long warmup, stable, decay;
+    double final_fraction;
+
+    /// Multiplier of the peak learning rate at `step` (0-based): (step+1)/warmup during warm-up, 1 while stable,
+    /// then final + (1 - final) * (1 + cos(pi * t)) / 2 with t going 0 -> 1 over the decay, then final.
+    constexpr double multiplier(long long step) const {
+        if (step < warmup) return double(step + 1) / double(warmup);
+        step -= warmup;
+        if (step < stable) return 1.0;
+        step -= stable;
+        if (decay <= 0 || step >= decay) return final_fraction;
+        constexpr double pi = 3.14159265358979323846264338327950288;
+        double t = double(step) / double(decay);
+        return final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + detail::ccos(pi * t));
+    }
+};
+
+template <class... Args>
+struct WSD {
+    using slot = slots::schedule;
+    using accepted = detail::slot_list<slots::warmup, slots::stable, slots::decay, slots::final_lr>;
+    MOONMOE_CHECK_ARGUMENTS("WSD<...>", accepted, Args);
+    // K2: 10T tokens at the peak after warm-up and 5.5T tokens of decay, at 67M tokens per step.
+    static constexpr ScheduleConfig value{
+        .warmup = detail::value_of<slots::warmup, 500LL, Args...>,
+        .stable = detail::value_of<slots::stable, 149254LL - 500LL, Args...>,
+        .decay = detail::value_of<slots::decay, 82090LL, Args...>,
+        .final_fraction = detail::value_of<slots::final_lr, 0.1, Args...>,
+    };
+};
+
+struct OptimizerConfig {
+    MuonConfig muon;
+    AdamWConfig adamw;
+    QKClipConfig qk_clip;
+    ScheduleConfig schedule;
+};
+
+/// `Optimizer<Muon<...>, QKClip<tau>>`; arguments in any order, each optional (MuonClip as in K2 by default).
+template <class... Args>
+struct Optimizer {
+    using slot = slots::optimizer;
+    using accepted = detail::slot_list<slots::muon, slots::adamw, slots::qk_clip, slots::schedule>;
+    MOONMOE_CHECK_ARGUMENTS("Optimizer<...>", accepted, Args);
+    using muon = detail::pick_t<slots::muon, Muon<>, Args...>;
+    using adamw = detail::pick_t<slots::adamw, AdamW<>, Args...>;
+    using qk_clip = detail::pick_t<slots::qk_clip, QKClip<100.0>, Args...>;
+    using schedule = detail::pick_t<slots::schedule, WSD<>, Args...>;
+    using coefficients = typename muon::coefficients;
+    static constexpr OptimizerConfig value{muon::value, adamw::value, qk_clip::value, schedule::value};
+};
+
+}  // namespace moonmoe
