@@ -1,8 +1,17 @@
 // kimi_k2_1t: the full Kimi K2 model as a type, next to DeepSeek-V3: what it holds, what a token costs, and what
-// one rank of K2's Parallel<16, 16, DP> training layout keeps in memory. Everything printed is computed at compile
-// time from the type; nothing of the 1T parameters is allocated.
-// example-test:
+// one rank of K2's Parallel<16, 16, DP> training layout keeps in memory (all computed at compile time; nothing
+// of the 1T parameters is allocated). Then a real computation at full width: one Kimi K2 MoE decoder layer,
+// forward and backward, with the routed experts of one expert-parallel rank.
+//
+//   kimi_k2_1t [--tokens N]        the accounting, then the full-width layer on N tokens (default 256)
+//   kimi_k2_1t --accounting-only   the accounting alone (milliseconds)
+// example-test: --accounting-only
+#include <sys/resource.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cmath>
+#include <cstring>
 #include <string>
 
 #include <moonmoe/moonmoe.hpp>
@@ -75,9 +84,135 @@ void print_memory(const char* name) {
     }
 }
 
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double peak_rss_gib() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
+}
+
+/// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16.
+void run_full_width_layer(index_t tokens) {
+    using moonmoe::nn::DecoderLayer;
+    using Mat = moonmoe::Tensor<float, 2>;
+    constexpr moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
+    constexpr index_t ep = cfg.parallel.ep, local = cfg.moe.experts / ep, H = cfg.dims.hidden;
+    std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence):\n",
+                long(tokens));
+    std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
+                "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
+                "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
+                long(local), long(local - 1));
+    std::printf("  not computed: the other %ld experts (they live on the 15 other EP ranks; their tokens would\n"
+                "                leave and return by all-to-all), the other 60 layers, embeddings and head\n",
+                long(cfg.moe.experts - local));
+
+    auto step = [](int i, const char* what) {
+        std::printf("  [%d/5] %-44s", i, what);
+        std::fflush(stdout);
+        return Clock::now();
+    };
+    auto t = step(1, "allocating weights, zeroing gradients");
+    DecoderLayer<> layer(cfg, /*index=*/1, /*first_expert=*/0, /*expert_count=*/local);
+    layer.visit_params("layer", [](const moonmoe::ParamRef& p) {  // as every training step does, in parallel
+        if (p.grad) moonmoe::backend::Ops<moonmoe::cpu>::fill(moonmoe::View<float, 2>(p.grad, {p.shape[0], p.numel() / p.shape[0]}), 0.0f);
+    });
+    std::printf("%6.2f s\n", since(t));
+
+    t = step(2, "initialising weights (uniform, fan-in scaled)");
+    std::uint64_t seed = 1;
+    layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
+        moonmoe::View<float, 2> v(p.value, {1, p.numel()});
+        if (p.kind == moonmoe::ParamKind::vector) return;  // norm gains stay 1
+        if (p.kind == moonmoe::ParamKind::router_bias) return;  // the correction bias starts at 0
+        const float bound = std::sqrt(3.0f / float(p.shape.back()));  // unit-variance outputs
+        moonmoe::backend::Ops<moonmoe::cpu>::fill_uniform(v, -bound, bound, seed++);
+    });
+    Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
+    moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(h.view(), 0.0f, 1.0f, 1000);
+    moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(dout.view(), 0.0f, 1.0f, 1001);
+    std::printf("%6.2f s\n", since(t));
+
+    const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
+    DecoderLayer<>::Cache cache;
+    Mat a_in({tokens, H}), attn({tokens, H}), h1({tokens, H}), m_in({tokens, H}), m({tokens, H});
+    std::vector<float> rstd1(static_cast<std::size_t>(tokens)), rstd2(static_cast<std::size_t>(tokens));
+    double fwd_norm = 0, fwd_attn = 0, bwd_norm = 0, bwd_attn = 0;
+
+    t = step(3, "forward");
+    auto p = Clock::now();
+    layer.input_layernorm.forward(h.view(), a_in.view(), rstd1.data());
+    fwd_norm += since(p), p = Clock::now();
+    layer.self_attn.forward(a_in.view(), layout, attn.view(), cache.attn);
+    fwd_attn += since(p), p = Clock::now();
+    DecoderLayer<>::add(h.view(), attn.view(), h1.view());
+    layer.post_attention_layernorm.forward(h1.view(), m_in.view(), rstd2.data());
+    fwd_norm += since(p);
+    layer.moe.forward(m_in.view(), m.view(), cache.moe);
+    DecoderLayer<>::add(h1.view(), m.view(), out.view());
+    const double forward_seconds = since(t);
+    const auto forward_times = layer.moe.times;
+    std::printf("%6.2f s\n", forward_seconds);
+
+    t = step(4, "backward");
+    Mat dm({tokens, H}), dh1({tokens, H}), da({tokens, H});
+    layer.moe.backward(dout.view(), cache.moe, dm.view());
+    p = Clock::now();
+    moonmoe::backend::Ops<moonmoe::cpu>::copy(dout.view(), dh1.view());
+    layer.post_attention_layernorm.backward(h1.view(), rstd2.data(), dm.view(), dh1.view(), true);
+    bwd_norm += since(p), p = Clock::now();
+    layer.self_attn.backward(dh1.view(), cache.attn, da.view());
+    bwd_attn += since(p), p = Clock::now();
+    moonmoe::backend::Ops<moonmoe::cpu>::copy(dh1.view(), dh.view());
+    layer.input_layernorm.backward(h.view(), rstd1.data(), da.view(), dh.view(), true);
+    bwd_norm += since(p);
+    const double backward_seconds = since(t);
+    std::printf("%6.2f s\n", backward_seconds);
+
+    t = step(5, "checking the results are finite");
+    double out_norm = 0, grad_norm = 0;
+    for (index_t i = 0; i < out.numel(); ++i) out_norm += double(out.data()[i]) * out.data()[i];
+    for (index_t i = 0; i < dh.numel(); ++i) grad_norm += double(dh.data()[i]) * dh.data()[i];
+    std::printf("%6.2f s\n", since(t));
+
+    const auto& mt = layer.moe.times;
+    const index_t routed_here = tokens * cfg.moe.top_k - layer.moe.skipped_assignments;
+    std::printf("\n  time per part            forward   backward\n");
+    std::printf("  MLA (64 heads)          %7.2f s %8.2f s\n", fwd_attn, bwd_attn);
+    std::printf("  router (384 experts)    %7.2f s %8.2f s\n", forward_times.router, mt.router - forward_times.router);
+    std::printf("  routed experts (%2ld)     %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n",
+                long(local), forward_times.experts, mt.experts - forward_times.experts, long(routed_here),
+                long(tokens * cfg.moe.top_k));
+    std::printf("  shared expert           %7.2f s %8.2f s\n", forward_times.shared, mt.shared - forward_times.shared);
+    std::printf("  norms and residuals     %7.2f s %8.2f s\n", fwd_norm, bwd_norm);
+    std::printf("  layer                   %7.2f s %8.2f s\n", forward_seconds, backward_seconds);
+    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (%s of weights + gradients)\n",
+                std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
+                (grouped(2 * (moonmoe::count_parameters(cfg).attention_layer.total() +
+                              (local + 1) * moonmoe::count_parameters(cfg).expert +
+                              moonmoe::count_parameters(cfg).router_layer)) + " floats").c_str());
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    bool layer = true;
+    index_t tokens = 256;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--accounting-only")) {
+            layer = false;
+        } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            tokens = std::atol(argv[++i]);
+            if (tokens < 1) {
+                std::fprintf(stderr, "kimi_k2_1t: --tokens needs a positive count, got '%s'\n", argv[i]);
+                return 2;
+            }
+        } else {
+            std::fprintf(stderr, "usage: %s [--tokens N | --accounting-only]\n", argv[0]);
+            return 2;
+        }
+    }
     std::printf("moonmoe %d.%d.%d: Kimi K2 as a C++ type (no weights allocated; all figures are constexpr)\n",
                 MOONMOE_VERSION_MAJOR, MOONMOE_VERSION_MINOR, MOONMOE_VERSION_PATCH);
 
@@ -140,5 +275,6 @@ int main() {
 
     print_memory<moonmoe::KimiK2>("Kimi K2");
     print_memory<moonmoe::DeepSeekV3>("DeepSeek-V3");
+    if (layer) run_full_width_layer(tokens);
     return 0;
 }

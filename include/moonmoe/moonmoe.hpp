@@ -1,8 +1,16 @@
 // moonmoe/moonmoe.hpp: the umbrella header.
 //
 // moonmoe is a header-only C++20 library for Mixture-of-Experts transformers of the Kimi K2 family (DeepSeek-V3
-// architecture). Layers, each a folder, each including only the ones above it: config/ (compile-time model
-// description and accounting), then tensor/, backend/, nn/, optim/, parallel/, io/ as they land.
+// architecture). Its layers, each a folder that includes only the ones listed before it: config/ (the model as a
+// type, rules, accounting; no dependencies), tensor/, backend/ (cpu: Eigen), nn/ (modules with forward and
+// backward), io/ (safetensors, config.json, Hugging Face checkpoints). <moonmoe/config.hpp> alone needs nothing
+// but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
 #pragma once
 
 #include "config.hpp"
+#include "tensor/dtype.hpp"
+#include "tensor/tensor.hpp"
+#include "backend/cpu.hpp"
+#include "nn.hpp"
+#include "io/checkpoint.hpp"
+#include "io/model_io.hpp"

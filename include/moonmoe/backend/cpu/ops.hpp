@@ -1,0 +1,163 @@
+// moonmoe/backend/cpu/ops.hpp: the compute primitives of Backend<cpu>, on Eigen.
+//
+// Matrices are row-major views whose rows are contiguous (row pitch = strides[0]), so a head's slice of a
+// [tokens, heads * dim] activation is a matrix without a copy. GEMM goes to Eigen's GEBP kernel (or to BLAS when
+// built with EIGEN_USE_BLAS); everything else is a row-parallel loop.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "../../tensor/tensor.hpp"
+#include "../backend.hpp"
+#include "memory.hpp"
+#include "threads.hpp"
+
+namespace moonmoe::backend {
+
+namespace cpu_detail {
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMajor, Eigen::Unaligned, Eigen::OuterStride<>>;
+using MutMap = Eigen::Map<RowMajor, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+inline ConstMap as_matrix(View<const float, 2> v) {
+    return ConstMap(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
+}
+inline MutMap as_matrix(View<float, 2> v) {
+    return MutMap(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
+}
+inline void require_rows(const char* op, const char* name, index_t stride) {
+    if (stride != 1)
+        throw shape_error(std::string(op) + ": " + name + " must have contiguous rows (unit column stride)");
+}
+
+// splitmix64: a counter-based generator, so element i gets the same number whatever the thread split.
+inline std::uint64_t mix(std::uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+inline double uniform01(std::uint64_t seed, std::uint64_t i) {  // in (0, 1)
+    return (double(mix(seed * 0x100000001B3ull + i) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+}  // namespace cpu_detail
+
+template <>
+struct Ops<cpu> {
+    /// C = alpha * op(A) op(B) + beta * C, op = transpose when asked. Shapes are checked and named on mismatch.
+    static void gemm(Trans ta, Trans tb, float alpha, View<const float, 2> A, View<const float, 2> B, float beta,
+                     View<float, 2> C) {
+        using namespace cpu_detail;
+        require_rows("gemm", "A", A.strides[1]);
+        require_rows("gemm", "B", B.strides[1]);
+        require_rows("gemm", "C", C.strides[1]);
+        const index_t m = ta == Trans::yes ? A.shape[1] : A.shape[0];
+        const index_t k = ta == Trans::yes ? A.shape[0] : A.shape[1];
+        const index_t kb = tb == Trans::yes ? B.shape[1] : B.shape[0];
+        const index_t n = tb == Trans::yes ? B.shape[0] : B.shape[1];
+        if (k != kb || C.shape[0] != m || C.shape[1] != n)
+            throw shape_error("gemm: op(A) " + shape_string(Shape<2>{m, k}) + " times op(B) " +
+                              shape_string(Shape<2>{kb, n}) + " into C " + shape_string(C.shape));
+        auto c = as_matrix(C);
+        if (m == 0 || n == 0) return;
+        if (k == 0) {
+            if (beta == 0.0f) c.setZero(); else c *= beta;
+            return;
+        }
+        auto a = as_matrix(A);
+        auto b = as_matrix(B);
+        auto run = [&](const auto& opa, const auto& opb) {
+            if (beta == 0.0f) {
+                c.noalias() = alpha * (opa * opb);
+            } else {
+                if (beta != 1.0f) c *= beta;
+                c.noalias() += alpha * (opa * opb);
+            }
+        };
+        if (ta == Trans::no && tb == Trans::no) run(a, b);
+        else if (ta == Trans::no) run(a, b.transpose());
+        else if (tb == Trans::no) run(a.transpose(), b);
+        else run(a.transpose(), b.transpose());
+    }
+
+    /// y = x W^T (+ y if accumulate): the Linear layer, x [rows, in], W [out, in].
+    static void linear(View<const float, 2> x, View<const float, 2> W, View<float, 2> y, bool accumulate = false) {
+        gemm(Trans::no, Trans::yes, 1.0f, x, W, accumulate ? 1.0f : 0.0f, y);
+    }
+
+    /// dst = src (same shape, any row pitch)
+    static void copy(View<const float, 2> src, View<float, 2> dst) {
+        if (src.shape != dst.shape) throw_shape_mismatch("copy", src.shape, dst.shape);
+        const index_t cols = src.shape[1];
+        cpu_detail::parallel_for(src.shape[0], [&](index_t i) {
+            std::memcpy(dst.data + i * dst.strides[0], src.data + i * src.strides[0], std::size_t(cols) * sizeof(float));
+        });
+    }
+
+    /// dst[:] = value, rows in parallel (also how fresh pages get faulted in by every thread)
+    static void fill(View<float, 2> dst, float value) {
+        const index_t cols = dst.shape[1];
+        cpu_detail::parallel_for(dst.shape[0], [&](index_t i) {
+            float* row = dst.data + i * dst.strides[0];
+            for (index_t j = 0; j < cols; ++j) row[j] = value;
+        });
+    }
+
+    /// out[i, :] = in[index[i], :]
+    static void gather_rows(View<const float, 2> in, const index_t* index, View<float, 2> out) {
+        if (in.shape[1] != out.shape[1]) throw_shape_mismatch("gather_rows", out.shape, in.shape);
+        const index_t cols = in.shape[1];
+        cpu_detail::parallel_for(out.shape[0], [&](index_t i) {
+            const float* src = in.data + index[i] * in.strides[0];
+            float* dst = out.data + i * out.strides[0];
+            for (index_t j = 0; j < cols; ++j) dst[j] = src[j];
+        });
+    }
+
+    /// out[index[i], :] += scale[i] * in[i, :] (scale may be null = 1), in order of i: repeatable sums.
+    static void scatter_add_rows(View<const float, 2> in, const index_t* index, const float* scale,
+                                 View<float, 2> out) {
+        if (in.shape[1] != out.shape[1]) throw_shape_mismatch("scatter_add_rows", in.shape, out.shape);
+        const index_t cols = in.shape[1];
+        for (index_t i = 0; i < in.shape[0]; ++i) {
+            const float* src = in.data + i * in.strides[0];
+            float* dst = out.data + index[i] * out.strides[0];
+            const float s = scale ? scale[i] : 1.0f;
+            for (index_t j = 0; j < cols; ++j) dst[j] += s * src[j];
+        }
+    }
+
+    /// Calls f(i) for i in [0, n) in parallel; the element-wise / row kernel launcher.
+    template <class F>
+    static void for_each(index_t n, F&& f) {
+        cpu_detail::parallel_for(n, std::forward<F>(f));
+    }
+
+    /// Fills `out` with U(lo, hi) from a counter-based generator: element i depends only on (seed, i).
+    static void fill_uniform(View<float, 2> out, float lo, float hi, std::uint64_t seed) {
+        const index_t cols = out.shape[1];
+        cpu_detail::parallel_for(out.shape[0], [&](index_t r) {
+            for (index_t j = 0; j < cols; ++j)
+                out.data[r * out.strides[0] + j] =
+                    lo + (hi - lo) * float(cpu_detail::uniform01(seed, std::uint64_t(r * cols + j)));
+        });
+    }
+
+    /// Fills `out` with N(mean, std^2) from a counter-based generator: element i depends only on (seed, i).
+    static void fill_normal(View<float, 2> out, float mean, float stddev, std::uint64_t seed) {
+        const index_t cols = out.shape[1];
+        cpu_detail::parallel_for(out.shape[0], [&](index_t r) {
+            for (index_t j = 0; j < cols; ++j) {
+                const std::uint64_t i = std::uint64_t(r * cols + j);
+                const double u1 = cpu_detail::uniform01(seed, 2 * i), u2 = cpu_detail::uniform01(seed, 2 * i + 1);
+                const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+                out.data[r * out.strides[0] + j] = float(mean + stddev * z);
+            }
+        });
+    }
+};
+
+}  // namespace moonmoe::backend

@@ -1,0 +1,63 @@
+// moonmoe/io/error.hpp: the one exception type of the io layer, and the wording helpers its messages share.
+//
+// Every io error names the file it is about and, where one applies, the tensor or config field, so a failed load
+// of a thousand-tensor checkpoint says exactly what to look at. A missing name also lists the closest names that
+// do exist, since the usual cause is a naming-convention mismatch (`experts.0.w1` for `experts.0.gate_proj`).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace moonmoe {
+
+/// A file that cannot be read, is malformed, or does not hold what the caller needs.
+struct io_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+/// "[a, b, c]" for any range of integers.
+template <class Range>
+std::string format_shape(const Range& shape) {
+    std::string s = "[";
+    bool first = true;
+    for (auto d : shape) {
+        s += (first ? "" : ", ") + std::to_string(d);
+        first = false;
+    }
+    return s + "]";
+}
+
+/// Levenshtein distance, two rows.
+inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+        cur[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j)
+            cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+/// "; closest: x, y, z" listing up to `count` of `candidates` nearest to `wanted`, or "" if there are none.
+template <class Names>
+std::string closest_names(std::string_view wanted, const Names& candidates, std::size_t count = 3) {
+    std::vector<std::pair<std::size_t, std::string_view>> scored;
+    for (const auto& name : candidates) scored.emplace_back(edit_distance(wanted, name), name);
+    const std::size_t n = std::min(count, scored.size());
+    std::partial_sort(scored.begin(), scored.begin() + std::ptrdiff_t(n), scored.end());
+    std::string s;
+    for (std::size_t i = 0; i < n; ++i) s += (i == 0 ? "; closest: " : ", ") + std::string(scored[i].second);
+    return s;
+}
+
+}  // namespace detail
+}  // namespace moonmoe

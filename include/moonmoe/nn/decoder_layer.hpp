@@ -1,0 +1,110 @@
+// moonmoe/nn/decoder_layer.hpp: one transformer block, pre-norm with residuals (HF DeepseekV3DecoderLayer):
+//   h1  = h + self_attn(input_layernorm(h))
+//   out = h1 + mlp(post_attention_layernorm(h1))      mlp: dense SwiGLU for the first layers, MoE after
+#pragma once
+
+#include <string>
+
+#include "mla.hpp"
+#include "moe.hpp"
+#include "rmsnorm.hpp"
+#include "swiglu.hpp"
+
+namespace moonmoe::nn {
+
+template <class B = cpu>
+struct DecoderLayer {
+    using Ops = backend::Ops<B>;
+    using Mat = Tensor<float, 2, B>;
+
+    index_t hidden = 0;
+    bool dense = true;
+    RMSNorm<B> input_layernorm, post_attention_layernorm;
+    MLA<B> self_attn;
+    SwiGLU<B> mlp;  ///< dense layers
+    MoE<B> moe;     ///< MoE layers
+
+    struct Cache {
+        Mat h, a_in, h1, m_in;
+        std::vector<float> rstd1, rstd2;
+        typename MLA<B>::Cache attn;
+        typename SwiGLU<B>::Cache mlp;
+        typename MoE<B>::Cache moe;
+    };
+
+    DecoderLayer() = default;
+    /// Layer `index` of the model; MoE layers hold experts [first_expert, first_expert + expert_count).
+    DecoderLayer(const ModelConfig& c, index_t index, index_t first_expert = 0, index_t expert_count = -1)
+        : hidden(c.dims.hidden), dense(index < c.dims.dense_layers),
+          input_layernorm(c.dims.hidden, c.dims.norm_eps), post_attention_layernorm(c.dims.hidden, c.dims.norm_eps),
+          self_attn(c) {
+        if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden);
+        else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count);
+    }
+
+    static void add(View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) {
+        const index_t n = a.shape[1];
+        Ops::for_each(a.shape[0], [=](index_t t) { for (index_t j = 0; j < n; ++j) out(t, j) = a(t, j) + b(t, j); });
+    }
+
+    void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
+        const index_t T = h.shape[0];
+        c.h = Mat({T, hidden}), c.a_in = Mat({T, hidden}), c.h1 = Mat({T, hidden}), c.m_in = Mat({T, hidden});
+        c.rstd1.resize(static_cast<std::size_t>(T)), c.rstd2.resize(static_cast<std::size_t>(T));
+        Ops::copy(h, c.h.view());
+        input_layernorm.forward(h, c.a_in.view(), c.rstd1.data());
+        Mat attn({T, hidden});
+        self_attn.forward(c.a_in.view(), layout, attn.view(), c.attn);
+        c.a_in = Mat{};  // MLA keeps its own copy of its input
+        add(h, attn.view(), c.h1.view());
+        post_attention_layernorm.forward(c.h1.view(), c.m_in.view(), c.rstd2.data());
+        Mat m({T, hidden});
+        if (dense) mlp.forward(c.m_in.view(), m.view(), c.mlp);
+        else moe.forward(c.m_in.view(), m.view(), c.moe);
+        c.m_in = Mat{};  // the MLP / MoE keep their own copy
+        add(c.h1.view(), m.view(), out);
+    }
+
+    /// dh = d out / d h applied to dout; accumulates parameter gradients.
+    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh) {
+        const index_t T = dout.shape[0];
+        Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden});
+        if (dense) mlp.backward(dout, c.mlp, dm.view());
+        else moe.backward(dout, c.moe, dm.view());
+        Ops::copy(dout, dh1.view());
+        post_attention_layernorm.backward(c.h1.view(), c.rstd2.data(), dm.view(), dh1.view(), true);
+        self_attn.backward(dh1.view(), c.attn, da.view());
+        Ops::copy(dh1.view(), dh);
+        input_layernorm.backward(c.h.view(), c.rstd1.data(), da.view(), dh, true);
+        c = Cache{};
+    }
+
+    /// Inference with the latent KV cache (absorbed MLA): the next tokens of one sequence.
+    void forward_absorbed(View<const float, 2, B> h, typename MLA<B>::LatentCache& cache, View<float, 2, B> out) {
+        const index_t T = h.shape[0];
+        Mat a_in({T, hidden}), attn({T, hidden}), h1({T, hidden}), m_in({T, hidden}), m({T, hidden});
+        std::vector<float> rstd(static_cast<std::size_t>(T));
+        input_layernorm.forward(h, a_in.view(), rstd.data());
+        self_attn.forward_absorbed(a_in.view(), cache, attn.view());
+        add(h, attn.view(), h1.view());
+        post_attention_layernorm.forward(h1.view(), m_in.view(), rstd.data());
+        if (dense) {
+            typename SwiGLU<B>::Cache unused;
+            mlp.forward(m_in.view(), m.view(), unused);
+        } else {
+            typename MoE<B>::Cache unused;
+            moe.forward(m_in.view(), m.view(), unused);
+        }
+        add(h1.view(), m.view(), out);
+    }
+
+    void visit_params(const std::string& name, const ParamVisitor& f) {
+        self_attn.visit_params(name + ".self_attn", f);
+        if (dense) mlp.visit_params(name + ".mlp", f);
+        else moe.visit_params(name + ".mlp", f);
+        input_layernorm.visit_params(name + ".input_layernorm", f);
+        post_attention_layernorm.visit_params(name + ".post_attention_layernorm", f);
+    }
+};
+
+}  // namespace moonmoe::nn

@@ -1,0 +1,38 @@
+// moonmoe/nn/embedding.hpp: token embedding, y[t] = W[ids[t]], W [vocab, hidden] (HF model.embed_tokens).
+#pragma once
+
+#include <string>
+
+#include "../backend/backend.hpp"
+#include "param.hpp"
+
+namespace moonmoe::nn {
+
+template <class B = cpu>
+struct Embedding {
+    using Ops = backend::Ops<B>;
+    Param<2, B> weight;
+
+    Embedding() = default;
+    Embedding(index_t vocab, index_t hidden) : weight({vocab, hidden}, ParamKind::embedding) {}
+
+    void check_ids(const index_t* ids, index_t n) const {
+        for (index_t t = 0; t < n; ++t)
+            if (ids[t] < 0 || ids[t] >= weight.value.size(0))
+                throw std::out_of_range("Embedding: token id " + std::to_string(ids[t]) + " at position " +
+                                        std::to_string(t) + " is outside the vocabulary [0, " +
+                                        std::to_string(weight.value.size(0)) + ")");
+    }
+
+    void forward(const index_t* ids, View<float, 2, B> y) const {
+        check_ids(ids, y.shape[0]);
+        Ops::gather_rows(weight.value.view(), ids, y);
+    }
+
+    /// dW[ids[t]] += dy[t], tokens in order (repeatable when ids repeat).
+    void backward(const index_t* ids, View<const float, 2, B> dy) { Ops::scatter_add_rows(dy, ids, nullptr, weight.grad.view()); }
+
+    void visit_params(const std::string& name, const ParamVisitor& f) { visit(name + ".weight", weight, f); }
+};
+
+}  // namespace moonmoe::nn

@@ -1,0 +1,76 @@
+// moonmoe/nn/swiglu.hpp: the SwiGLU MLP, down(silu(gate(x)) * up(x)): the dense MLP of the first layers, each
+// routed expert and the shared expert.
+//
+// Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM).
+#pragma once
+
+#include "activations.hpp"
+#include "linear.hpp"
+
+namespace moonmoe::nn {
+
+template <class B = cpu>
+struct SwiGLU {
+    using Ops = backend::Ops<B>;
+    Linear<B> gate_proj, up_proj, down_proj;
+
+    struct Cache {
+        Tensor<float, 2, B> x, g, u;
+    };
+
+    SwiGLU() = default;
+    SwiGLU(index_t hidden, index_t inner, ParamKind kind = ParamKind::matrix)
+        : gate_proj(hidden, inner, kind), up_proj(hidden, inner, kind), down_proj(inner, hidden, kind) {}
+
+    index_t inner() const { return gate_proj.out_features(); }
+
+    /// a = silu(g) * u into a (same shape as g).
+    static void activate(View<const float, 2, B> g, View<const float, 2, B> u, View<float, 2, B> a) {
+        const index_t n = g.shape[1];
+        Ops::for_each(g.shape[0], [=](index_t r) {
+            for (index_t j = 0; j < n; ++j)
+                a.data[r * a.strides[0] + j] = fn::silu(g.data[r * g.strides[0] + j]) * u.data[r * u.strides[0] + j];
+        });
+    }
+
+    /// y = mlp(x) (y += mlp(x) when accumulate).
+    void forward(View<const float, 2, B> x, View<float, 2, B> y, Cache& cache, bool accumulate = false) const {
+        const index_t rows = x.shape[0];
+        cache.x = Tensor<float, 2, B>({rows, x.shape[1]});
+        Ops::copy(x, cache.x.view());
+        cache.g = Tensor<float, 2, B>({rows, inner()});
+        cache.u = Tensor<float, 2, B>({rows, inner()});
+        gate_proj.forward(x, cache.g.view());
+        up_proj.forward(x, cache.u.view());
+        Tensor<float, 2, B> a({rows, inner()});
+        activate(cache.g.view(), cache.u.view(), a.view());
+        Ops::linear(a.view(), down_proj.weight.value.view(), y, accumulate);
+    }
+
+    /// Given dy, accumulates weight gradients and writes (or adds) dx.
+    void backward(View<const float, 2, B> dy, Cache& cache, View<float, 2, B> dx, bool accumulate_dx = false) {
+        const index_t rows = dy.shape[0], n = inner();
+        Tensor<float, 2, B> a({rows, n}), da({rows, n});
+        activate(cache.g.view(), cache.u.view(), a.view());
+        down_proj.backward(a.view(), dy, da.view());
+        // da -> dg = da * u * silu'(g) (into g), du = da * silu(g) (into u): the cache is spent here.
+        Ops::for_each(rows, [&](index_t r) {
+            for (index_t j = 0; j < n; ++j) {
+                const float g = cache.g(r, j), u = cache.u(r, j), d = da(r, j);
+                cache.g(r, j) = d * u * fn::silu_grad(g);
+                cache.u(r, j) = d * fn::silu(g);
+            }
+        });
+        gate_proj.backward(cache.x.view(), cache.g.view(), dx, accumulate_dx);
+        up_proj.backward(cache.x.view(), cache.u.view(), dx, true);
+        cache = Cache{};
+    }
+
+    void visit_params(const std::string& name, const ParamVisitor& f) {
+        gate_proj.visit_params(name + ".gate_proj", f);
+        up_proj.visit_params(name + ".up_proj", f);
+        down_proj.visit_params(name + ".down_proj", f);
+    }
+};
+
+}  // namespace moonmoe::nn

@@ -1,0 +1,197 @@
+// Every module's backward against central finite differences (nn/gradcheck.hpp), in f32 with eps = 1e-2 along
+// random directions: a relative error under 1e-2 separates a right gradient (errors ~1e-4..1e-3 from f32
+// rounding and O(eps^2) truncation) from a wrong one (errors of order 1).
+#include "support/nn_testing.hpp"
+
+#include <cstring>
+
+#include <moonmoe/config.hpp>
+
+using namespace moonmoe;
+using namespace moonmoe::testing;
+
+namespace {
+template <class Module, class Forward, class Backward>
+void check(Module& m, Mat& x, index_t out_cols, Forward forward, Backward backward, double tol = 1e-2) {
+    const Mat r = random_matrix(x.size(0), out_cols, 7);
+    Mat y({x.size(0), out_cols});
+    forward(x, y);
+    Mat dx(x.shape());
+    backward(r, dx);
+    check_module_gradients(m, x.data(), dx.data(), x.numel(), [&] {
+        Mat y2({x.size(0), out_cols});
+        forward(x, y2);
+        return dot(y2, r);
+    }, tol);
+}
+}  // namespace
+
+TEST_CASE("RMSNorm backward") {
+    nn::RMSNorm<> norm(24, 1e-6);
+    randomize(norm, 3);
+    Mat x = random_matrix(5, 24, 4);
+    std::vector<float> rstd(5);
+    check(norm, x, 24, [&](Mat& in, Mat& out) { norm.forward(in.view(), out.view(), rstd.data()); },
+          [&](const Mat& dy, Mat& dx) { norm.backward(x.view(), rstd.data(), dy.view(), dx.view()); });
+}
+
+TEST_CASE("Linear backward") {
+    nn::Linear<> lin(12, 7);
+    randomize(lin, 5);
+    Mat x = random_matrix(6, 12, 6);
+    check(lin, x, 7, [&](Mat& in, Mat& out) { lin.forward(in.view(), out.view()); },
+          [&](const Mat& dy, Mat& dx) { lin.backward(x.view(), dy.view(), dx.view()); });
+}
+
+TEST_CASE("SwiGLU backward") {
+    nn::SwiGLU<> mlp(16, 24);
+    randomize(mlp, 8);
+    Mat x = random_matrix(5, 16, 9);
+    nn::SwiGLU<>::Cache cache;
+    check(mlp, x, 16, [&](Mat& in, Mat& out) { mlp.forward(in.view(), out.view(), cache); },
+          [&](const Mat& dy, Mat& dx) { mlp.backward(dy.view(), cache, dx.view()); });
+}
+
+TEST_CASE("RoPE backward is the transpose of forward") {
+    const nn::RotaryEmbedding rope(TinyV3::config.rope, 8);
+    Mat a = random_matrix(6, 3 * 8, 10), b = random_matrix(6, 3 * 8, 11);
+    std::vector<index_t> pos = {0, 1, 2, 7, 100, 3000};
+    const double before = dot(a, b);
+    Mat ra = a.clone(), rb = b.clone();
+    rope.apply(ra.view().reshape<3>({6, 3, 8}), pos.data());
+    rope.apply(rb.view().reshape<3>({6, 3, 8}), pos.data(), true);
+    CHECK(dot(ra, b) == doctest::Approx(dot(a, rb)).epsilon(1e-6));  // <R a, b> = <a, R^T b>
+    rope.apply(ra.view().reshape<3>({6, 3, 8}), pos.data(), true);      // R^T R = 1 (attention_factor 1)
+    CHECK(dot(ra, b) == doctest::Approx(before).epsilon(1e-5));
+}
+
+TEST_CASE("MLA backward (naive form), with and without query compression") {
+    for (index_t q_rank : {index_t{32}, index_t{0}}) {
+        CAPTURE(q_rank);
+        ModelConfig cfg = TinyK2::config;
+        cfg.attention.q_rank = q_rank;
+        nn::MLA<> attn(cfg);
+        randomize(attn, 12);
+        const auto layout = nn::TokenLayout::sequences(2, 5);
+        Mat x = random_matrix(10, cfg.dims.hidden, 13);
+        nn::MLA<>::Cache cache;
+        check(attn, x, cfg.dims.hidden, [&](Mat& in, Mat& out) { attn.forward(in.view(), layout, out.view(), cache); },
+              [&](const Mat& dy, Mat& dx) { attn.backward(dy.view(), cache, dx.view()); });
+    }
+}
+
+TEST_CASE("Router backward, with the sequence-wise balance loss") {
+    for (const ModelConfig& cfg : {TinyK2::config, TinyV3::config}) {
+        nn::Router<> router(cfg.moe, cfg.dims.hidden);
+        randomize(router, 14, 0.05f);
+        router.balance_alpha = 0.3f;
+        const auto layout = nn::TokenLayout::sequences(2, 4);
+        Mat u = random_matrix(8, cfg.dims.hidden, 15);
+        const Mat r = random_matrix(8, cfg.moe.top_k, 16);
+        auto loss = [&](nn::Router<>::Cache& c) {  // <weights, r> + balance loss
+            router.forward(u.view(), c);
+            double l = router.balance_loss(c, layout);
+            for (std::size_t i = 0; i < c.routing.weight.size(); ++i) l += double(c.routing.weight[i]) * r.data()[i];
+            return l;
+        };
+        nn::Router<>::Cache cache;
+        loss(cache);
+        const std::vector<index_t> chosen = cache.routing.idx;
+        std::vector<float> dweight(r.data(), r.data() + r.numel());
+        Mat du(u.shape());
+        router.backward(dweight, cache, du.view());
+        check_module_gradients(router, u.data(), du.data(), u.numel(), [&] {
+            nn::Router<>::Cache c;
+            const double l = loss(c);
+            REQUIRE(c.routing.idx == chosen);  // a step too large to keep the same experts would void the check
+            return l;
+        }, 1e-2, 1e-3);
+    }
+}
+
+// Expert selection is discrete: a finite-difference step that changes it measures a jump, not a derivative. The
+// checks below hold the selection of the analytic pass fixed (Router::fixed_selection), as the gradient assumes.
+TEST_CASE("MoE backward: routed experts grouped by expert, shared expert, router") {
+    for (const ModelConfig& cfg : {TinyK2::config, TinyV3::config}) {
+        nn::MoE<> moe(cfg.moe, cfg.dims.hidden);
+        randomize(moe, 17);
+        Mat x = random_matrix(12, cfg.dims.hidden, 18);
+        nn::MoE<>::Cache cache;
+        Mat y({12, cfg.dims.hidden}), dx(x.shape());
+        const Mat r = random_matrix(12, cfg.dims.hidden, 7);
+        moe.forward(x.view(), y.view(), cache);
+        const std::vector<index_t> chosen = cache.router.routing.idx;
+        moe.backward(r.view(), cache, dx.view());
+        moe.gate.fixed_selection = &chosen;
+        check_module_gradients(moe, x.data(), dx.data(), x.numel(), [&] {
+            nn::MoE<>::Cache c;
+            Mat y2({12, cfg.dims.hidden});
+            moe.forward(x.view(), y2.view(), c);
+            return dot(y2, r);
+        });
+    }
+}
+
+TEST_CASE("decoder layers (dense and MoE) backward") {
+    const auto layout = nn::TokenLayout::sequences(2, 4);
+    for (index_t index : {index_t{0}, index_t{2}}) {
+        CAPTURE(index);
+        nn::DecoderLayer<> layer(TinyV3::config, index);
+        randomize(layer, 19);
+        Mat x = random_matrix(8, 64, 20);
+        nn::DecoderLayer<>::Cache cache;
+        std::vector<index_t> chosen;
+        check(layer, x, 64, [&](Mat& in, Mat& out) { layer.forward(in.view(), layout, out.view(), cache); },
+              [&](const Mat& dy, Mat& dx) {
+                  if (!layer.dense) chosen = cache.moe.router.routing.idx, layer.moe.gate.fixed_selection = &chosen;
+                  layer.backward(dy.view(), cache, dx.view());
+              });
+    }
+}
+
+TEST_CASE("whole model with cross-entropy backward") {
+    nn::Transformer<> model(TinyK2::config);
+    randomize(model, 21);
+    const auto layout = nn::TokenLayout::sequences(2, 5);
+    std::vector<index_t> ids = {1, 5, 9, 200, 3, 7, 7, 30, 255, 0};
+    const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
+    nn::Transformer<>::Cache cache;
+    Mat logits = model.forward(ids.data(), layout, cache);
+    std::vector<std::vector<index_t>> chosen(model.layers.size());
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+        if (!model.layers[l].dense)
+            chosen[l] = cache.layers[l].moe.router.routing.idx, model.layers[l].moe.gate.fixed_selection = &chosen[l];
+    Mat dlogits(logits.shape());
+    nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view());
+    model.backward(dlogits.view(), cache);
+    check_module_gradients(model, nullptr, nullptr, 0, [&] {
+        nn::Transformer<>::Cache c;
+        Mat logits = model.forward(ids.data(), layout, c);
+        return double(nn::cross_entropy<cpu>(logits.view(), targets.data()));
+    }, 1e-2, 1e-3);
+}
+
+TEST_CASE("a training step is bitwise repeatable for a fixed thread count") {
+    auto run = [](int threads) {
+        set_threads(threads);
+        nn::Transformer<> model(TinyV3::config);
+        randomize(model, 31);
+        const auto layout = nn::TokenLayout::sequences(3, 7);
+        std::vector<index_t> ids(21);
+        for (index_t i = 0; i < 21; ++i) ids[i] = (i * 53 + 11) % 256;
+        const float loss = model.train_step(ids.data(), layout);
+        std::vector<float> grads;
+        model.visit_params([&](const ParamRef& p) {
+            if (p.grad) grads.insert(grads.end(), p.grad, p.grad + p.numel());
+        });
+        grads.push_back(loss);
+        return grads;
+    };
+    const int n = threads();
+    for (int t : {1, n}) {
+        CAPTURE(t);
+        const std::vector<float> a = run(t), b = run(t);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+    set_threads(n);
+}
