@@ -2,12 +2,14 @@
 #pragma once
 
 #include "nn/activations.hpp"
+#include "nn/attention_core.hpp"
 #include "nn/cross_entropy.hpp"
 #include "nn/decoder_layer.hpp"
 #include "nn/embedding.hpp"
 #include "nn/gradcheck.hpp"
 #include "nn/layout.hpp"
 #include "nn/linear.hpp"
+#include "nn/mha.hpp"
 #include "nn/mla.hpp"
 #include "nn/moe.hpp"
 #include "nn/param.hpp"

@@ -80,6 +80,35 @@ TEST_CASE("MLA backward (naive form), with and without query compression") {
     }
 }
 
+using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
+
+TEST_CASE("MHA backward, grouped-query (4 query heads, 2 key/value heads)") {
+    nn::MHA<> attn(TinyMHA::config);
+    randomize(attn, 22);
+    const auto layout = nn::TokenLayout::sequences(2, 5);
+    Mat x = random_matrix(10, 64, 23);
+    nn::MHA<>::Cache cache;
+    check(attn, x, 64, [&](Mat& in, Mat& out) { attn.forward(in.view(), layout, out.view(), cache); },
+          [&](const Mat& dy, Mat& dx) { attn.backward(dy.view(), cache, dx.view()); });
+}
+
+TEST_CASE("an MHA model decodes with its K/V cache exactly as its full forward") {
+    nn::Transformer<> model(TinyMHA::config);
+    randomize(model, 24);
+    const std::vector<index_t> ids = {3, 1, 4, 1, 5, 9, 2, 6};
+    nn::Transformer<>::Cache cache;
+    Mat full = model.forward(ids.data(), nn::TokenLayout::sequences(1, 8), cache);
+    auto state = model.start_decoding(8);
+    Mat first = model.decode(ids.data(), 5, state);
+    std::vector<Mat> steps;
+    for (index_t t = 5; t < 8; ++t) steps.push_back(model.decode(&ids[std::size_t(t)], 1, state));
+    const index_t V = 256;
+    for (index_t t = 0; t < 8; ++t) {
+        const float* got = t < 5 ? first.data() + t * V : steps[std::size_t(t - 5)].data();
+        for (index_t v = 0; v < V; ++v) CHECK(got[v] == doctest::Approx(full(t, v)).epsilon(1e-5));
+    }
+}
+
 TEST_CASE("Router backward, with the sequence-wise balance loss") {
     for (const ModelConfig& cfg : {TinyK2::config, TinyV3::config}) {
         nn::Router<> router(cfg.moe, cfg.dims.hidden);
@@ -194,4 +223,22 @@ TEST_CASE("a training step is bitwise repeatable for a fixed thread count") {
         CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     }
     set_threads(n);
+}
+
+TEST_CASE("auxiliary-loss-free balancing: bias += gamma * sign(mean load - load), then the counts restart") {
+    nn::Router<> router(TinyK2::config.moe, 64);
+    router.load = {10, 2, 4, 4, 0, 8, 3, 1};  // 32 assignments over 8 experts: mean 4
+    router.update_bias(0.001f);
+    const float* b = router.bias.value.data();
+    const float expected[] = {-0.001f, 0.001f, 0.0f, 0.0f, 0.001f, -0.001f, 0.001f, 0.001f};
+    for (int e = 0; e < 8; ++e) CHECK(b[e] == expected[e]);
+    for (index_t l : router.load) CHECK(l == 0);
+    // the bias only selects: it never reaches the routing weights
+    Mat u = random_matrix(6, 64, 40);
+    nn::Router<>::Cache c1, c2;
+    router.forward(u.view(), c1);
+    for (int e = 0; e < 8; ++e) router.bias.value.data()[e] += 10.0f;  // a uniform shift changes no choice
+    router.forward(u.view(), c2);
+    CHECK(c1.routing.idx == c2.routing.idx);
+    CHECK(c1.routing.weight == c2.routing.weight);
 }

@@ -1,10 +1,11 @@
 // moonmoe/nn/decoder_layer.hpp: one transformer block, pre-norm with residuals (HF DeepseekV3DecoderLayer):
-//   h1  = h + self_attn(input_layernorm(h))
+//   h1  = h + self_attn(input_layernorm(h))            self_attn: MLA, or MHA for Attention<MHA<...>>
 //   out = h1 + mlp(post_attention_layernorm(h1))      mlp: dense SwiGLU for the first layers, MoE after
 #pragma once
 
 #include <string>
 
+#include "mha.hpp"
 #include "mla.hpp"
 #include "moe.hpp"
 #include "rmsnorm.hpp"
@@ -19,8 +20,10 @@ struct DecoderLayer {
 
     index_t hidden = 0;
     bool dense = true;
+    bool latent = true;  ///< MLA (self_attn) or MHA (mha)
     RMSNorm<B> input_layernorm, post_attention_layernorm;
     MLA<B> self_attn;
+    MHA<B> mha;
     SwiGLU<B> mlp;  ///< dense layers
     MoE<B> moe;     ///< MoE layers
 
@@ -28,6 +31,7 @@ struct DecoderLayer {
         Mat h, a_in, h1, m_in;
         std::vector<float> rstd1, rstd2;
         typename MLA<B>::Cache attn;
+        typename MHA<B>::Cache mha;
         typename SwiGLU<B>::Cache mlp;
         typename MoE<B>::Cache moe;
     };
@@ -35,9 +39,10 @@ struct DecoderLayer {
     DecoderLayer() = default;
     /// Layer `index` of the model; MoE layers hold experts [first_expert, first_expert + expert_count).
     DecoderLayer(const ModelConfig& c, index_t index, index_t first_expert = 0, index_t expert_count = -1)
-        : hidden(c.dims.hidden), dense(index < c.dims.dense_layers),
-          input_layernorm(c.dims.hidden, c.dims.norm_eps), post_attention_layernorm(c.dims.hidden, c.dims.norm_eps),
-          self_attn(c) {
+        : hidden(c.dims.hidden), dense(index < c.dims.dense_layers), latent(c.attention.kind == AttentionKind::mla),
+          input_layernorm(c.dims.hidden, c.dims.norm_eps), post_attention_layernorm(c.dims.hidden, c.dims.norm_eps) {
+        if (latent) self_attn = MLA<B>(c);
+        else mha = MHA<B>(c);
         if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden);
         else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count);
     }
@@ -54,7 +59,8 @@ struct DecoderLayer {
         Ops::copy(h, c.h.view());
         input_layernorm.forward(h, c.a_in.view(), c.rstd1.data());
         Mat attn({T, hidden});
-        self_attn.forward(c.a_in.view(), layout, attn.view(), c.attn);
+        if (latent) self_attn.forward(c.a_in.view(), layout, attn.view(), c.attn);
+        else mha.forward(c.a_in.view(), layout, attn.view(), c.mha);
         c.a_in = Mat{};  // MLA keeps its own copy of its input
         add(h, attn.view(), c.h1.view());
         post_attention_layernorm.forward(c.h1.view(), c.m_in.view(), c.rstd2.data());
@@ -73,19 +79,34 @@ struct DecoderLayer {
         else moe.backward(dout, c.moe, dm.view());
         Ops::copy(dout, dh1.view());
         post_attention_layernorm.backward(c.h1.view(), c.rstd2.data(), dm.view(), dh1.view(), true);
-        self_attn.backward(dh1.view(), c.attn, da.view());
+        if (latent) self_attn.backward(dh1.view(), c.attn, da.view());
+        else mha.backward(dh1.view(), c.mha, da.view());
         Ops::copy(dh1.view(), dh);
         input_layernorm.backward(c.h.view(), c.rstd1.data(), da.view(), dh, true);
         c = Cache{};
     }
 
-    /// Inference with the latent KV cache (absorbed MLA): the next tokens of one sequence.
-    void forward_absorbed(View<const float, 2, B> h, typename MLA<B>::LatentCache& cache, View<float, 2, B> out) {
+    /// Per layer inference state: the latent cache (MLA) or the K/V cache (MHA).
+    struct DecodeCache {
+        typename MLA<B>::LatentCache latent;
+        typename MHA<B>::KVCache kv;
+        index_t length() const { return latent.capacity() ? latent.length : kv.length; }
+    };
+    DecodeCache make_decode_cache(index_t capacity) const {
+        DecodeCache d;
+        if (latent) d.latent = typename MLA<B>::LatentCache(capacity, self_attn.cfg);
+        else d.kv = typename MHA<B>::KVCache(capacity, mha.cfg);
+        return d;
+    }
+
+    /// Inference on the next tokens of one sequence: absorbed MLA with the latent cache, or MHA with K/V.
+    void forward_cached(View<const float, 2, B> h, DecodeCache& cache, View<float, 2, B> out) {
         const index_t T = h.shape[0];
         Mat a_in({T, hidden}), attn({T, hidden}), h1({T, hidden}), m_in({T, hidden}), m({T, hidden});
         std::vector<float> rstd(static_cast<std::size_t>(T));
         input_layernorm.forward(h, a_in.view(), rstd.data());
-        self_attn.forward_absorbed(a_in.view(), cache, attn.view());
+        if (latent) self_attn.forward_absorbed(a_in.view(), cache.latent, attn.view());
+        else mha.forward_cached(a_in.view(), cache.kv, attn.view());
         add(h, attn.view(), h1.view());
         post_attention_layernorm.forward(h1.view(), m_in.view(), rstd.data());
         if (dense) {
@@ -99,7 +120,8 @@ struct DecoderLayer {
     }
 
     void visit_params(const std::string& name, const ParamVisitor& f) {
-        self_attn.visit_params(name + ".self_attn", f);
+        if (latent) self_attn.visit_params(name + ".self_attn", f);
+        else mha.visit_params(name + ".self_attn", f);
         if (dense) mlp.visit_params(name + ".mlp", f);
         else moe.visit_params(name + ".mlp", f);
         input_layernorm.visit_params(name + ".input_layernorm", f);

@@ -5,9 +5,9 @@
 //   kv = kv_b_proj(kv_a_layernorm(c))                              -> per head [k_nope | v]
 //   RoPE on q_pe and k_pe; scores = softmax_scale * (q_nope.k_nope + q_pe.k_pe), causal; o = softmax(scores) v
 //   out = o_proj(o)
-// Scores are two GEMMs per head (nope and rope parts), so k is never materialised. Backward keeps the inputs of
-// each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities (no S x S tensor
-// survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
+// Scores are two GEMMs per head (nope and rope parts; attention_core.hpp), so k is never materialised. Backward
+// keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
+// (no S x S tensor survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../config/model_config.hpp"
+#include "attention_core.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
 #include "rmsnorm.hpp"
@@ -137,43 +138,30 @@ struct MLA {
         c.kv = Mat({T, H * kv_width()});
         kv_b_proj.forward(c.cn.view(), c.kv.view());
         c.o = Mat({T, H * cfg.v_dim});
-        c.lse.assign(std::size_t(layout.batch * H * S), 0.0f);
-        std::vector<float> task_max(std::size_t(layout.batch * H), -INFINITY);
+        c.lse.assign(static_cast<std::size_t>(layout.batch * H * S), 0.0f);
+        std::vector<float> task_max(static_cast<std::size_t>(layout.batch * H), -INFINITY);
         Ops::for_each(layout.batch * H, [&](index_t task) {
             const index_t b = task / H, h = task % H;
-            std::vector<float> scores(static_cast<std::size_t>(S * S));
-            View<float, 2, B> P(scores.data(), {S, S});
-            this->scores(c, b, h, P);
-            float m_all = -INFINITY;
-            for (index_t i = 0; i < S; ++i) {
-                float* row = scores.data() + i * S;
-                float m = -INFINITY;
-                for (index_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
-                double sum = 0.0;
-                for (index_t j = 0; j <= i; ++j) sum += std::exp(double(row[j] - m));
-                const float lse = m + float(std::log(sum));
-                for (index_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - lse);
-                for (index_t j = i + 1; j < S; ++j) row[j] = 0.0f;
-                c.lse[std::size_t(task * S + i)] = lse;
-                m_all = std::max(m_all, m);
-            }
-            task_max[task] = m_all;
-            Ops::gemm(backend::Trans::no, backend::Trans::no, 1.0f, P, cols(c.kv, b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim),
-                      0.0f, cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim));
+            task_max[task] = attention_head_forward<B>(head(c, b, h), softmax_scale,
+                                                       cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim),
+                                                       c.lse.data() + task * S);
         });
         for (index_t task = 0; task < layout.batch * H; ++task)
             max_logit_per_head[task % H] = std::max(max_logit_per_head[task % H], task_max[task]);
         o_proj.forward(c.o.view(), out);
     }
 
-    /// Scaled scores of head h of sequence b: softmax_scale * (q_nope k_nope^T + q_pe k_pe^T), [S, S].
-    void scores(const Cache& c, index_t b, index_t h, View<float, 2, B> out) const {
+    /// Head h of sequence b: two parts, (q_nope, k_nope) and (q_pe, the shared k_pe), and its values.
+    HeadViews<B> head(const Cache& c, index_t b, index_t h) const {
         const index_t S = c.layout.seq;
-        using backend::Trans;
-        Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(c.q, b * S, S, h * dqk(), cfg.nope_dim),
-                  cols(c.kv, b * S, S, h * kv_width(), cfg.nope_dim), 0.0f, out);
-        Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(c.q, b * S, S, h * dqk() + cfg.nope_dim, cfg.rope_dim),
-                  cols(c.kpe, b * S, S, 0, cfg.rope_dim), 1.0f, out);
+        HeadViews<B> hv;
+        hv.parts = 2;
+        hv.q[0] = cols(c.q, b * S, S, h * dqk(), cfg.nope_dim);
+        hv.k[0] = cols(c.kv, b * S, S, h * kv_width(), cfg.nope_dim);
+        hv.q[1] = cols(c.q, b * S, S, h * dqk() + cfg.nope_dim, cfg.rope_dim);
+        hv.k[1] = cols(c.kpe, b * S, S, 0, cfg.rope_dim);
+        hv.v = cols(c.kv, b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim);
+        return hv;
     }
 
     /// Accumulates parameter gradients; writes dx (or adds to it when accumulate_dx).
@@ -186,32 +174,14 @@ struct MLA {
         Mat dq({T, H * dqk()}), dkv({T, H * kv_width()}), dkpe_heads({T, H * R});
         Ops::for_each(layout.batch * H, [&](index_t task) {
             const index_t b = task / H, h = task % H;
-            std::vector<float> p(static_cast<std::size_t>(S * S)), dp(static_cast<std::size_t>(S * S));
-            View<float, 2, B> P(p.data(), {S, S}), dP(dp.data(), {S, S});
-            this->scores(c, b, h, P);
-            for (index_t i = 0; i < S; ++i) {
-                const float lse = c.lse[std::size_t(task * S + i)];
-                for (index_t j = 0; j < S; ++j) p[i * S + j] = j <= i ? std::exp(p[i * S + j] - lse) : 0.0f;
-            }
-            auto dO = cols(static_cast<const Mat&>(d_o), b * S, S, h * cfg.v_dim, cfg.v_dim);
-            auto V = cols(static_cast<const Mat&>(c.kv), b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim);
-            Ops::gemm(Trans::yes, Trans::no, 1.0f, P, dO, 0.0f, cols(dkv, b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim));
-            Ops::gemm(Trans::no, Trans::yes, 1.0f, dO, V, 0.0f, dP);
-            for (index_t i = 0; i < S; ++i) {  // dS = P * (dP - rowsum(dO * O)) * scale
-                double d = 0.0;
-                for (index_t j = 0; j < cfg.v_dim; ++j) d += double(d_o(b * S + i, h * cfg.v_dim + j)) * c.o(b * S + i, h * cfg.v_dim + j);
-                for (index_t j = 0; j <= i; ++j) dp[i * S + j] = p[i * S + j] * (dp[i * S + j] - float(d)) * softmax_scale;
-                for (index_t j = i + 1; j < S; ++j) dp[i * S + j] = 0.0f;
-            }
-            View<const float, 2, B> dS(dp.data(), {S, S});
-            Ops::gemm(Trans::no, Trans::no, 1.0f, dS, cols(c.kv, b * S, S, h * kv_width(), cfg.nope_dim), 0.0f,
-                      cols(dq, b * S, S, h * dqk(), cfg.nope_dim));
-            Ops::gemm(Trans::no, Trans::no, 1.0f, dS, cols(c.kpe, b * S, S, 0, R), 0.0f,
-                      cols(dq, b * S, S, h * dqk() + cfg.nope_dim, R));
-            Ops::gemm(Trans::yes, Trans::no, 1.0f, dS, cols(c.q, b * S, S, h * dqk(), cfg.nope_dim), 0.0f,
-                      cols(dkv, b * S, S, h * kv_width(), cfg.nope_dim));
-            Ops::gemm(Trans::yes, Trans::no, 1.0f, dS, cols(c.q, b * S, S, h * dqk() + cfg.nope_dim, R), 0.0f,
-                      cols(dkpe_heads, b * S, S, h * R, R));
+            View<float, 2, B> dq_parts[2] = {cols(dq, b * S, S, h * dqk(), cfg.nope_dim),
+                                             cols(dq, b * S, S, h * dqk() + cfg.nope_dim, R)};
+            View<float, 2, B> dk_parts[2] = {cols(dkv, b * S, S, h * kv_width(), cfg.nope_dim),
+                                             cols(dkpe_heads, b * S, S, h * R, R)};  // summed over heads below
+            attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim),
+                                       c.lse.data() + task * S, cols(d_o, b * S, S, h * cfg.v_dim, cfg.v_dim),
+                                       dq_parts, dk_parts, cols(dkv, b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim),
+                                       false);
         });
         // the shared key: sum over heads in order, then undo RoPE
         const index_t r = cfg.kv_rank;
@@ -283,15 +253,7 @@ struct MLA {
             Ops::gemm(Trans::no, Trans::yes, softmax_scale, q_lat.view(), cols(cache.kv, 0, L, 0, r), 0.0f, scores.view());
             Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, 0, n, h * dqk() + cfg.nope_dim, R),
                       cols(cache.pe, 0, L, 0, R), 1.0f, scores.view());
-            for (index_t i = 0; i < n; ++i) {
-                const index_t last = start + i;  // causal: keys up to this token's own position
-                float m = -INFINITY;
-                for (index_t t = 0; t <= last; ++t) m = std::max(m, scores(i, t));
-                double sum = 0.0;
-                for (index_t t = 0; t <= last; ++t) sum += std::exp(double(scores(i, t) - m));
-                const float lse = m + float(std::log(sum));
-                for (index_t t = 0; t < L; ++t) scores(i, t) = t <= last ? std::exp(scores(i, t) - lse) : 0.0f;
-            }
+            Ops::softmax_rows(scores.view(), start);
             Ops::gemm(Trans::no, Trans::no, 1.0f, scores.view(), cols(cache.kv, 0, L, 0, r), 0.0f, o_lat.view());
             // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
             Ops::gemm(Trans::no, Trans::yes, 1.0f, o_lat.view(), cols(Wkvb, h * kv_width() + cfg.nope_dim, cfg.v_dim, 0, r),

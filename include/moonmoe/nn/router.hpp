@@ -89,7 +89,7 @@ struct Router {
                     std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
                     group_score[g] = v[0] + v[1];
                 }
-                std::vector<index_t> order = top(group_score.data(), G, cfg.top_groups);
+                std::vector<index_t> order = Ops::top_k(group_score.data(), G, cfg.top_groups);
                 std::vector<bool> keep(static_cast<std::size_t>(G), false);
                 for (index_t g : order) keep[g] = true;
                 for (index_t e = 0; e < E; ++e)
@@ -98,7 +98,7 @@ struct Router {
             std::vector<index_t> chosen = fixed_selection
                                               ? std::vector<index_t>(fixed_selection->begin() + t * K,
                                                                      fixed_selection->begin() + (t + 1) * K)
-                                              : top(choice.data(), E, K);
+                                              : Ops::top_k(choice.data(), E, K);
             double sum = 0.0;
             for (index_t j = 0; j < K; ++j) sum += s[chosen[j]];
             for (index_t j = 0; j < K; ++j) {
@@ -109,16 +109,6 @@ struct Router {
             }
         });
         for (index_t i = 0; i < T * K; ++i) ++load[r.idx[i]];
-    }
-
-    /// Indices of the k largest of v[0..n) (descending; ties to the lower index).
-    static std::vector<index_t> top(const float* v, index_t n, index_t k) {
-        std::vector<index_t> order(static_cast<std::size_t>(n));
-        std::iota(order.begin(), order.end(), index_t{0});
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [v](index_t a, index_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-        order.resize(static_cast<std::size_t>(k));
-        return order;
     }
 
     /// Sequence-wise balance loss alpha * sum_i f_i P_i averaged over the sequences of `layout`; keeps its gradient

@@ -31,10 +31,10 @@ struct Transformer {
         std::vector<float> rstd;
     };
 
-    /// Inference state: one latent cache per layer for one sequence.
+    /// Inference state of one sequence: a latent (MLA) or K/V (MHA) cache per layer.
     struct DecodeState {
-        std::vector<typename MLA<B>::LatentCache> caches;
-        index_t length() const { return caches.empty() ? 0 : caches[0].length; }
+        std::vector<typename DecoderLayer<B>::DecodeCache> caches;
+        index_t length() const { return caches.empty() ? 0 : caches[0].length(); }
     };
 
     Transformer() = default;
@@ -95,17 +95,17 @@ struct Transformer {
 
     DecodeState start_decoding(index_t capacity) const {
         DecodeState s;
-        for (std::size_t l = 0; l < layers.size(); ++l) s.caches.emplace_back(capacity, config.attention);
+        for (const auto& layer : layers) s.caches.push_back(layer.make_decode_cache(capacity));
         return s;
     }
 
-    /// Logits [n, vocab] of the next n tokens of the sequence in `state` (absorbed MLA, latent KV cache).
+    /// Logits [n, vocab] of the next n tokens of the sequence in `state` (absorbed MLA with its latent cache).
     Mat decode(const index_t* ids, index_t n, DecodeState& state) {
         const index_t H = config.dims.hidden;
         Mat h({n, H}), next({n, H});
         embed_tokens.forward(ids, h.view());
         for (std::size_t l = 0; l < layers.size(); ++l) {
-            layers[l].forward_absorbed(h.view(), state.caches[l], next.view());
+            layers[l].forward_cached(h.view(), state.caches[l], next.view());
             std::swap(h, next);
         }
         std::vector<float> rstd(static_cast<std::size_t>(n));

@@ -6,7 +6,13 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
 #include <cstdint>
 #include <cstring>
 
@@ -18,15 +24,20 @@
 namespace moonmoe::backend {
 
 namespace cpu_detail {
-using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const RowMajor, Eigen::Unaligned, Eigen::OuterStride<>>;
-using MutMap = Eigen::Map<RowMajor, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using ConstMap = Eigen::Map<const RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using MutMap = Eigen::Map<RowMajor<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-inline ConstMap as_matrix(View<const float, 2> v) {
-    return ConstMap(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
+template <class T>
+ConstMap<T> as_matrix(View<const T, 2> v) {
+    return ConstMap<T>(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
 }
-inline MutMap as_matrix(View<float, 2> v) {
-    return MutMap(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
+template <class T>
+MutMap<T> as_matrix(View<T, 2> v) {
+    return MutMap<T>(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
 }
 inline void require_rows(const char* op, const char* name, index_t stride) {
     if (stride != 1)
@@ -47,9 +58,12 @@ inline double uniform01(std::uint64_t seed, std::uint64_t i) {  // in (0, 1)
 
 template <>
 struct Ops<cpu> {
-    /// C = alpha * op(A) op(B) + beta * C, op = transpose when asked. Shapes are checked and named on mismatch.
-    static void gemm(Trans ta, Trans tb, float alpha, View<const float, 2> A, View<const float, 2> B, float beta,
-                     View<float, 2> C) {
+    /// C = alpha * op(A) op(B) + beta * C, op = transpose when asked, T = float or double. Shapes are checked
+    /// and named on mismatch.
+    template <class T = float>
+    static void gemm(Trans ta, Trans tb, std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2> A,
+                     View<const std::type_identity_t<T>, 2> B, std::type_identity_t<T> beta,
+                     View<std::type_identity_t<T>, 2> C) {
         using namespace cpu_detail;
         require_rows("gemm", "A", A.strides[1]);
         require_rows("gemm", "B", B.strides[1]);
@@ -61,19 +75,19 @@ struct Ops<cpu> {
         if (k != kb || C.shape[0] != m || C.shape[1] != n)
             throw shape_error("gemm: op(A) " + shape_string(Shape<2>{m, k}) + " times op(B) " +
                               shape_string(Shape<2>{kb, n}) + " into C " + shape_string(C.shape));
-        auto c = as_matrix(C);
+        auto c = as_matrix<T>(C);
         if (m == 0 || n == 0) return;
         if (k == 0) {
-            if (beta == 0.0f) c.setZero(); else c *= beta;
+            if (beta == T(0)) c.setZero(); else c *= beta;
             return;
         }
-        auto a = as_matrix(A);
-        auto b = as_matrix(B);
+        auto a = as_matrix<T>(A);
+        auto b = as_matrix<T>(B);
         auto run = [&](const auto& opa, const auto& opb) {
-            if (beta == 0.0f) {
+            if (beta == T(0)) {
                 c.noalias() = alpha * (opa * opb);
             } else {
-                if (beta != 1.0f) c *= beta;
+                if (beta != T(1)) c *= beta;
                 c.noalias() += alpha * (opa * opb);
             }
         };
@@ -85,15 +99,35 @@ struct Ops<cpu> {
 
     /// y = x W^T (+ y if accumulate): the Linear layer, x [rows, in], W [out, in].
     static void linear(View<const float, 2> x, View<const float, 2> W, View<float, 2> y, bool accumulate = false) {
-        gemm(Trans::no, Trans::yes, 1.0f, x, W, accumulate ? 1.0f : 0.0f, y);
+        gemm<float>(Trans::no, Trans::yes, 1.0f, x, W, accumulate ? 1.0f : 0.0f, y);
+    }
+
+    /// C = alpha A A^T + beta C for a symmetric C [n, n] (SYRK): only one triangle is computed, half the FLOPs of
+    /// the general product, then mirrored. With EIGEN_USE_BLAS this is BLAS ?syrk.
+    template <class T = float>
+    static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2> A,
+                     std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2> C) {
+        using namespace cpu_detail;
+        require_rows("syrk", "A", A.strides[1]);
+        require_rows("syrk", "C", C.strides[1]);
+        const index_t n = A.shape[0];
+        if (C.shape[0] != n || C.shape[1] != n)
+            throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
+                              std::to_string(n) + "] result, C is " + shape_string(C.shape));
+        auto c = as_matrix<T>(C);
+        if (beta == T(0)) c.template triangularView<Eigen::Lower>().setZero();
+        else if (beta != T(1)) c.template triangularView<Eigen::Lower>() *= beta;
+        c.template selfadjointView<Eigen::Lower>().rankUpdate(as_matrix<T>(A), alpha);
+        c.template triangularView<Eigen::StrictlyUpper>() = c.transpose();
     }
 
     /// dst = src (same shape, any row pitch)
-    static void copy(View<const float, 2> src, View<float, 2> dst) {
+    template <class T = float>
+    static void copy(View<const std::type_identity_t<T>, 2> src, View<std::type_identity_t<T>, 2> dst) {
         if (src.shape != dst.shape) throw_shape_mismatch("copy", src.shape, dst.shape);
         const index_t cols = src.shape[1];
         cpu_detail::parallel_for(src.shape[0], [&](index_t i) {
-            std::memcpy(dst.data + i * dst.strides[0], src.data + i * src.strides[0], std::size_t(cols) * sizeof(float));
+            std::memcpy(dst.data + i * dst.strides[0], src.data + i * src.strides[0], std::size_t(cols) * sizeof(T));
         });
     }
 
@@ -103,6 +137,49 @@ struct Ops<cpu> {
         cpu_detail::parallel_for(dst.shape[0], [&](index_t i) {
             float* row = dst.data + i * dst.strides[0];
             for (index_t j = 0; j < cols; ++j) row[j] = value;
+        });
+    }
+
+    /// Softmax of each row in place, in double-accumulated f32. With causal_first >= 0 row i sees only columns
+    /// t <= causal_first + i (the rest become 0): causal attention whose row 0 sits at key position causal_first.
+    /// Writes each row's log-sum-exp to lse (if given); returns the largest visible input value.
+    static float softmax_rows(View<float, 2> s, index_t causal_first = -1, float* lse = nullptr) {
+        const index_t n = s.shape[0], L = s.shape[1];
+        float max_value = -INFINITY;
+        for (index_t i = 0; i < n; ++i) {
+            float* row = s.data + i * s.strides[0];
+            const index_t last = causal_first < 0 ? L - 1 : std::min(causal_first + i, L - 1);
+            float m = -INFINITY;
+            for (index_t t = 0; t <= last; ++t) m = std::max(m, row[t]);
+            double sum = 0.0;
+            for (index_t t = 0; t <= last; ++t) sum += std::exp(double(row[t] - m));
+            const float log_sum = m + float(std::log(sum));
+            for (index_t t = 0; t <= last; ++t) row[t] = std::exp(row[t] - log_sum);
+            for (index_t t = last + 1; t < L; ++t) row[t] = 0.0f;
+            if (lse) lse[i] = log_sum;
+            max_value = std::max(max_value, m);
+        }
+        return max_value;
+    }
+
+    /// Indices of the k largest of v[0..n), largest first; ties go to the lower index.
+    static std::vector<index_t> top_k(const float* v, index_t n, index_t k) {
+        if (k < 0 || k > n) throw std::invalid_argument("top_k: k = " + std::to_string(k) + " of " + std::to_string(n));
+        std::vector<index_t> order(static_cast<std::size_t>(n));
+        std::iota(order.begin(), order.end(), index_t{0});
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [v](index_t a, index_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+        order.resize(static_cast<std::size_t>(k));
+        return order;
+    }
+
+    /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
+    /// between matrices; the batch runs in parallel, each GEMM on one thread.
+    static void gemm_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2> A, index_t stride_a,
+                             View<const float, 2> B, index_t stride_b, float beta, View<float, 2> C, index_t stride_c) {
+        cpu_detail::parallel_for(count, [&](index_t i) {
+            View<const float, 2> a(A.data + i * stride_a, A.shape, A.strides), b(B.data + i * stride_b, B.shape, B.strides);
+            gemm<float>(ta, tb, alpha, a, b, beta, View<float, 2>(C.data + i * stride_c, C.shape, C.strides));
         });
     }
 

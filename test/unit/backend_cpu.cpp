@@ -1,0 +1,133 @@
+// The CPU backend's primitives and the tensor views against plain loops in double precision.
+#include "support/nn_testing.hpp"
+
+#include <cmath>
+#include <string>
+
+using namespace moonmoe;
+using namespace moonmoe::testing;
+using Ops = backend::Ops<cpu>;
+using backend::Trans;
+
+namespace {
+double reference(const Mat& A, bool ta, const Mat& B, bool tb, index_t i, index_t j) {
+    const index_t k = ta ? A.size(0) : A.size(1);
+    double s = 0.0;
+    for (index_t p = 0; p < k; ++p) s += double(ta ? A(p, i) : A(i, p)) * double(tb ? B(j, p) : B(p, j));
+    return s;
+}
+}  // namespace
+
+TEST_CASE("gemm: every transpose combination, alpha and beta, against double loops") {
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            CAPTURE(ta);
+            CAPTURE(tb);
+            const index_t m = 37, n = 29, k = 53;
+            Mat A = ta ? random_matrix(k, m, 1) : random_matrix(m, k, 1);
+            Mat B = tb ? random_matrix(n, k, 2) : random_matrix(k, n, 2);
+            Mat C = random_matrix(m, n, 3), C0 = C.clone();
+            Ops::gemm(Trans(ta), Trans(tb), 0.5f, A.view(), B.view(), 2.0f, C.view());
+            for (index_t i = 0; i < m; ++i)
+                for (index_t j = 0; j < n; ++j)
+                    CHECK(C(i, j) == doctest::Approx(0.5 * reference(A, ta, B, tb, i, j) + 2.0 * C0(i, j)).epsilon(1e-5));
+        }
+}
+
+TEST_CASE("gemm on strided column slices, and shape errors that name both shapes") {
+    Mat A = random_matrix(8, 20, 4), B = random_matrix(6, 20, 5), C({8, 12});
+    // columns 5..14 of A and B: row pitch 20
+    View<const float, 2> a(A.data() + 5, {8, 10}, {20, 1}), b(B.data() + 5, {6, 10}, {20, 1});
+    View<float, 2> c(C.data() + 3, {8, 6}, {12, 1});
+    Ops::gemm(Trans::no, Trans::yes, 1.0f, a, b, 0.0f, c);
+    for (index_t i = 0; i < 8; ++i)
+        for (index_t j = 0; j < 6; ++j) {
+            double s = 0.0;
+            for (index_t p = 5; p < 15; ++p) s += double(A(i, p)) * B(j, p);
+            CHECK(C(i, 3 + j) == doctest::Approx(s).epsilon(1e-5));
+        }
+    CHECK(C(0, 0) == 0.0f);  // outside the slice: untouched
+    Mat wrong({8, 5});
+    CHECK_THROWS_WITH_AS(Ops::gemm(Trans::no, Trans::yes, 1.0f, a, b, 0.0f, wrong.view()),
+                         "gemm: op(A) [8, 10] times op(B) [10, 6] into C [8, 5]", shape_error);
+}
+
+TEST_CASE("gemm_batched equals one gemm per matrix") {
+    const index_t count = 5, m = 7, n = 4, k = 9;
+    Mat A = random_matrix(count * m, k, 6), B = random_matrix(count * n, k, 7), C({count * m, n});
+    Ops::gemm_batched(count, Trans::no, Trans::yes, 1.0f, View<const float, 2>(A.data(), {m, k}), m * k,
+                      View<const float, 2>(B.data(), {n, k}), n * k, 0.0f, View<float, 2>(C.data(), {m, n}), m * n);
+    for (index_t c = 0; c < count; ++c)
+        for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j) {
+                double s = 0.0;
+                for (index_t p = 0; p < k; ++p) s += double(A(c * m + i, p)) * B(c * n + j, p);
+                CHECK(C(c * m + i, j) == doctest::Approx(s).epsilon(1e-5));
+            }
+}
+
+TEST_CASE("causal softmax rows, log-sum-exp and the visible maximum") {
+    Mat s = random_matrix(4, 6, 8, 3.0f), orig = s.clone();
+    std::vector<float> lse(4);
+    const float top = Ops::softmax_rows(s.view(), 2, lse.data());  // row i sees columns 0..2+i
+    float expect_top = -INFINITY;
+    for (index_t i = 0; i < 4; ++i) {
+        const index_t last = std::min<index_t>(2 + i, 5);
+        double z = 0.0;
+        for (index_t t = 0; t <= last; ++t) z += std::exp(double(orig(i, t))), expect_top = std::max(expect_top, orig(i, t));
+        CHECK(lse[i] == doctest::Approx(std::log(z)).epsilon(1e-6));
+        for (index_t t = 0; t < 6; ++t)
+            CHECK(s(i, t) == doctest::Approx(t <= last ? std::exp(double(orig(i, t))) / z : 0.0).epsilon(1e-6));
+    }
+    CHECK(top == expect_top);
+}
+
+TEST_CASE("top_k: largest first, ties to the lower index, bad k refused") {
+    const float v[] = {0.5f, 2.0f, -1.0f, 2.0f, 0.7f};
+    CHECK(Ops::top_k(v, 5, 3) == std::vector<index_t>{1, 3, 4});
+    CHECK_THROWS_AS(Ops::top_k(v, 5, 6), std::invalid_argument);
+}
+
+TEST_CASE("gather and scatter-add rows") {
+    Mat in = random_matrix(4, 3, 9), out({3, 3}), acc({4, 3});
+    const index_t idx[] = {2, 0, 2};
+    Ops::gather_rows(in.view(), idx, out.view());
+    for (index_t j = 0; j < 3; ++j) CHECK((out(0, j) == in(2, j) && out(1, j) == in(0, j) && out(2, j) == in(2, j)));
+    const float w[] = {1.0f, 2.0f, 3.0f};
+    Ops::scatter_add_rows(out.view(), idx, w, acc.view());
+    for (index_t j = 0; j < 3; ++j) {
+        CHECK(acc(2, j) == doctest::Approx(4.0 * in(2, j)));
+        CHECK(acc(0, j) == doctest::Approx(2.0 * in(0, j)));
+        CHECK(acc(1, j) == 0.0f);
+    }
+}
+
+TEST_CASE("the counter-based RNG: N(0, 1) moments, and the same numbers whatever the thread count") {
+    const int n = threads();
+    set_threads(1);
+    Mat a = random_matrix(500, 400, 42);
+    set_threads(n);
+    Mat b = random_matrix(500, 400, 42);
+    CHECK(std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+    double mean = 0.0, var = 0.0;
+    for (index_t i = 0; i < a.numel(); ++i) mean += a.data()[i];
+    mean /= double(a.numel());
+    for (index_t i = 0; i < a.numel(); ++i) var += (a.data()[i] - mean) * (a.data()[i] - mean);
+    var /= double(a.numel());
+    CHECK(std::abs(mean) < 0.01);  // 5 standard errors of 1/sqrt(200000)
+    CHECK(var == doctest::Approx(1.0).epsilon(0.02));
+}
+
+TEST_CASE("views: slices, reshapes and their errors") {
+    Mat m = random_matrix(4, 6, 10);
+    View<float, 2> s = m.view().slice(1, 2, 5);
+    CHECK(s.shape == Shape<2>{4, 3});
+    CHECK(&s(1, 0) == &m(1, 2));
+    CHECK_FALSE(s.contiguous());
+    CHECK_THROWS_WITH_AS(s.reshape<1>({12}), "reshape: cannot view [4, 3] (strided) as [12]", shape_error);
+    CHECK_THROWS_WITH_AS(m.view().slice(0, 3, 7), "slice: range [3, 7) of dimension 0 is outside shape [4, 6]", shape_error);
+    CHECK(m.reshape<3>({2, 2, 6})(1, 1, 5) == m(3, 5));
+    CHECK_THROWS_AS(Mat({3, -1}), shape_error);
+    Mat c = m.clone();
+    CHECK(std::memcmp(c.data(), m.data(), m.bytes()) == 0);
+}
