@@ -1,0 +1,60 @@
+// moonmoe/io/optimizer_state.hpp: an optimizer's state to a safetensors file and back, bit for bit.
+//
+// Tensors `<param>.momentum` (Muon), `<param>.exp_avg` and `<param>.exp_avg_sq` (AdamW), F32, shaped like the
+// parameter; the step count in the metadata ("step"). Loading checks that every slot finds its state with the
+// right shape and that the file holds nothing else, naming the file and tensor otherwise.
+#pragma once
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../optim/optimizer.hpp"
+#include "checkpoint.hpp"
+
+namespace moonmoe {
+
+template <class Config, class B>
+void save_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Config, B>& opt) {
+    SafetensorsWriter w;
+    w.metadata("format", "pt");
+    w.metadata("step", std::to_string(opt.steps()));
+    for (auto& s : opt.slots()) {
+        if (!s.momentum.empty()) w.add_f32(s.param.name + ".momentum", s.param.shape, s.momentum);
+        if (!s.exp_avg.empty()) {
+            w.add_f32(s.param.name + ".exp_avg", s.param.shape, s.exp_avg);
+            w.add_f32(s.param.name + ".exp_avg_sq", s.param.shape, s.exp_avg_sq);
+        }
+    }
+    w.write(file);
+}
+
+template <class Config, class B>
+void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Config, B>& opt) {
+    SafetensorsFile f(file);
+    const auto& meta = f.metadata();
+    const auto step = meta.find("step");
+    if (step == meta.end()) throw io_error(file.string() + ": no \"step\" in the metadata; not an optimizer state");
+    std::set<std::string> expected;
+    auto read = [&](const std::string& name, const std::vector<index_t>& shape, std::vector<float>& out) {
+        expected.insert(name);
+        const TensorRecord& r = f.at(name);
+        if (r.dtype != DType::f32 || r.shape != shape)
+            throw io_error(file.string() + ": '" + name + "' is " + std::string(dtype_name(r.dtype)) + " " +
+                           detail::format_shape(r.shape) + ", expected F32 " + detail::format_shape(shape));
+        to_f32(r, out);
+    };
+    for (auto& s : opt.slots()) {
+        if (!s.momentum.empty()) read(s.param.name + ".momentum", s.param.shape, s.momentum);
+        if (!s.exp_avg.empty()) {
+            read(s.param.name + ".exp_avg", s.param.shape, s.exp_avg);
+            read(s.param.name + ".exp_avg_sq", s.param.shape, s.exp_avg_sq);
+        }
+    }
+    for (const std::string& name : f.names())
+        if (!expected.count(name)) throw io_error(file.string() + ": state for an unknown parameter: '" + name + "'");
+    opt.set_steps(std::stoll(step->second));
+}
+
+}  // namespace moonmoe

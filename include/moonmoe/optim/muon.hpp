@@ -1,0 +1,50 @@
+// moonmoe/optim/muon.hpp: one Muon step on one matrix (spec/muonclip.md §1-§3, Kimi K2 report Algorithm 1):
+//
+//   m = beta m + (1 - beta) g                     (EMA momentum, torch's lerp)
+//   u = (1 - beta) g + beta m  if Nesterov, else m
+//   O = NS(u)                                     (Newton-Schulz, newton_schulz.hpp)
+//   W *= 1 - lr * weight_decay                     (decoupled decay with the unscaled lr)
+//   W -= lr * scale(n, m) * O,  scale = 0.2 * sqrt(max(n, m)) (MatchAdamWRMS) or sqrt(max(1, n / m)) (ShapeScale)
+// Expert weights are separate parameters, so each expert is orthogonalised on its own.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "newton_schulz.hpp"
+
+namespace moonmoe::optim {
+
+/// The factor on the orthogonalised update of an n x m (rows x cols) matrix.
+inline double muon_update_scale(const MuonConfig& c, index_t rows, index_t cols) {
+    if (c.scale == UpdateScaleKind::match_adamw_rms) return c.scale_factor * std::sqrt(double(std::max(rows, cols)));
+    return std::sqrt(std::max(1.0, double(rows) / double(cols)));
+}
+
+/// Updates W [rows, cols] in place from its gradient; momentum has rows * cols entries.
+template <class Coeffs = KellerQuintic, class B = cpu>
+void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const float, 2, B> grad, float* momentum,
+               NSWorkspace<float, B>& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o,
+               Products products = Products::symmetric) {
+    const index_t rows = W.shape[0], cols = W.shape[1];
+    if (grad.shape != W.shape) throw_shape_mismatch("muon_step: gradient against weight", grad.shape, W.shape);
+    if (u.shape() != W.shape) u = Tensor<float, 2, B>(W.shape), o = Tensor<float, 2, B>(W.shape);
+    const float beta = float(c.momentum);
+    backend::Ops<B>::for_each(rows, [&](index_t i) {
+        for (index_t j = 0; j < cols; ++j) {
+            const float g = grad(i, j);
+            float& m = momentum[i * cols + j];
+            m += (1.0f - beta) * (g - m);                        // m.lerp_(g, 1 - beta)
+            u(i, j) = c.nesterov ? g + beta * (m - g) : m;       // g.lerp(m, beta)
+        }
+    });
+    newton_schulz<Coeffs, float, B>(u.view(), o.view(), c.ns_steps, ws, products);
+    const float decay = float(1.0 - lr * c.weight_decay);
+    const float step = float(lr * muon_update_scale(c, rows, cols));
+    backend::Ops<B>::for_each(rows, [&](index_t i) {
+        for (index_t j = 0; j < cols; ++j) W(i, j) = W(i, j) * decay - step * o(i, j);
+    });
+}
+
+}  // namespace moonmoe::optim

@@ -1,0 +1,100 @@
+// moonmoe/optim/newton_schulz.hpp: the Newton-Schulz orthogonalisation at the heart of Muon (spec/muonclip.md §1,
+// §7, §9), with the coefficient schedule as a policy (config/optimizer.hpp: KellerQuintic, PolarExpress,
+// YouQuintic, or your own struct with a `table` of (a, b, c) and `cycle`).
+//
+//   X = G / max(||G||_F * safety + add_eps, clamp_eps), transposed first if G is tall (so X X^T is the small Gram)
+//   each iteration (a, b, c):  A = X X^T,  B = b A + c A A,  X = a X + B X
+// X X^T and A A are symmetric: Products::symmetric computes them as SYRK (one triangle, half the FLOPs; A A = A A^T
+// because A is symmetric). Products::general uses plain GEMMs, kept for measurement and as the reference path.
+// Per iteration on n x m (n <= m): general 4 n^2 m + 2 n^3 FLOPs, symmetric 3 n^2 m + n^3.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "../backend/backend.hpp"
+#include "../config/optimizer.hpp"
+#include "../tensor/tensor.hpp"
+
+namespace moonmoe::optim {
+
+enum class Products { symmetric, general };
+
+namespace detail {
+template <class C>
+constexpr double norm_safety() {
+    if constexpr (requires { C::norm_safety; }) return C::norm_safety;
+    else return 1.0;
+}
+template <class C>
+constexpr double norm_add_eps() {  // Polar Express (modded-nanogpt): ||X||_F * 1.02 + 1e-6
+    if constexpr (requires { C::norm_safety; }) return 1e-6;
+    else return 0.0;
+}
+template <class C>
+constexpr NSCoefficients coefficients(int iteration) {
+    constexpr int n = int(std::size(C::table));
+    return C::table[C::cycle ? iteration % n : (iteration < n ? iteration : n - 1)];
+}
+}  // namespace detail
+
+/// FLOPs of `steps` iterations on an n x m matrix (the smaller side first), as counted above.
+constexpr double newton_schulz_flops(index_t rows, index_t cols, int steps, Products p) {
+    const double n = double(rows < cols ? rows : cols), m = double(rows < cols ? cols : rows);
+    return steps * (p == Products::symmetric ? 3 * n * n * m + n * n * n : 4 * n * n * m + 2 * n * n * n);
+}
+
+/// Scratch for one matrix shape, reused across calls (Muon keeps one per shape).
+template <class T, class B = cpu>
+struct NSWorkspace {
+    Tensor<T, 2, B> x, x_next, a, b;
+    void fit(index_t n, index_t m) {
+        if (x.size(0) == n && x.size(1) == m) return;
+        x = Tensor<T, 2, B>({n, m}), x_next = Tensor<T, 2, B>({n, m});
+        a = Tensor<T, 2, B>({n, n}), b = Tensor<T, 2, B>({n, n});
+    }
+};
+
+/// out = NS(G) with the schedule `Coeffs`, `steps` iterations; G and out are [rows, cols], T = float or double.
+template <class Coeffs = KellerQuintic, class T = float, class B = cpu>
+void newton_schulz(View<const T, 2, B> G, View<T, 2, B> out, int steps, NSWorkspace<T, B>& ws,
+                   Products products = Products::symmetric, double clamp_eps = 1e-7) {
+    using Ops = backend::Ops<B>;
+    using backend::Trans;
+    const index_t rows = G.shape[0], cols = G.shape[1];
+    if (out.shape != G.shape) throw_shape_mismatch("newton_schulz", out.shape, G.shape);
+    const bool tall = rows > cols;
+    const index_t n = tall ? cols : rows, m = tall ? rows : cols;
+    ws.fit(n, m);
+    // X = G (or G^T) / norm, norm in double
+    double sq = 0.0;
+    for (index_t i = 0; i < rows; ++i)
+        for (index_t j = 0; j < cols; ++j) sq += double(G(i, j)) * double(G(i, j));
+    const double denominator = std::max(std::sqrt(sq) * detail::norm_safety<Coeffs>() + detail::norm_add_eps<Coeffs>(), clamp_eps);
+    const T inv = T(1.0 / denominator);
+    Ops::for_each(n, [&](index_t i) {
+        for (index_t j = 0; j < m; ++j) ws.x(i, j) = (tall ? G(j, i) : G(i, j)) * inv;
+    });
+    for (int it = 0; it < steps; ++it) {
+        const NSCoefficients k = detail::coefficients<Coeffs>(it);
+        if (products == Products::symmetric) {
+            Ops::template syrk<T>(T(1), ws.x.view(), T(0), ws.a.view());               // A = X X^T
+            Ops::template syrk<T>(T(k.c), ws.a.view(), T(0), ws.b.view());             // B = c A A^T = c A A
+        } else {
+            Ops::template gemm<T>(Trans::no, Trans::yes, T(1), ws.x.view(), ws.x.view(), T(0), ws.a.view());
+            Ops::template gemm<T>(Trans::no, Trans::no, T(k.c), ws.a.view(), ws.a.view(), T(0), ws.b.view());
+        }
+        T* bp = ws.b.data();
+        const T* ap = ws.a.data();
+        for (index_t i = 0; i < n * n; ++i) bp[i] += T(k.b) * ap[i];  // B += b A
+        Ops::template copy<T>(ws.x.view(), ws.x_next.view());
+        Ops::template gemm<T>(Trans::no, Trans::no, T(1), ws.b.view(), ws.x.view(), T(k.a), ws.x_next.view());  // aX + BX
+        std::swap(ws.x, ws.x_next);
+    }
+    Ops::for_each(rows, [&](index_t i) {
+        for (index_t j = 0; j < cols; ++j) out(i, j) = tall ? ws.x(j, i) : ws.x(i, j);
+    });
+}
+
+}  // namespace moonmoe::optim

@@ -1,0 +1,112 @@
+// moonmoe/optim/qk_clip.hpp: QK-Clip (Kimi K2 report, Algorithm 1; spec/muonclip.md §5), applied after the
+// optimizer step to the query / key weights of every head whose maximum scaled logit S since the last step
+// exceeds tau:
+//   gamma = tau / S
+//   MLA: the head's q_nope rows (q_b_proj, or q_proj) and k_nope rows (kv_b_proj) *= sqrt(gamma), its q_rope rows
+//        *= gamma; the shared k_rope (kv_a_proj_with_mqa) and the v rows are untouched.
+//   MHA: q rows of head h *= gamma_h^alpha; k rows of key/value head g *= (min gamma of its query heads)^(1 - alpha),
+//        which still bounds every head of the group by tau.
+// Heads at or below tau (and any maximum <= 0) are untouched, bit for bit. Scope PerLayer uses the layer's largest
+// maximum for all its heads (the report's naive form). The maxima are then reset for the next step.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../config/optimizer.hpp"
+#include "../nn/transformer.hpp"
+
+namespace moonmoe::optim {
+
+/// How many heads were rescaled, per layer, and the largest maximum logit seen (before clipping).
+struct ClipReport {
+    std::vector<index_t> heads_clipped;
+    std::vector<float> max_logit;
+    index_t total() const {
+        index_t n = 0;
+        for (index_t h : heads_clipped) n += h;
+        return n;
+    }
+};
+
+namespace detail {
+inline void scale_rows(float* w, index_t cols, index_t first_row, index_t rows, float factor) {
+    for (index_t r = first_row; r < first_row + rows; ++r)
+        for (index_t j = 0; j < cols; ++j) w[r * cols + j] *= factor;
+}
+/// gamma per head: tau / S where S > tau, else 1 (exactly: those heads are not touched).
+inline std::vector<double> clip_factors(const std::vector<float>& max_logit, const QKClipConfig& c) {
+    std::vector<double> gamma(max_logit.size(), 1.0);
+    float layer_max = -INFINITY;
+    for (float s : max_logit) layer_max = std::max(layer_max, s);
+    for (std::size_t h = 0; h < max_logit.size(); ++h) {
+        const double s = c.scope == ClipScope::per_layer ? layer_max : max_logit[h];
+        if (s > c.tau) gamma[h] = c.tau / s;
+    }
+    return gamma;
+}
+}  // namespace detail
+
+/// MLA: rescales the heads of q (q_b_proj or q_proj, [heads * (nope + rope), q_cols]) and kv_b_proj
+/// ([heads * (nope + v), kv_cols]) whose maximum exceeds tau; returns how many heads were rescaled.
+inline index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, const nn::MLAHeadLayout& L,
+                              const std::vector<float>& maxima, const QKClipConfig& c) {
+    const std::vector<double> gamma = detail::clip_factors(maxima, c);
+    index_t clipped = 0;
+    for (index_t h = 0; h < L.heads; ++h) {
+        if (gamma[h] == 1.0) continue;
+        ++clipped;
+        const float root = float(std::sqrt(gamma[h]));
+        detail::scale_rows(q, q_cols, L.q_row(h), L.nope, root);
+        detail::scale_rows(q, q_cols, L.q_rope_row(h), L.rope, float(gamma[h]));
+        detail::scale_rows(kv_b, kv_cols, L.k_nope_row(h), L.nope, root);
+    }
+    return clipped;
+}
+
+/// MHA: rescales q_proj rows of each head over tau by gamma^alpha and k_proj rows of its key/value head by the
+/// group's smallest gamma^(1 - alpha); both weights have `cols` columns.
+inline index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout& L,
+                              const std::vector<float>& maxima, const QKClipConfig& c) {
+    const std::vector<double> gamma = detail::clip_factors(maxima, c);
+    const index_t group = L.heads / L.kv_heads;
+    index_t clipped = 0;
+    for (index_t g = 0; g < L.kv_heads; ++g) {
+        double smallest = 1.0;
+        for (index_t h = g * group; h < (g + 1) * group; ++h) {
+            if (gamma[h] == 1.0) continue;
+            ++clipped;
+            smallest = std::min(smallest, gamma[h]);
+            detail::scale_rows(q, cols, L.q_row(h), L.head_dim, float(std::pow(gamma[h], c.alpha)));
+        }
+        if (smallest < 1.0) detail::scale_rows(k, cols, L.kv_row(g), L.head_dim, float(std::pow(smallest, 1.0 - c.alpha)));
+    }
+    return clipped;
+}
+
+/// QK-Clip over every layer of `model`, from the maxima its forwards recorded since the last call; resets them.
+template <class B>
+ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
+    ClipReport report;
+    for (auto& layer : model.layers) {
+        auto& maxima = layer.latent ? layer.self_attn.max_logit_per_head : layer.mha.max_logit_per_head;
+        report.max_logit.push_back(*std::max_element(maxima.begin(), maxima.end()));
+        if (layer.latent) {
+            auto& a = layer.self_attn;
+            nn::Linear<B>& q = a.cfg.q_rank > 0 ? a.q_b_proj : a.q_proj;
+            report.heads_clipped.push_back(clip_mla_heads(q.weight.value.data(), q.in_features(),
+                                                          a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
+                                                          a.head_layout(), maxima, c));
+            a.reset_max_logits();
+        } else {
+            auto& a = layer.mha;
+            report.heads_clipped.push_back(clip_mha_heads(a.q_proj.weight.value.data(), a.k_proj.weight.value.data(),
+                                                          a.q_proj.in_features(), a.head_layout(), maxima, c));
+            a.reset_max_logits();
+        }
+    }
+    return report;
+}
+
+}  // namespace moonmoe::optim
