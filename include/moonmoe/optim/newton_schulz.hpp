@@ -58,7 +58,7 @@ struct NSWorkspace {
 
 /// out = NS(G) with the schedule `Coeffs`, `steps` iterations; G and out are [rows, cols], T = float or double.
 template <class Coeffs = KellerQuintic, class T = float, class B = cpu>
-void newton_schulz(View<const T, 2, B> G, View<T, 2, B> out, int steps, NSWorkspace<T, B>& ws,
+void newton_schulz(std::type_identity_t<View<const T, 2, B>> G, View<T, 2, B> out, int steps, NSWorkspace<T, B>& ws,
                    Products products = Products::symmetric, double clamp_eps = 1e-7) {
     using Ops = backend::Ops<B>;
     using backend::Trans;

@@ -83,7 +83,12 @@ public:
 
     /// Updates every parameter from its accumulated gradient, then QK-Clip (if configured) and bias balancing.
     /// Gradients are left as they are: zero them (model.zero_grad()) before the next accumulation.
-    StepReport step() {
+    ///
+    /// QK-Clip uses the maxima the forwards recorded before the update (Algorithm 1), so the update itself, and the
+    /// clip of earlier layers changing later layers' inputs, can leave a head slightly above tau. Given
+    /// `remeasure` (re-run the step's forwards, no backward), the clip instead uses maxima measured after the
+    /// update and repeats, up to `rounds` times, until every head of that batch is at or below tau.
+    StepReport step(const std::function<void()>& remeasure = {}, int rounds = 4) {
         StepReport r;
         std::tie(r.muon_lr, r.adamw_lr) = learning_rates();
         ++step_;
@@ -100,12 +105,28 @@ public:
             }
         }
         r.step = step_;
-        if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip);
-        else for (auto& layer : model_.layers) (layer.latent ? layer.self_attn.reset_max_logits() : layer.mha.reset_max_logits());
+        if (config.qk_clip.enabled && remeasure) {
+            for (int round = 0; round < rounds; ++round) {
+                reset_max_logits();
+                remeasure();
+                const ClipReport c = apply_qk_clip(model_, config.qk_clip);
+                if (round == 0) r.clip = c;
+                else for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
+                if (c.total() == 0) break;
+            }
+        } else if (config.qk_clip.enabled) {
+            r.clip = apply_qk_clip(model_, config.qk_clip);
+        } else {
+            reset_max_logits();
+        }
         if (bias_update_rate != 0.0f)
             for (auto& layer : model_.layers)
                 if (!layer.dense) layer.moe.gate.update_bias(bias_update_rate);
         return r;
+    }
+
+    void reset_max_logits() {
+        for (auto& layer : model_.layers) (layer.latent ? layer.self_attn.reset_max_logits() : layer.mha.reset_max_logits());
     }
 
 private:

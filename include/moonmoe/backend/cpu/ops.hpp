@@ -102,22 +102,28 @@ struct Ops<cpu> {
         gemm<float>(Trans::no, Trans::yes, 1.0f, x, W, accumulate ? 1.0f : 0.0f, y);
     }
 
-    /// C = alpha A A^T + beta C for a symmetric C [n, n] (SYRK): only one triangle is computed, half the FLOPs of
-    /// the general product, then mirrored. With EIGEN_USE_BLAS this is BLAS ?syrk.
+    /// C = alpha A A^T + beta C for a symmetric C [n, n] (SYRK), computing only the blocks on and below the
+    /// diagonal with GEMMs (b(b+1)/2 of b^2 blocks of 256 rows: 62% of the FLOPs at n = 1024, tending to 50%),
+    /// then mirroring. GEMM blocks keep the fast kernel and its threads, which Eigen's own triangular product lacks.
     template <class T = float>
     static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2> A,
                      std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2> C) {
         using namespace cpu_detail;
         require_rows("syrk", "A", A.strides[1]);
         require_rows("syrk", "C", C.strides[1]);
-        const index_t n = A.shape[0];
+        const index_t n = A.shape[0], k = A.shape[1];
         if (C.shape[0] != n || C.shape[1] != n)
             throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
                               std::to_string(n) + "] result, C is " + shape_string(C.shape));
+        constexpr index_t block = 256;
+        for (index_t i = 0; i < n; i += block)
+            for (index_t j = 0; j <= i; j += block) {
+                const index_t bi = std::min(block, n - i), bj = std::min(block, n - j);
+                gemm<T>(Trans::no, Trans::yes, alpha, View<const T, 2>(A.data + i * A.strides[0], {bi, k}, A.strides),
+                        View<const T, 2>(A.data + j * A.strides[0], {bj, k}, A.strides), beta,
+                        View<T, 2>(C.data + i * C.strides[0] + j, {bi, bj}, C.strides));
+            }
         auto c = as_matrix<T>(C);
-        if (beta == T(0)) c.template triangularView<Eigen::Lower>().setZero();
-        else if (beta != T(1)) c.template triangularView<Eigen::Lower>() *= beta;
-        c.template selfadjointView<Eigen::Lower>().rankUpdate(as_matrix<T>(A), alpha);
         c.template triangularView<Eigen::StrictlyUpper>() = c.transpose();
     }
 
