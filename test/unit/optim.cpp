@@ -320,3 +320,31 @@ TEST_CASE("the composed optimizer: routing by kind, WSD schedule, frozen router 
     CHECK_THROWS_WITH_AS(load_optimizer_state(std::string(MOONMOE_TEST_BINARY_DIR) + "/opt_state.safetensors", wrong),
                          doctest::Contains("opt_state.safetensors"), io_error);
 }
+
+TEST_CASE("QK-Clip per layer: every head by the layer's largest maximum; maxima at or below zero never clip") {
+    nn::MLA<> attn(TinyK2::config);
+    randomize(attn, 70);
+    const nn::MLAHeadLayout L = attn.head_layout();
+    const std::vector<float> q0(attn.q_b_proj.weight.value.data(), attn.q_b_proj.weight.value.data() + attn.q_b_proj.weight.value.numel());
+    const std::vector<float> kv0(attn.kv_b_proj.weight.value.data(), attn.kv_b_proj.weight.value.data() + attn.kv_b_proj.weight.value.numel());
+    QKClipConfig c = QKClip<10.0, Scope<PerLayer>>::value;
+    const std::vector<float> maxima = {-3.0f, 0.0f, 4.0f, 40.0f};  // layer maximum 40: gamma = 1/4 for every head
+    std::vector<float> q = q0, kv = kv0;
+    CHECK(optim::clip_mla_heads(q.data(), 32, kv.data(), 16, L, maxima, c) == 4);
+    for (index_t h = 0; h < 4; ++h) {
+        CHECK(q[L.q_row(h) * 32] == doctest::Approx(q0[L.q_row(h) * 32] * 0.5f));       // nope: sqrt(1/4)
+        CHECK(q[L.q_rope_row(h) * 32] == doctest::Approx(q0[L.q_rope_row(h) * 32] * 0.25f));  // rope: 1/4
+        CHECK(kv[L.k_nope_row(h) * 16] == doctest::Approx(kv0[L.k_nope_row(h) * 16] * 0.5f));
+        CHECK(kv[L.v_row(h) * 16] == kv0[L.v_row(h) * 16]);
+    }
+    // per head, the same maxima clip only head 3; the others, including the negative and zero ones, stay exact
+    q = q0, kv = kv0;
+    c.scope = ClipScope::per_head;
+    CHECK(optim::clip_mla_heads(q.data(), 32, kv.data(), 16, L, maxima, c) == 1);
+    for (std::size_t i = 0; i < std::size_t(L.q_row(3) * 32); ++i) CHECK(q[i] == q0[i]);
+    for (float v : q) CHECK(std::isfinite(v));
+    // all maxima <= 0 (and -inf: no forward since the last step): nothing happens
+    q = q0, kv = kv0;
+    CHECK(optim::clip_mla_heads(q.data(), 32, kv.data(), 16, L, {-1.0f, 0.0f, -INFINITY, -5.0f}, c) == 0);
+    CHECK(std::memcmp(q.data(), q0.data(), q.size() * 4) == 0);
+}
