@@ -1,7 +1,7 @@
 // Newton-Schulz (5 quintic iterations) with symmetric products (SYRK for X X^T and A A) against plain GEMMs,
 // at Muon matrix shapes. Counters: GFLOP/s by the formulas of optim/newton_schulz.hpp (each variant counted by
 // the FLOPs it performs, and also by the plain algorithm's FLOPs, "equiv_GFLOPs", which compares wall time).
-// bench-smoke-filter: /256x512/
+// bench-smoke-filter: rows:256/cols:512/
 #include <benchmark/benchmark.h>
 
 #include <moonmoe/backend/cpu.hpp>

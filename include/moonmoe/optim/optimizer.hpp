@@ -88,7 +88,7 @@ public:
     /// clip of earlier layers changing later layers' inputs, can leave a head slightly above tau. Given
     /// `remeasure` (re-run the step's forwards, no backward), the clip instead uses maxima measured after the
     /// update and repeats, up to `rounds` times, until every head of that batch is at or below tau.
-    StepReport step(const std::function<void()>& remeasure = {}, int rounds = 4) {
+    StepReport step(const std::function<void()>& remeasure = {}, int rounds = 10) {
         StepReport r;
         std::tie(r.muon_lr, r.adamw_lr) = learning_rates();
         ++step_;
