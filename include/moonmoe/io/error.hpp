@@ -5,6 +5,8 @@
 // do exist, since the usual cause is a naming-convention mismatch (`experts.0.w1` for `experts.0.gate_proj`).
 #pragma once
 
+#include "../tensor/shape.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <stdexcept>
@@ -22,16 +24,10 @@ struct io_error : std::runtime_error {
 
 namespace detail {
 
-/// "[a, b, c]" for any range of integers.
+/// "[a, b, c]" for any range of integers (one spelling of shapes across the library: tensor/shape.hpp).
 template <class Range>
 std::string format_shape(const Range& shape) {
-    std::string s = "[";
-    bool first = true;
-    for (auto d : shape) {
-        s += (first ? "" : ", ") + std::to_string(d);
-        first = false;
-    }
-    return s + "]";
+    return shape_string(shape);
 }
 
 /// Levenshtein distance, two rows.
