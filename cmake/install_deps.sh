@@ -8,6 +8,7 @@ packages=(
   libeigen3-dev nlohmann-json3-dev
   doctest-dev libbenchmark-dev
   libopenblas-dev libopenmpi-dev openmpi-bin
+  time
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

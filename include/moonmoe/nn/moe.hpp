@@ -32,9 +32,10 @@ struct MoE {
     SwiGLU<B> shared_experts;
     index_t skipped_assignments = 0;  ///< (token, expert) pairs of the last forward whose expert lives elsewhere
 
-    /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports).
+    /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
+    /// the part of `experts` spent moving rows: sorting pairs by expert, gathering inputs, scattering outputs.
     struct Times {
-        double router = 0, experts = 0, shared = 0;
+        double router = 0, experts = 0, shared = 0, dispatch = 0;
     } times;
 
     struct ExpertCache {
@@ -47,6 +48,10 @@ struct MoE {
         std::vector<ExpertCache> experts;
         typename SwiGLU<B>::Cache shared;
     };
+
+    static double seconds(std::chrono::steady_clock::time_point since) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    }
 
     MoE() = default;
     MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1)
@@ -67,6 +72,8 @@ struct MoE {
         times.router += std::chrono::duration<double>(t1 - t0).count();
         const Routing& r = c.router.routing;
         const index_t local = index_t(experts.size());
+        auto dispatch_start = t1;  // the first expert's dispatch time includes sorting the pairs
+        bool first = true;
         c.experts.clear();
         c.experts.resize(static_cast<std::size_t>(local));
         skipped_assignments = 0;
@@ -82,17 +89,22 @@ struct MoE {
             ExpertCache& ec = c.experts[e];
             const index_t n = index_t(ec.tokens.size());
             if (n == 0) continue;
+            if (!first) dispatch_start = clock::now();
+            first = false;
             Mat x({n, hidden}), a({n, cfg.expert_hidden}), out({n, hidden});
             Ops::gather_rows(c.router.u.view(), ec.tokens.data(), x.view());
+            times.dispatch += seconds(dispatch_start);
             ec.g = Mat({n, cfg.expert_hidden});
             ec.u = Mat({n, cfg.expert_hidden});
             experts[e].gate_proj.forward(x.view(), ec.g.view());
             experts[e].up_proj.forward(x.view(), ec.u.view());
             SwiGLU<B>::activate(ec.g.view(), ec.u.view(), a.view());
             experts[e].down_proj.forward(a.view(), out.view());
+            const auto scatter_start = clock::now();
             std::vector<float> w(static_cast<std::size_t>(n));
             for (index_t i = 0; i < n; ++i) w[i] = r.weight[ec.slots[i]];
             Ops::scatter_add_rows(out.view(), ec.tokens.data(), w.data(), y);
+            times.dispatch += seconds(scatter_start);
         }
         auto t2 = clock::now();
         times.experts += std::chrono::duration<double>(t2 - t1).count();
@@ -117,9 +129,11 @@ struct MoE {
             const index_t n = index_t(ec.tokens.size());
             if (n == 0) continue;
             SwiGLU<B>& ex = experts[e];
+            const auto gather_start = clock::now();
             Mat x({n, hidden}), dye({n, hidden}), t({n, I}), a({n, I}), dx({n, hidden});
             Ops::gather_rows(c.router.u.view(), ec.tokens.data(), x.view());
             Ops::gather_rows(dy, ec.tokens.data(), dye.view());
+            times.dispatch += seconds(gather_start);
             SwiGLU<B>::activate(ec.g.view(), ec.u.view(), a.view());
             Ops::gemm(Trans::no, Trans::no, 1.0f, dye.view(), ex.down_proj.weight.value.view(), 0.0f, t.view());
             Ops::for_each(n, [&](index_t i) {
@@ -137,7 +151,9 @@ struct MoE {
             Ops::gemm(Trans::yes, Trans::no, 1.0f, dye.view(), a.view(), 1.0f, ex.down_proj.weight.grad.view());
             ex.gate_proj.backward(x.view(), ec.g.view(), dx.view());
             ex.up_proj.backward(x.view(), ec.u.view(), dx.view(), true);
+            const auto scatter_start = clock::now();
             Ops::scatter_add_rows(dx.view(), ec.tokens.data(), nullptr, du);
+            times.dispatch += seconds(scatter_start);
         }
         auto t2 = clock::now();
         times.experts += std::chrono::duration<double>(t2 - t1).count();

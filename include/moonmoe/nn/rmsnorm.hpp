@@ -4,7 +4,9 @@
 //   dx = r g - x r^3 mean(g x),   dw += sum over rows of dy * x * r.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "../backend/backend.hpp"
 #include "param.hpp"
@@ -57,10 +59,24 @@ struct RMSNorm {
                 dr[j] = accumulate ? dr[j] + v : v;
             }
         });
+        // dw: partial column sums over fixed row chunks (contiguous rows, so memory is read in order), then the
+        // chunks summed in order. The chunking does not depend on the thread count: results are repeatable.
+        constexpr index_t chunk_rows = 64;
+        const index_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+        std::vector<double> partial(static_cast<std::size_t>(chunks * n), 0.0);
+        Ops::for_each(chunks, [&, x, dy](index_t k) {
+            double* p = partial.data() + k * n;
+            for (index_t r = k * chunk_rows; r < std::min(rows, (k + 1) * chunk_rows); ++r) {
+                const float* xr = x.data + r * x.strides[0];
+                const float* gr = dy.data + r * dy.strides[0];
+                const double inv = rstd[r];
+                for (index_t j = 0; j < n; ++j) p[j] += double(gr[j]) * xr[j] * inv;
+            }
+        });
         float* dw = weight.grad.data();
-        Ops::for_each(n, [&, x, dy](index_t j) {  // column sums, each by one thread, rows in order: repeatable
+        Ops::for_each(n, [&](index_t j) {
             double s = 0.0;
-            for (index_t r = 0; r < rows; ++r) s += double(dy.data[r * dy.strides[0] + j]) * x.data[r * x.strides[0] + j] * rstd[r];
+            for (index_t k = 0; k < chunks; ++k) s += partial[k * n + j];
             dw[j] += float(s);
         });
     }

@@ -3,10 +3,12 @@
 // Large blocks come straight from mmap: the kernel hands out zero pages on first touch, so a 10 GB layer costs no
 // up-front memset and its pages are faulted in by the (parallel) code that first writes them. Small blocks come
 // from aligned_alloc and are cleared. A 64-byte header in front of each block records which it was.
+// MemoryStats counts the bytes of live tensors (current and peak), for benchmarks and memory reports.
 #pragma once
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,19 @@
 #include "../backend.hpp"
 
 namespace moonmoe::backend {
+
+/// Bytes held by live CPU tensors (their requested sizes), and the most held at once since reset_peak().
+struct MemoryStats {
+    std::atomic<std::size_t> current{0}, peak{0};
+
+    void add(std::size_t bytes) {
+        const std::size_t now = current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+        std::size_t seen = peak.load(std::memory_order_relaxed);
+        while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
+    }
+    void remove(std::size_t bytes) { current.fetch_sub(bytes, std::memory_order_relaxed); }
+    void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+};
 
 template <>
 struct Memory<cpu> {
@@ -36,14 +51,20 @@ struct Memory<cpu> {
         }
         auto* header = reinterpret_cast<std::size_t*>(base);
         header[0] = total;
+        stats().add(total - alignment);
         return base + alignment;
     }
     static void release(void* p) {
         if (!p) return;
         std::byte* base = static_cast<std::byte*>(p) - alignment;
         const std::size_t total = reinterpret_cast<std::size_t*>(base)[0];
+        stats().remove(total - alignment);
         if (total >= mmap_threshold) munmap(base, total);
         else std::free(base);
+    }
+    static MemoryStats& stats() {
+        static MemoryStats s;
+        return s;
     }
     static void copy(void* dst, const void* src, std::size_t bytes) {
         if (bytes) std::memcpy(dst, src, bytes);

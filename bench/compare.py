@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Our Google Benchmark results next to PyTorch's (bench/SUITE.md), as a markdown table.
+
+    python3 bench/compare.py [--ours bench/results/moonmoe.json ...] [--torch bench/results/torch.json]
+                             [--run-torch] [--quick] [--threads N] [--markdown PATH]
+
+--ours: Google Benchmark JSON (--benchmark_out_format=json); a file may hold one such dict or a list of them, and
+several files may be given: their "benchmarks" lists are concatenated. Aggregate rows are ignored, a trailing
+"/real_time" is stripped. The PyTorch JSON comes from bench/torch_suite.py, which is run first when the file is
+missing or --run-torch is given (with --quick, and --threads or else ours' thread count).
+
+Ratio column: PyTorch time / ours, so > 1 means ours is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+SGEMM_NAME = "gemm/nn/m:2048/n:2048/k:2048"
+
+
+def sig3(x: float) -> str:
+    """3 significant figures, no exponent: 0.0123, 1.23, 12.3, 123, 1230."""
+    if x is None or not math.isfinite(x):
+        return "—"
+    if x == 0:
+        return "0"
+    digits = 2 - math.floor(math.log10(abs(x)))
+    if digits <= 0:
+        return f"{round(x, digits):.0f}"
+    return f"{x:.{digits}f}"
+
+
+def strip_name(name: str) -> str:
+    return name[: -len("/real_time")] if name.endswith("/real_time") else name
+
+
+def load_ours(paths: list[str]) -> tuple[dict, list[dict]]:
+    """(merged context, rows in file order); repeated names (repetitions) are averaged into one row."""
+    context: dict = {}
+    rows: dict[str, dict] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for doc in data if isinstance(data, list) else [data]:
+            for k, v in doc.get("context", {}).items():
+                context.setdefault(k, v)
+            for b in doc.get("benchmarks", []):
+                if b.get("run_type") == "aggregate":
+                    continue
+                name = strip_name(b.get("run_name") or b["name"])
+                ms = float(b["real_time"]) * UNIT_MS[b.get("time_unit", "ns")] if "real_time" in b else math.nan
+                row = rows.setdefault(name, dict(name=name, times=[], raw=b))
+                if b.get("error_occurred"):
+                    row["error"] = b.get("error_message", "error")
+                else:
+                    row["times"].append(ms)
+    for row in rows.values():
+        row["ms"] = sum(row["times"]) / len(row["times"]) if row["times"] else math.nan
+    return context, list(rows.values())
+
+
+def load_torch(path: Path) -> tuple[dict, dict[tuple[str, str], dict]]:
+    data = json.loads(path.read_text())
+    return data.get("context", {}), {(b["name"], b.get("variant", "f32")): b for b in data.get("benchmarks", [])}
+
+
+def counter(row: dict, key: str):
+    v = row["raw"].get(key)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def sgemm_rate(context: dict, rows: list[dict]) -> tuple[float | None, str]:
+    """Our SGEMM rate in GFLOP/s: the `sgemm_GFLOP/s` counter (context or any row), else the gemm/nn 2048^3 row."""
+    for source in [context] + [r["raw"] for r in rows]:
+        v = source.get("sgemm_GFLOP/s")
+        if v is not None:
+            try:
+                return float(v), "measured by our binaries at start-up, best of 3"
+            except ValueError:
+                pass
+    for r in rows:
+        if r["name"] == SGEMM_NAME and counter(r, "FLOP/s"):
+            return counter(r, "FLOP/s") * 1e-9, f"from {SGEMM_NAME}"
+    return None, ""
+
+
+def torch_counterpart(name: str) -> str:
+    """The PyTorch row a name is compared with: ns/<policy>/symmetric/... -> the general algorithm of that shape."""
+    parts = name.split("/")
+    if parts[0] == "ns" and len(parts) > 2 and parts[2] == "symmetric":
+        parts[2] = "general"
+    return "/".join(parts)
+
+
+def ratio(torch_ms, ours_ms) -> str:
+    if torch_ms is None or not ours_ms or not math.isfinite(ours_ms):
+        return "—"
+    return f"{torch_ms / ours_ms:.2f}"
+
+
+def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch: dict) -> str:
+    rate, rate_source = sgemm_rate(ours_ctx, ours)
+    lines = []
+    cpu = torch_ctx.get("cpu") if torch_ctx else None
+    host = ", ".join(x for x in [
+        f"host {ours_ctx['host_name']}" if ours_ctx.get("host_name") else "",
+        f"{ours_ctx['num_cpus']} CPUs" if ours_ctx.get("num_cpus") else "",
+        f"{ours_ctx['mhz_per_cpu']} MHz" if ours_ctx.get("mhz_per_cpu") else ""] if x)
+    lines.append(f"- CPU: {cpu or 'unknown'}{f' ({host})' if host else ''}")
+    ours_threads, torch_threads = ours_ctx.get("threads"), (torch_ctx or {}).get("threads")
+    warn = ""
+    if ours_threads is not None and torch_threads is not None and str(ours_threads) != str(torch_threads):
+        warn = " — **thread counts differ**"
+    lines.append(f"- threads: ours {ours_threads if ours_threads is not None else '?'}, "
+                 f"PyTorch {torch_threads if torch_threads is not None else '?'}{warn}")
+    lines.append(f"- ours: benchmark library build {ours_ctx.get('library_build_type', '?')}, "
+                 f"run {ours_ctx.get('date', '?')}")
+    if torch_ctx:
+        lines.append(f"- PyTorch {torch_ctx.get('torch', '?')}, transformers {torch_ctx.get('transformers', '?')}, "
+                     f"run {torch_ctx.get('date', '?')}{', --quick' if torch_ctx.get('quick') else ''}")
+    else:
+        lines.append("- PyTorch: no results")
+    lines.append(f"- SGEMM: {sig3(rate) + ' GFLOP/s (' + rate_source + ')' if rate else 'not measured'}")
+    lines.append("")
+    lines.append("| benchmark | ours ms | PyTorch ms | PyTorch / ours | ours GFLOP/s | ours % of SGEMM | notes |")
+    lines.append("|---|---:|---:|---:|---:|---:|---|")
+    for r in ours:
+        name, ms = r["name"], r["ms"]
+        family = name.split("/")[0]
+        key = torch_counterpart(name)
+        t = torch.get((key, "f32"))
+        t_ms = t["real_time_ms"] if t else None
+        notes = []
+        if "error" in r:
+            notes.append(f"ours: {r['error']}")
+        if len(r["times"]) > 1:
+            notes.append(f"ours mean of {len(r['times'])} runs")
+        if key != name and t:
+            notes.append(f"vs PyTorch {key.split('/')[2]}")
+        if family == "muon":
+            t16 = torch.get((key, "bf16"))
+            if t16:
+                notes.append(f"torch bf16 {sig3(t16['real_time_ms'])} ms ({ratio(t16['real_time_ms'], ms)}x)")
+        if family == "adamw":
+            tf = torch.get((key, "fused"))
+            if tf:
+                notes.append(f"torch fused {sig3(tf['real_time_ms'])} ms ({ratio(tf['real_time_ms'], ms)}x)")
+        if family in ("moe", "layer"):
+            ours_pairs, torch_pairs = counter(r, "pairs"), (t or {}).get("pairs")
+            if ours_pairs is not None or torch_pairs is not None:
+                fmt = lambda p: "?" if p is None else f"{p:.0f}"
+                notes.append(f"pairs ours {fmt(ours_pairs)} / torch {fmt(torch_pairs)}")
+            overhead = counter(r, "overhead")
+            if overhead is not None:
+                notes.append(f"overhead {overhead * 100:.1f}%" if overhead <= 1.0 else f"overhead {sig3(overhead)}")
+        flops = counter(r, "FLOP/s")
+        of_sgemm = counter(r, "of_sgemm")
+        lines.append("| " + " | ".join([
+            f"`{name}`", sig3(ms), sig3(t_ms) if t_ms is not None else "—", ratio(t_ms, ms),
+            sig3(flops * 1e-9) if flops else "—",
+            f"{of_sgemm * 100:.1f}%" if of_sgemm is not None else "—",
+            "; ".join(notes)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ours", nargs="+", default=[str(HERE / "results" / "moonmoe.json")],
+                    help="Google Benchmark JSON file(s)")
+    ap.add_argument("--torch", default=str(HERE / "results" / "torch.json"))
+    ap.add_argument("--run-torch", action="store_true", help="run bench/torch_suite.py first")
+    ap.add_argument("--quick", action="store_true", help="when running torch_suite.py: only the small shapes")
+    ap.add_argument("--threads", type=int, help="when running torch_suite.py (default: ours' thread count)")
+    ap.add_argument("--markdown", help="also write the table to this file")
+    args = ap.parse_args()
+
+    missing = [p for p in args.ours if not Path(p).exists()]
+    if missing:
+        sys.exit(f"compare.py: no results of ours at {', '.join(missing)} (run build/bench/bench_<family> "
+                 "--benchmark_out=<file> --benchmark_out_format=json)")
+    ours_ctx, ours = load_ours(args.ours)
+
+    torch_path = Path(args.torch)
+    if args.run_torch or not torch_path.exists():
+        cmd = [sys.executable, str(HERE / "torch_suite.py"), "--out", str(torch_path)]
+        threads = args.threads or ours_ctx.get("threads")
+        if threads:
+            cmd += ["--threads", str(threads)]
+        if args.quick:
+            cmd.append("--quick")
+        print("running " + " ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True)
+    torch_ctx, torch = load_torch(torch_path) if torch_path.exists() else (None, {})
+
+    text = build_table(ours_ctx, ours, torch_ctx, torch)
+    print(text, end="")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

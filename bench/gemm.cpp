@@ -1,0 +1,57 @@
+// GEMM primitives at Kimi K2 shapes (bench/SUITE.md): every projection of MLA at 1024 tokens as x W^T, one expert's
+// gate at 64 tokens, the backward forms (dy W and dy^T x), and the symmetric X X^T of Newton-Schulz.
+// FLOPs: 2 m n k per product; SYRK is counted at the 2 n^2 k of the full product it replaces (so its FLOP/s and
+// of_sgemm compare wall time with a plain GEMM of the same result).
+// bench-smoke-filter: :256/
+#include "support/suite.hpp"
+
+namespace bench {
+namespace {
+
+using moonmoe::backend::Trans;
+
+void gemm(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n, index_t k) {
+    Mat a(ta == Trans::no ? moonmoe::Shape<2>{m, k} : moonmoe::Shape<2>{k, m});
+    Mat b(tb == Trans::no ? moonmoe::Shape<2>{k, n} : moonmoe::Shape<2>{n, k});
+    Mat c({m, n});
+    Ops::fill_normal(a.view(), 0.0f, 1.0f, 1);
+    Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
+    measure(state, {2.0 * m * n * k, 4.0 * (m * k + k * n + m * n)},
+                   [&] { Ops::gemm(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
+}
+
+void syrk(benchmark::State& state, index_t n, index_t k) {
+    Mat x({n, k}), c({n, n});
+    Ops::fill_normal(x.view(), 0.0f, 1.0f, 1);
+    measure(state, {2.0 * n * n * k, 4.0 * (n * k + n * n)}, [&] { Ops::syrk(1.0f, x.view(), 0.0f, c.view()); });
+}
+
+}  // namespace
+
+void register_benchmarks() {
+    struct Case {
+        const char* form;
+        Trans ta, tb;
+        index_t m, n, k;
+    };
+    const Case cases[] = {
+        {"nn", Trans::no, Trans::no, 2048, 2048, 2048},     // the SGEMM reference
+        {"nt", Trans::no, Trans::yes, 1024, 1536, 7168},    // q_a_proj
+        {"nt", Trans::no, Trans::yes, 1024, 12288, 1536},   // q_b_proj
+        {"nt", Trans::no, Trans::yes, 1024, 576, 7168},     // kv_a_proj_with_mqa
+        {"nt", Trans::no, Trans::yes, 1024, 16384, 512},    // kv_b_proj
+        {"nt", Trans::no, Trans::yes, 1024, 7168, 8192},    // o_proj
+        {"nt", Trans::no, Trans::yes, 64, 2048, 7168},      // one expert's gate_proj at 64 tokens
+        {"nn", Trans::no, Trans::no, 1024, 7168, 2048},     // dx = dy W of gate_proj / up_proj
+        {"tn", Trans::yes, Trans::no, 2048, 7168, 1024},    // dW = dy^T x of gate_proj / up_proj
+        {"nn", Trans::no, Trans::no, 256, 256, 256},        // small
+    };
+    for (const Case& c : cases)
+        add(std::string("gemm/") + c.form + "/" + shape_args({{"m", c.m}, {"n", c.n}, {"k", c.k}}),
+            [c](benchmark::State& s) { gemm(s, c.ta, c.tb, c.m, c.n, c.k); });
+    add("syrk/" + shape_args({{"n", 2048}, {"k", 7168}}), [](benchmark::State& s) { syrk(s, 2048, 7168); });
+    add("syrk/" + shape_args({{"n", 256}, {"k", 256}}), [](benchmark::State& s) { syrk(s, 256, 256); });
+}
+}  // namespace bench
+
+MOONMOE_BENCH_MAIN()

@@ -1,0 +1,60 @@
+// One Kimi K2 MoE decoder layer at full width (RMSNorm, MLA, residual, RMSNorm, MoE, residual), forward and
+// forward + backward on one sequence; the routed experts are those of expert-parallel rank 0 of 16, as in
+// bench/moe.cpp (bench/SUITE.md). FLOPs: MLA + MoE of bench/support/flops.hpp (norms and residuals not counted).
+// bench-smoke-filter: /small/
+#include "support/configs.hpp"
+#include "support/flops.hpp"
+#include "support/suite.hpp"
+
+#include <moonmoe/nn/decoder_layer.hpp>
+
+namespace bench {
+namespace {
+
+using moonmoe::nn::DecoderLayer;
+
+DecoderLayer<>& fixture(const moonmoe::ModelConfig& cfg) {
+    static std::unique_ptr<DecoderLayer<>> k2_layer, small_layer;
+    const bool is_k2 = &cfg == &k2;
+    (is_k2 ? small_layer : k2_layer).reset();  // one model alive at a time: peak_MiB is this one's
+    auto& slot = is_k2 ? k2_layer : small_layer;
+    if (!slot) {
+        // layer index dense_layers: the first MoE layer
+        slot = std::make_unique<DecoderLayer<>>(cfg, cfg.dims.dense_layers, 0,
+                                                is_k2 ? k2_local_experts : cfg.moe.experts);
+        init_params(*slot);
+    }
+    return *slot;
+}
+
+void layer(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
+    DecoderLayer<>& l = fixture(cfg);
+    const index_t H = cfg.dims.hidden;
+    Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
+    Ops::fill_normal(h.view(), 0.0f, 1.0f, 3);
+    Ops::fill_normal(dout.view(), 0.0f, 1.0f, 4);
+    const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
+    DecoderLayer<>::Cache cache;
+    l.forward(h.view(), layout, out.view(), cache);  // the pair count for the FLOPs
+    const index_t pairs = tokens * cfg.moe.top_k - l.moe.skipped_assignments;
+    const double f = flops::mla_forward(cfg, tokens) + flops::moe_forward(cfg, tokens, pairs);
+    measure(state, {backward ? 3.0 * f : f}, [&] {
+        l.forward(h.view(), layout, out.view(), cache);
+        if (backward) l.backward(dout.view(), cache, dh.view());
+    });
+    state.counters["pairs"] = double(pairs);
+}
+
+}  // namespace
+
+void register_benchmarks() {
+    for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(256)}, {&small, "small", index_t(128)}})
+        for (bool backward : {false, true})
+            add(std::string("layer/") + (backward ? "forward_backward/" : "forward/") + name + "/" +
+                    shape_args({{"tokens", tokens}}),
+                [cfg, tokens, backward](benchmark::State& s) { layer(s, *cfg, tokens, backward); });
+}
+
+}  // namespace bench
+
+MOONMOE_BENCH_MAIN()

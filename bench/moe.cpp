@@ -1,0 +1,66 @@
+// The MoE block at K2's width: the router over 384 experts, the routed experts of one expert-parallel rank
+// (24 of 384, as under Parallel<16, 16, DP>; pairs routed elsewhere are skipped), and the shared expert; forward,
+// and forward + backward (bench/SUITE.md). Counters besides the suite's: `pairs`, the (token, expert) pairs
+// computed here, and `overhead`, the share of the time spent routing and moving rows (router, sorting pairs,
+// gathering inputs, scattering outputs) rather than in expert arithmetic. FLOPs: bench/support/flops.hpp, for the
+// pairs actually computed.
+// bench-smoke-filter: /small/
+#include "support/configs.hpp"
+#include "support/flops.hpp"
+#include "support/suite.hpp"
+
+#include <moonmoe/nn/moe.hpp>
+
+namespace bench {
+namespace {
+
+using moonmoe::nn::MoE;
+
+MoE<>& fixture(const moonmoe::ModelConfig& cfg) {
+    static std::unique_ptr<MoE<>> k2_moe, small_moe;
+    const bool is_k2 = &cfg == &k2;
+    (is_k2 ? small_moe : k2_moe).reset();  // one model alive at a time: peak_MiB is this one's
+    auto& slot = is_k2 ? k2_moe : small_moe;
+    if (!slot) {
+        slot = std::make_unique<MoE<>>(cfg.moe, cfg.dims.hidden, 0, is_k2 ? k2_local_experts : cfg.moe.experts);
+        init_params(*slot);
+    }
+    return *slot;
+}
+
+void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
+    MoE<>& block = fixture(cfg);
+    const index_t H = cfg.dims.hidden;
+    Mat x({tokens, H}), y({tokens, H}), dy({tokens, H}), dx({tokens, H});
+    Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);
+    Ops::fill_normal(dy.view(), 0.0f, 1.0f, 4);
+    MoE<>::Cache cache;
+    // The routing depends only on x, so one forward tells the pair count of every iteration.
+    block.forward(x.view(), y.view(), cache);
+    const index_t pairs = tokens * cfg.moe.top_k - block.skipped_assignments;
+    block.times = {};
+    double total = 0;
+    const double f = flops::moe_forward(cfg, tokens, pairs);
+    measure(state, {backward ? 3.0 * f : f}, [&] {
+        const auto t = Clock::now();
+        block.forward(x.view(), y.view(), cache);
+        if (backward) block.backward(dy.view(), cache, dx.view());
+        total += seconds_since(t);
+    });
+    state.counters["pairs"] = double(pairs);
+    state.counters["overhead"] = (block.times.router + block.times.dispatch) / total;
+}
+
+}  // namespace
+
+void register_benchmarks() {
+    for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(1024)}, {&small, "small", index_t(256)}})
+        for (bool backward : {false, true})
+            add(std::string("moe/") + (backward ? "forward_backward/" : "forward/") + name + "/" +
+                    shape_args({{"tokens", tokens}}),
+                [cfg, tokens, backward](benchmark::State& s) { moe(s, *cfg, tokens, backward); });
+}
+
+}  // namespace bench
+
+MOONMOE_BENCH_MAIN()

@@ -1,0 +1,47 @@
+// One Muon step (momentum, Nesterov, 5 Keller Newton-Schulz iterations with symmetric products, decoupled weight
+// decay, MatchAdamWRMS scale) on each real K2 matrix shape (bench/SUITE.md). FLOPs: the plain Newton-Schulz count
+// (the elementwise momentum and update are memory traffic, a few percent of the time at these shapes).
+// bench-smoke-filter: rows:256/
+#include "support/suite.hpp"
+
+#include <moonmoe/config.hpp>
+#include <moonmoe/optim/muon.hpp>
+
+namespace bench {
+namespace {
+
+using moonmoe::optim::Products;
+
+void muon(benchmark::State& state, index_t rows, index_t cols) {
+    const moonmoe::MuonConfig cfg = moonmoe::KimiK2::config.optimizer.muon;
+    Mat w({rows, cols}), g({rows, cols}), u, o;
+    init_uniform_matrix(w);
+    Ops::fill_normal(g.view(), 0.0f, 1.0f, 2);
+    std::vector<float> momentum(static_cast<std::size_t>(rows * cols), 0.0f);
+    moonmoe::optim::NSWorkspace<float> ws;
+    measure(state, {moonmoe::optim::newton_schulz_flops(rows, cols, cfg.ns_steps, Products::general)}, [&] {
+        moonmoe::optim::muon_step<moonmoe::KellerQuintic>(cfg, 0.02, w.view(), moonmoe::View<const float, 2>(g.view()), momentum.data(), ws, u, o);
+    });
+}
+
+}  // namespace
+
+void register_benchmarks() {
+    const std::pair<index_t, index_t> shapes[] = {
+        {2048, 7168},   // expert gate_proj / up_proj (and the shared expert's)
+        {7168, 2048},   // expert down_proj
+        {1536, 7168},   // q_a_proj
+        {12288, 1536},  // q_b_proj
+        {576, 7168},    // kv_a_proj_with_mqa
+        {16384, 512},   // kv_b_proj
+        {7168, 8192},   // o_proj
+        {256, 512},     // small
+    };
+    for (auto [rows, cols] : shapes)
+        add("muon/step/" + shape_args({{"rows", rows}, {"cols", cols}}),
+            [rows, cols](benchmark::State& s) { muon(s, rows, cols); });
+}
+
+}  // namespace bench
+
+MOONMOE_BENCH_MAIN()

@@ -1,0 +1,22 @@
+// bench/support/configs.hpp: the two model configurations of bench/SUITE.md.
+#pragma once
+
+#include <moonmoe/config.hpp>
+
+namespace bench {
+
+/// Kimi K2 at full width; its MoE benchmarks hold the experts of expert-parallel rank 0 of 16 (24 of 384).
+inline constexpr moonmoe::ModelConfig k2 = moonmoe::KimiK2::config;
+inline constexpr moonmoe::index_t k2_local_experts = k2.moe.experts / k2.parallel.ep;
+
+/// A small model of the same architecture, for quick runs and CI: every expert local.
+using SmallModel = moonmoe::KimiK2::with<
+    moonmoe::Dims<moonmoe::Hidden<512>, moonmoe::Layers<2>, moonmoe::DenseLayers<1>, moonmoe::DenseHidden<1024>>,
+    moonmoe::Attention<moonmoe::MLA<moonmoe::Heads<8>, moonmoe::QRank<192>, moonmoe::KVRank<128>, moonmoe::NopeDim<64>,
+                                    moonmoe::RopeDim<32>, moonmoe::VDim<64>>>,
+    moonmoe::MoE<moonmoe::Experts<16>, moonmoe::TopK<2>, moonmoe::Shared<1>, moonmoe::ExpertHidden<256>,
+                 moonmoe::Groups<1>, moonmoe::TopGroups<1>, moonmoe::RoutedScale<2.5>>,
+    moonmoe::Parallel<1, 1, 1>>;
+inline constexpr moonmoe::ModelConfig small = SmallModel::config;
+
+}  // namespace bench

@@ -1,0 +1,165 @@
+// bench/support/suite.hpp: what every benchmark of the suite shares (bench/SUITE.md).
+//
+// - The thread count: MOONMOE_BENCH_THREADS, or every core; set once, before anything runs, and written into the
+//   JSON context so the PyTorch side can use the same.
+// - This machine's SGEMM rate, measured by the same binary at start-up (our GEMM, 2048^3 float, best of 3), the
+//   denominator of every `of_sgemm` counter.
+// - measure(): times the benchmark loop itself and sets the counters FLOP/s, bytes/s, of_sgemm and peak_MiB (the
+//   most CPU tensor memory alive at once during the loop, weights included, from Memory<cpu>::stats()).
+// - Names are registered as written in bench/SUITE.md, e.g. "mla/forward/k2/seq:1024" (Google Benchmark appends
+//   "/real_time"), by each file's register_benchmarks(), which MOONMOE_BENCH_MAIN() calls.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <moonmoe/backend/cpu.hpp>
+#include <moonmoe/nn/param.hpp>
+
+namespace bench {
+
+using moonmoe::index_t;
+using Mat = moonmoe::Tensor<float, 2>;
+using Ops = moonmoe::backend::Ops<moonmoe::cpu>;
+using Clock = std::chrono::steady_clock;
+
+inline int threads() {
+    static const int n = [] {
+        if (const char* s = std::getenv("MOONMOE_BENCH_THREADS"); s && *s) {
+            char* end = nullptr;
+            const long v = std::strtol(s, &end, 10);
+            if (*end != '\0' || v < 1) {
+                std::fprintf(stderr, "MOONMOE_BENCH_THREADS must be a positive integer, got '%s'\n", s);
+                std::exit(2);
+            }
+            return int(v);
+        }
+        return int(std::max(1u, std::thread::hardware_concurrency()));
+    }();
+    return n;
+}
+
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+/// FLOP/s of C = A B, 2048^3, float, with threads(): best of three after one warm-up.
+inline double sgemm_rate() {
+    static const double rate = [] {
+        constexpr index_t n = 2048;
+        Mat a({n, n}), b({n, n}), c({n, n});
+        Ops::fill_normal(a.view(), 0.0f, 1.0f, 1);
+        Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
+        double best = 1e30;
+        for (int rep = 0; rep < 4; ++rep) {
+            const auto t = Clock::now();
+            Ops::gemm(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f, a.view(), b.view(), 0.0f, c.view());
+            if (rep > 0) best = std::min(best, seconds_since(t));
+        }
+        return 2.0 * double(n) * n * n / best;
+    }();
+    return rate;
+}
+
+/// Work per iteration, for the counters.
+struct Work {
+    double flops = 0;  ///< floating-point operations (a multiply-add counts 2)
+    double bytes = 0;  ///< bytes that must cross memory at least once, where that is the limit
+};
+
+/// Runs `body` once untimed (first touches of fresh memory, lazily built state: PyTorch's side warms up the same
+/// way), then once per iteration, and sets the suite's counters. `setup`, when given, runs before each call with
+/// the timer paused (for work that must be redone, such as refilling a cache).
+inline void measure(benchmark::State& state, Work work, const std::function<void()>& body,
+                    const std::function<void()>& setup = {}) {
+    auto& mem = moonmoe::backend::Memory<moonmoe::cpu>::stats();
+    mem.reset_peak();
+    if (setup) setup();
+    body();
+    double elapsed = 0;
+    for (auto _ : state) {
+        if (setup) {
+            state.PauseTiming();
+            setup();
+            state.ResumeTiming();
+        }
+        const auto t = Clock::now();
+        body();
+        elapsed += seconds_since(t);
+    }
+    const double iters = double(state.iterations());
+    using C = benchmark::Counter;
+    if (work.flops > 0) {
+        state.counters["FLOP/s"] = C(work.flops, C::kIsIterationInvariantRate, C::kIs1000);
+        state.counters["of_sgemm"] = C(work.flops * iters / elapsed / sgemm_rate());
+    }
+    if (work.bytes > 0) state.counters["bytes/s"] = C(work.bytes, C::kIsIterationInvariantRate, C::kIs1024);
+    state.counters["peak_MiB"] = C(double(mem.peak.load()) / (1024.0 * 1024.0));
+}
+
+/// Registers a benchmark under `name`, timed in wall-clock milliseconds.
+inline benchmark::internal::Benchmark* add(const std::string& name, std::function<void(benchmark::State&)> fn) {
+    return benchmark::RegisterBenchmark(name.c_str(), [fn = std::move(fn)](benchmark::State& s) { fn(s); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+}
+
+/// A fixture built on first use and kept for the rest of the run (Google Benchmark calls a benchmark several
+/// times while it settles the iteration count; a full-width layer takes seconds to build).
+template <class T, class Make>
+T& cached(std::unique_ptr<T>& slot, Make&& make) {
+    if (!slot) slot = std::make_unique<T>(make());
+    return *slot;
+}
+
+/// Fills every matrix of a module (anything with visit_params) with fan-in scaled uniform noise, so outputs keep
+/// unit variance; norm gains stay 1 and the router's correction bias 0.
+template <class Module>
+void init_params(Module& m, std::uint64_t seed = 1) {
+    m.visit_params("m", [&](const moonmoe::ParamRef& p) {
+        if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
+        const index_t cols = p.shape.back();
+        const float bound = 1.0f / std::sqrt(float(cols));
+        Ops::fill_uniform(moonmoe::View<float, 2>(p.value, {p.numel() / cols, cols}), -bound, bound, seed++);
+    });
+}
+
+/// The same for one weight matrix.
+inline void init_uniform_matrix(Mat& w, std::uint64_t seed = 1) {
+    const float bound = 1.0f / std::sqrt(float(w.size(1)));
+    Ops::fill_uniform(w.view(), -bound, bound, seed);
+}
+
+inline std::string shape_args(std::initializer_list<std::pair<const char*, index_t>> args) {
+    std::string s;
+    for (auto& [k, v] : args) s += std::string(s.empty() ? "" : "/") + k + ":" + std::to_string(v);
+    return s;
+}
+
+void register_benchmarks();
+
+inline int main(int argc, char** argv) {
+    moonmoe::set_threads(threads());
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    register_benchmarks();
+    benchmark::AddCustomContext("threads", std::to_string(threads()));
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.1f", sgemm_rate() * 1e-9);
+    benchmark::AddCustomContext("sgemm_GFLOP/s", rate);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}
+
+}  // namespace bench
+
+#define MOONMOE_BENCH_MAIN() \
+    int main(int argc, char** argv) { return bench::main(argc, argv); }
