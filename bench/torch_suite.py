@@ -568,11 +568,11 @@ RUNNERS = {f: globals()[f"run_{f}"] for f in FAMILIES}
 def run_family(args) -> None:
     import torch
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     names = selected(args.quick, args.filter, args.family)
     index, rows = args.index_base, []
     for name in names:
         words, a = parse_name(name)
+        torch.manual_seed(0)  # per benchmark: forward and forward_backward of a config get the same weights
         try:
             results = RUNNERS[args.family](name, words, a, args.min_time)
         except Exception as e:  # report and go on with the family's other rows
@@ -584,7 +584,8 @@ def run_family(args) -> None:
             r = dict(name=name, variant=r.pop("variant", "f32"), **r)
             extra = f" ({r['variant']})" if len(rows_of(name)) > 1 else ""
             pairs = f", {r['pairs']} pairs" if "pairs" in r else ""
-            print(f"[{index}/{args.total}] {name}{extra} ... {r['real_time_ms']:.4g} ms "
+            ms = r["real_time_ms"]
+            print(f"[{index}/{args.total}] {name}{extra} ... {f'{ms:.1f}' if ms >= 100 else f'{ms:.4g}'} ms "
                   f"({r['iterations']} it{pairs})", file=sys.stderr, flush=True)
             rows.append(r)
         gc.collect()

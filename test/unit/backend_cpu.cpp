@@ -52,6 +52,30 @@ TEST_CASE("gemm on strided column slices, and shape errors that name both shapes
                          "gemm: op(A) [8, 10] times op(B) [10, 6] into C [8, 5]", shape_error);
 }
 
+TEST_CASE("gemm, few rows times a big weight (the unpacked path): every row / column / k remainder, k-chunks, slices") {
+    // m <= 64, k >= 256 and n >= 64 take gemm_small.hpp's path on AVX-512 machines; k = 4100 crosses its 2048-wide
+    // k-chunks and leaves a remainder of 4 lanes, n = 67 and m = 1..7 leave partial 4 x 4 tiles.
+    for (index_t m : {1, 2, 3, 5, 7, 33, 64})
+        for (index_t k : {256, 300, 4100}) {
+            CAPTURE(m);
+            CAPTURE(k);
+            const index_t n = 67;
+            Mat A = random_matrix(m, k + 3, 1), B = random_matrix(n, k, 2), C = random_matrix(m, n + 5, 3), C0 = C.clone();
+            View<const float, 2> a(A.data() + 3, {m, k}, {k + 3, 1});  // a column slice: row pitch k + 3
+            View<float, 2> c(C.data() + 2, {m, n}, {n + 5, 1});
+            Ops::gemm(Trans::no, Trans::yes, 0.5f, a, B.view(), m % 2 ? 0.0f : 2.0f, c);
+            for (index_t i = 0; i < m; ++i) {
+                CHECK(C(i, 0) == C0(i, 0));  // outside the slice: untouched
+                for (index_t j = 0; j < n; ++j) {
+                    double s = 0.0;
+                    for (index_t p = 0; p < k; ++p) s += double(A(i, 3 + p)) * B(j, p);
+                    const double expect = 0.5 * s + (m % 2 ? 0.0 : 2.0 * C0(i, 2 + j));
+                    CHECK(C(i, 2 + j) == doctest::Approx(expect).epsilon(1e-5).scale(std::sqrt(double(k))));
+                }
+            }
+        }
+}
+
 TEST_CASE("gemm_batched equals one gemm per matrix") {
     const index_t count = 5, m = 7, n = 4, k = 9;
     Mat A = random_matrix(count * m, k, 6), B = random_matrix(count * n, k, 7), C({count * m, n});

@@ -2,7 +2,8 @@
 //
 // Matrices are row-major views whose rows are contiguous (row pitch = strides[0]), so a head's slice of a
 // [tokens, heads * dim] activation is a matrix without a copy. GEMM goes to Eigen's GEBP kernel (or to BLAS when
-// built with EIGEN_USE_BLAS); everything else is a row-parallel loop.
+// built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); everything
+// else is a row-parallel loop.
 #pragma once
 
 #include <Eigen/Core>
@@ -18,6 +19,7 @@
 
 #include "../../tensor/tensor.hpp"
 #include "../backend.hpp"
+#include "gemm_small.hpp"
 #include "memory.hpp"
 #include "threads.hpp"
 
@@ -80,6 +82,12 @@ struct Ops<cpu> {
         if (k == 0) {
             if (beta == T(0)) c.setZero(); else c *= beta;
             return;
+        }
+        if constexpr (std::is_same_v<T, float>) {
+            if (have_small_gemm && ta == Trans::no && tb == Trans::yes && m <= small_gemm_rows && k >= 256 && n >= 64) {
+                gemm_small_nt(alpha, A, B, beta, C);  // few rows against a big weight: no packing (gemm_small.hpp)
+                return;
+            }
         }
         auto a = as_matrix<T>(A);
         auto b = as_matrix<T>(B);
