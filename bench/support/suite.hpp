@@ -3,7 +3,7 @@
 // - The thread count: MOONMOE_BENCH_THREADS, or every core; set once, before anything runs, and written into the
 //   JSON context so the PyTorch side can use the same.
 // - This machine's SGEMM rate, measured by the same binary at start-up (our GEMM, 2048^3 float, best of 3), the
-//   denominator of every `of_sgemm` counter.
+//   denominator of every `of_sgemm` counter (recorded in the JSON context as sgemm_GFLOP/s).
 // - measure(): times the benchmark loop itself and sets the counters FLOP/s, bytes/s, of_sgemm and peak_MiB (the
 //   most CPU tensor memory alive at once during the loop, weights included, from Memory<cpu>::stats()).
 // - Names are registered as written in bench/SUITE.md, e.g. "mla/forward/k2/seq:1024" (Google Benchmark appends
@@ -50,15 +50,18 @@ inline int threads() {
 
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-/// FLOP/s of C = A B, 2048^3, float, with threads(): best of three after one warm-up.
+/// FLOP/s of C = A B, 2048^3 (MOONMOE_BENCH_SGEMM_SIZE to change; CI's smoke runs use 256), float, with
+/// threads(): the best of ten after one warm-up (with the best of three, the binaries of one suite run on this VM
+/// measured between 181 and 316 GFLOP/s).
 inline double sgemm_rate() {
     static const double rate = [] {
-        constexpr index_t n = 2048;
+        const char* size = std::getenv("MOONMOE_BENCH_SGEMM_SIZE");
+        const index_t n = size && *size ? std::max(16L, std::atol(size)) : 2048;
         Mat a({n, n}), b({n, n}), c({n, n});
         Ops::fill_normal(a.view(), 0.0f, 1.0f, 1);
         Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
         double best = 1e30;
-        for (int rep = 0; rep < 4; ++rep) {
+        for (int rep = 0; rep < 11; ++rep) {
             const auto t = Clock::now();
             Ops::gemm(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f, a.view(), b.view(), 0.0f, c.view());
             if (rep > 0) best = std::min(best, seconds_since(t));
@@ -99,6 +102,7 @@ inline void measure(benchmark::State& state, Work work, const std::function<void
     if (work.flops > 0) {
         state.counters["FLOP/s"] = C(work.flops, C::kIsIterationInvariantRate, C::kIs1000);
         state.counters["of_sgemm"] = C(work.flops * iters / elapsed / sgemm_rate());
+        state.counters["sgemm_FLOP/s"] = C(sgemm_rate(), C::kDefaults, C::kIs1000);
     }
     if (work.bytes > 0) state.counters["bytes/s"] = C(work.bytes, C::kIsIterationInvariantRate, C::kIs1024);
     state.counters["peak_MiB"] = C(double(mem.peak.load()) / (1024.0 * 1024.0));
@@ -145,17 +149,52 @@ inline std::string shape_args(std::initializer_list<std::pair<const char*, index
 
 void register_benchmarks();
 
+/// How this binary was compiled, for the JSON context (Google Benchmark's own `library_build_type` describes the
+/// benchmark library, not this code).
+inline std::string build_description() {
+    std::string s;
+#if defined(__clang__)
+    s = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    s = "g++ " __VERSION__;
+#endif
+#if defined(__OPTIMIZE__)
+    s += ", optimised";
+#else
+    s += ", NOT optimised";
+#endif
+#if defined(__AVX512F__)
+    s += ", AVX-512";
+#elif defined(__AVX2__)
+    s += ", AVX2";
+#endif
+#if defined(_OPENMP)
+    s += ", OpenMP";
+#endif
+#if defined(EIGEN_USE_BLAS)
+    s += ", Eigen on BLAS";
+#endif
+    return s;
+}
+
 inline int main(int argc, char** argv) {
     moonmoe::set_threads(threads());
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
     register_benchmarks();
     benchmark::AddCustomContext("threads", std::to_string(threads()));
-    char rate[32];
+    benchmark::AddCustomContext("moonmoe_build", build_description());
+    char rate[64];
     std::snprintf(rate, sizeof rate, "%.1f", sgemm_rate() * 1e-9);
     benchmark::AddCustomContext("sgemm_GFLOP/s", rate);
-    benchmark::RunSpecifiedBenchmarks();
+    const char* size = std::getenv("MOONMOE_BENCH_SGEMM_SIZE");
+    benchmark::AddCustomContext("sgemm_size", size && *size ? size : "2048");
+    const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
+    if (ran == 0) {  // a smoke test whose filter matches nothing must not pass silently
+        std::fprintf(stderr, "%s: no benchmark matches the filter\n", argv[0]);
+        return 1;
+    }
     return 0;
 }
 

@@ -50,8 +50,10 @@ void attention_head_backward(const HeadViews<B>& hv, float scale, View<const flo
     View<float, 2, B> P(p.data(), {S, S}), dP(dp.data(), {S, S});
     for (int part = 0; part < hv.parts; ++part)
         Ops::gemm(Trans::no, Trans::yes, scale, hv.q[part], hv.k[part], part ? 1.0f : 0.0f, P);
-    for (index_t i = 0; i < S; ++i)
-        for (index_t j = 0; j < S; ++j) p[i * S + j] = j <= i ? std::exp(p[i * S + j] - lse[i]) : 0.0f;
+    for (index_t i = 0; i < S; ++i) {  // P again, from the log-sum-exp: the visible part, then zeros
+        Ops::exp_shifted(p.data() + i * S, i + 1, lse[i]);
+        std::fill(p.begin() + i * S + i + 1, p.begin() + (i + 1) * S, 0.0f);
+    }
     const float beta = accumulate_kv ? 1.0f : 0.0f;
     Ops::gemm(Trans::yes, Trans::no, 1.0f, P, d_o, beta, dv);
     Ops::gemm(Trans::no, Trans::yes, 1.0f, d_o, hv.v, 0.0f, dP);

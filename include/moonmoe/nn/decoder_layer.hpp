@@ -54,6 +54,7 @@ struct DecoderLayer {
 
     void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
         const index_t T = h.shape[0];
+        c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.h = Mat({T, hidden}), c.a_in = Mat({T, hidden}), c.h1 = Mat({T, hidden}), c.m_in = Mat({T, hidden});
         c.rstd1.resize(static_cast<std::size_t>(T)), c.rstd2.resize(static_cast<std::size_t>(T));
         Ops::copy(h, c.h.view());

@@ -130,6 +130,7 @@ struct MLA {
     void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
         const index_t T = x.shape[0], S = layout.seq, H = cfg.heads;
         if (T != layout.tokens()) throw_shape_mismatch("MLA.forward: x against the token layout", x.shape, Shape<2>{layout.tokens(), hidden});
+        c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.x = Mat({T, hidden});
         Ops::copy(x, c.x.view());

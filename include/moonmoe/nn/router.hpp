@@ -59,6 +59,7 @@ struct Router {
 
     void forward(View<const float, 2, B> u, Cache& c) {
         const index_t T = u.shape[0], E = cfg.experts, K = cfg.top_k;
+        c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.u = Mat({T, u.shape[1]});
         Ops::copy(u, c.u.view());
         c.scores = Mat({T, E});

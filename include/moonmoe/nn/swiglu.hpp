@@ -36,6 +36,7 @@ struct SwiGLU {
     /// y = mlp(x) (y += mlp(x) when accumulate).
     void forward(View<const float, 2, B> x, View<float, 2, B> y, Cache& cache, bool accumulate = false) const {
         const index_t rows = x.shape[0];
+        cache = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         cache.x = Tensor<float, 2, B>({rows, x.shape[1]});
         Ops::copy(x, cache.x.view());
         cache.g = Tensor<float, 2, B>({rows, inner()});

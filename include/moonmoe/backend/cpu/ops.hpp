@@ -154,21 +154,28 @@ struct Ops<cpu> {
         });
     }
 
-    /// Softmax of each row in place, in double-accumulated f32. With causal_first >= 0 row i sees only columns
-    /// t <= causal_first + i (the rest become 0): causal attention whose row 0 sits at key position causal_first.
-    /// Writes each row's log-sum-exp to lse (if given); returns the largest visible input value.
+    /// x[j] = exp(x[j] - shift) for j < n (vectorised).
+    static void exp_shifted(float* x, index_t n, float shift) {
+        Eigen::Map<Eigen::ArrayXf> v(x, n);
+        v = (v - shift).exp();
+    }
+
+    /// Softmax of each row in place: exponentials in f32 (Eigen's vectorised exp), their sum in double. With
+    /// causal_first >= 0 row i sees only columns t <= causal_first + i (the rest become 0): causal attention whose
+    /// row 0 sits at key position causal_first. Writes each row's log-sum-exp to lse (if given); returns the largest
+    /// visible input value.
     static float softmax_rows(View<float, 2> s, index_t causal_first = -1, float* lse = nullptr) {
         const index_t n = s.shape[0], L = s.shape[1];
         float max_value = -INFINITY;
         for (index_t i = 0; i < n; ++i) {
             float* row = s.data + i * s.strides[0];
             const index_t last = causal_first < 0 ? L - 1 : std::min(causal_first + i, L - 1);
-            float m = -INFINITY;
-            for (index_t t = 0; t <= last; ++t) m = std::max(m, row[t]);
-            double sum = 0.0;
-            for (index_t t = 0; t <= last; ++t) sum += std::exp(double(row[t] - m));
+            Eigen::Map<Eigen::ArrayXf> visible(row, last + 1);
+            const float m = visible.maxCoeff();
+            visible = (visible - m).exp();
+            const double sum = visible.template cast<double>().sum();
             const float log_sum = m + float(std::log(sum));
-            for (index_t t = 0; t <= last; ++t) row[t] = std::exp(row[t] - log_sum);
+            visible *= float(1.0 / sum);
             for (index_t t = last + 1; t < L; ++t) row[t] = 0.0f;
             if (lse) lse[i] = log_sum;
             max_value = std::max(max_value, m);
