@@ -97,6 +97,17 @@ def sgemm_rate(context: dict, rows: list[dict]) -> tuple[float | None, str]:
     return None, ""
 
 
+def peak_column(ours_row: dict, torch_row: dict | None) -> str:
+    """Layer-family rows: ours' peak of live tensor memory in the loop (allocator counter, weights included), ours'
+    family process peak RSS (run_suite.sh), and the PyTorch family process's peak RSS (which also holds Python,
+    torch and transformers, ~550 MiB)."""
+    if ours_row["name"].split("/")[0] not in ("mla", "moe", "layer"):
+        return ""
+    fmt = lambda v: "—" if v is None else f"{v:.0f}"
+    return " / ".join([fmt(counter(ours_row, "peak_MiB")), fmt(counter(ours_row, "process_peak_rss_MiB")),
+                       fmt((torch_row or {}).get("peak_rss_MiB_family"))])
+
+
 def torch_counterpart(name: str) -> str:
     """The PyTorch row a name is compared with: ns/<policy>/symmetric/... -> the general algorithm of that shape."""
     parts = name.split("/")
@@ -134,8 +145,9 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
         lines.append("- PyTorch: no results")
     lines.append(f"- SGEMM: {sig3(rate) + ' GFLOP/s (' + rate_source + ')' if rate else 'not measured'}")
     lines.append("")
-    lines.append("| benchmark | ours ms | PyTorch ms | PyTorch / ours | ours GFLOP/s | ours % of SGEMM | notes |")
-    lines.append("|---|---:|---:|---:|---:|---:|---|")
+    lines.append("| benchmark | ours ms | PyTorch ms | PyTorch / ours | ours GFLOP/s | ours % of SGEMM "
+                 "| peak MiB: ours tensors / ours RSS / PyTorch RSS | notes |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in ours:
         name, ms = r["name"], r["ms"]
         family = name.split("/")[0]
@@ -171,6 +183,7 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
             f"`{name}`", sig3(ms), sig3(t_ms) if t_ms is not None else "—", ratio(t_ms, ms),
             sig3(flops * 1e-9) if flops else "—",
             f"{of_sgemm * 100:.1f}%" if of_sgemm is not None else "—",
+            peak_column(r, t),
             "; ".join(notes)]) + " |")
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../backend/cpu/threads.hpp"
 #include "../config/optimizer.hpp"
 #include "../nn/transformer.hpp"
 
@@ -53,16 +54,14 @@ inline std::vector<double> clip_factors(const std::vector<float>& max_logit, con
 inline index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, const nn::MLAHeadLayout& L,
                               const std::vector<float>& maxima, const QKClipConfig& c) {
     const std::vector<double> gamma = detail::clip_factors(maxima, c);
-    index_t clipped = 0;
-    for (index_t h = 0; h < L.heads; ++h) {
-        if (gamma[h] == 1.0) continue;
-        ++clipped;
+    backend::cpu_detail::parallel_for(L.heads, [&](index_t h) {  // heads own disjoint rows
+        if (gamma[h] == 1.0) return;
         const float root = float(std::sqrt(gamma[h]));
         detail::scale_rows(q, q_cols, L.q_row(h), L.nope, root);
         detail::scale_rows(q, q_cols, L.q_rope_row(h), L.rope, float(gamma[h]));
         detail::scale_rows(kv_b, kv_cols, L.k_nope_row(h), L.nope, root);
-    }
-    return clipped;
+    });
+    return index_t(std::count_if(gamma.begin(), gamma.end(), [](double g) { return g != 1.0; }));
 }
 
 /// MHA: rescales q_proj rows of each head over tau by gamma^alpha and k_proj rows of its key/value head by the
