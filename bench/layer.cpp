@@ -13,22 +13,10 @@ namespace {
 
 using moonmoe::nn::DecoderLayer;
 
-DecoderLayer<>& fixture(const moonmoe::ModelConfig& cfg) {
-    static std::unique_ptr<DecoderLayer<>> k2_layer, small_layer;
-    const bool is_k2 = &cfg == &k2;
-    (is_k2 ? small_layer : k2_layer).reset();  // one model alive at a time: peak_MiB is this one's
-    auto& slot = is_k2 ? k2_layer : small_layer;
-    if (!slot) {
-        // layer index dense_layers: the first MoE layer
-        slot = std::make_unique<DecoderLayer<>>(cfg, cfg.dims.dense_layers, 0,
-                                                is_k2 ? k2_local_experts : cfg.moe.experts);
-        init_params(*slot);
-    }
-    return *slot;
-}
-
 void layer(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
-    DecoderLayer<>& l = fixture(cfg);
+    DecoderLayer<>& l = fixture<DecoderLayer<>>(cfg, [&] {  // layer dense_layers: the first MoE layer
+        return std::make_unique<DecoderLayer<>>(cfg, cfg.dims.dense_layers, 0, local_experts(cfg));
+    });
     const index_t H = cfg.dims.hidden;
     Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
     Ops::fill_normal(h.view(), 0.0f, 1.0f, 3);

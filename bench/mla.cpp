@@ -13,16 +13,8 @@ namespace {
 
 using moonmoe::nn::MLA;
 
-MLA<>& fixture(const moonmoe::ModelConfig& cfg) {
-    static std::unique_ptr<MLA<>> k2_mla, small_mla;
-    auto& slot = &cfg == &k2 ? k2_mla : small_mla;
-    (&cfg == &k2 ? small_mla : k2_mla).reset();  // one model alive at a time: peak_MiB is this one's
-    if (!slot) slot = std::make_unique<MLA<>>(cfg), init_params(*slot);
-    return *slot;
-}
-
 void forward(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t seq, bool backward) {
-    MLA<>& mla = fixture(cfg);
+    MLA<>& mla = fixture<MLA<>>(cfg, [&] { return std::make_unique<MLA<>>(cfg); });
     const index_t H = cfg.dims.hidden;
     Mat x({seq, H}), out({seq, H}), dout({seq, H}), dx({seq, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);
@@ -37,7 +29,7 @@ void forward(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t s
 }
 
 void decode(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t length) {
-    MLA<>& mla = fixture(cfg);
+    MLA<>& mla = fixture<MLA<>>(cfg, [&] { return std::make_unique<MLA<>>(cfg); });
     MLA<>::LatentCache cache(length, cfg.attention);
     Ops::fill_normal(cache.kv.view(), 0.0f, 1.0f, 5);
     Ops::fill_normal(cache.pe.view(), 0.0f, 1.0f, 6);

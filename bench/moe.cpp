@@ -16,20 +16,9 @@ namespace {
 
 using moonmoe::nn::MoE;
 
-MoE<>& fixture(const moonmoe::ModelConfig& cfg) {
-    static std::unique_ptr<MoE<>> k2_moe, small_moe;
-    const bool is_k2 = &cfg == &k2;
-    (is_k2 ? small_moe : k2_moe).reset();  // one model alive at a time: peak_MiB is this one's
-    auto& slot = is_k2 ? k2_moe : small_moe;
-    if (!slot) {
-        slot = std::make_unique<MoE<>>(cfg.moe, cfg.dims.hidden, 0, is_k2 ? k2_local_experts : cfg.moe.experts);
-        init_params(*slot);
-    }
-    return *slot;
-}
-
 void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
-    MoE<>& block = fixture(cfg);
+    MoE<>& block = fixture<MoE<>>(
+        cfg, [&] { return std::make_unique<MoE<>>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
     const index_t H = cfg.dims.hidden;
     Mat x({tokens, H}), y({tokens, H}), dy({tokens, H}), dx({tokens, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);

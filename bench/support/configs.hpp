@@ -19,4 +19,9 @@ using SmallModel = moonmoe::KimiK2::with<
     moonmoe::Parallel<1, 1, 1>>;
 inline constexpr moonmoe::ModelConfig small = SmallModel::config;
 
+/// The routed experts a benchmark holds: K2's one expert-parallel rank, or every expert of the small model.
+inline moonmoe::index_t local_experts(const moonmoe::ModelConfig& cfg) {
+    return &cfg == &k2 ? k2_local_experts : cfg.moe.experts;
+}
+
 }  // namespace bench

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include <moonmoe/backend/cpu.hpp>
+#include <moonmoe/config/model_config.hpp>
 #include <moonmoe/nn/param.hpp>
 
 namespace bench {
@@ -115,14 +116,6 @@ inline benchmark::internal::Benchmark* add(const std::string& name, std::functio
         ->Unit(benchmark::kMillisecond);
 }
 
-/// A fixture built on first use and kept for the rest of the run (Google Benchmark calls a benchmark several
-/// times while it settles the iteration count; a full-width layer takes seconds to build).
-template <class T, class Make>
-T& cached(std::unique_ptr<T>& slot, Make&& make) {
-    if (!slot) slot = std::make_unique<T>(make());
-    return *slot;
-}
-
 /// Fills every matrix of a module (anything with visit_params) with fan-in scaled uniform noise, so outputs keep
 /// unit variance; norm gains stay 1 and the router's correction bias 0.
 template <class Module>
@@ -133,6 +126,23 @@ void init_params(Module& m, std::uint64_t seed = 1) {
         const float bound = 1.0f / std::sqrt(float(cols));
         Ops::fill_uniform(moonmoe::View<float, 2>(p.value, {p.numel() / cols, cols}), -bound, bound, seed++);
     });
+}
+
+/// The module under test for a configuration, built by `make` (returning a std::unique_ptr<T>) and initialised on
+/// first use, then kept while that configuration's benchmarks run: Google Benchmark calls a benchmark several
+/// times while it settles the iteration count, and a full-width layer takes seconds to build. A module built for
+/// another configuration is freed first, so peak_MiB counts one model.
+template <class T, class Make>
+T& fixture(const moonmoe::ModelConfig& cfg, Make&& make) {
+    static const moonmoe::ModelConfig* built_for = nullptr;
+    static std::unique_ptr<T> module;
+    if (built_for != &cfg) {
+        module.reset();
+        module = make();
+        init_params(*module);
+        built_for = &cfg;
+    }
+    return *module;
 }
 
 /// The same for one weight matrix.

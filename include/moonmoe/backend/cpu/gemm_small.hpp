@@ -55,11 +55,26 @@ inline void dot_tile(const float* x, index_t ldx, const float* w, index_t ldw, i
         for (int j = 0; j < NR; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-using DotTile = void (*)(const float*, index_t, const float*, index_t, index_t, index_t, float (&)[4][4]);
-
+/// dot_tile for a tile of mr x nr (1..4 each) chosen at run time.
 template <int MR>
-constexpr DotTile dot_tiles_row[4] = {&dot_tile<MR, 1>, &dot_tile<MR, 2>, &dot_tile<MR, 3>, &dot_tile<MR, 4>};
-inline constexpr const DotTile* dot_tiles[4] = {dot_tiles_row<1>, dot_tiles_row<2>, dot_tiles_row<3>, dot_tiles_row<4>};
+inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const float* w, index_t ldw, index_t k0, index_t k1,
+                          float (&out)[4][4]) {
+    switch (nr) {
+        case 1: dot_tile<MR, 1>(x, ldx, w, ldw, k0, k1, out); break;
+        case 2: dot_tile<MR, 2>(x, ldx, w, ldw, k0, k1, out); break;
+        case 3: dot_tile<MR, 3>(x, ldx, w, ldw, k0, k1, out); break;
+        default: dot_tile<MR, 4>(x, ldx, w, ldw, k0, k1, out); break;
+    }
+}
+inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, const float* w, index_t ldw, index_t k0,
+                         index_t k1, float (&out)[4][4]) {
+    switch (mr) {
+        case 1: dot_tile_rows<1>(nr, x, ldx, w, ldw, k0, k1, out); break;
+        case 2: dot_tile_rows<2>(nr, x, ldx, w, ldw, k0, k1, out); break;
+        case 3: dot_tile_rows<3>(nr, x, ldx, w, ldw, k0, k1, out); break;
+        default: dot_tile_rows<4>(nr, x, ldx, w, ldw, k0, k1, out); break;
+    }
+}
 
 /// C [m, n] = alpha X [m, k] W [n, k]^T + beta C, m <= small_gemm_rows, rows of every operand contiguous.
 inline void gemm_small_nt(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
@@ -74,8 +89,8 @@ inline void gemm_small_nt(float alpha, View<const float, 2> X, View<const float,
             for (index_t i0 = 0; i0 < m; i0 += 4) {
                 const index_t mr = std::min<index_t>(4, m - i0);
                 float out[4][4];
-                dot_tiles[mr - 1][nr - 1](X.data + i0 * X.strides[0], X.strides[0], W.data + j0 * W.strides[0],
-                                          W.strides[0], k0, k1, out);
+                dot_tile_any(mr, nr, X.data + i0 * X.strides[0], X.strides[0], W.data + j0 * W.strides[0], W.strides[0],
+                             k0, k1, out);
                 for (index_t i = 0; i < mr; ++i) {
                     float* c = C.data + (i0 + i) * C.strides[0] + j0;
                     for (index_t j = 0; j < nr; ++j) {
