@@ -15,7 +15,7 @@ using moonmoe::optim::Products;
 void muon(benchmark::State& state, index_t rows, index_t cols) {
     const moonmoe::MuonConfig cfg = moonmoe::KimiK2::config.optimizer.muon;
     Mat w({rows, cols}), g({rows, cols}), u, o;
-    init_uniform_matrix(w);
+    init_uniform_matrix(w.view());
     Ops::fill_normal(g.view(), 0.0f, 1.0f, 2);
     std::vector<float> momentum(static_cast<std::size_t>(rows * cols), 0.0f);
     moonmoe::optim::NSWorkspace<float> ws;

@@ -116,15 +116,20 @@ inline benchmark::internal::Benchmark* add(const std::string& name, std::functio
         ->Unit(benchmark::kMillisecond);
 }
 
-/// Fills every matrix of a module (anything with visit_params) with fan-in scaled uniform noise, so outputs keep
-/// unit variance; norm gains stay 1 and the router's correction bias 0.
+/// Fills a weight [out, in] with uniform noise of bound 1/sqrt(in) (fan-in scaled: unit-variance outputs).
+inline void init_uniform_matrix(moonmoe::View<float, 2> w, std::uint64_t seed = 1) {
+    const float bound = 1.0f / std::sqrt(float(w.shape[1]));
+    Ops::fill_uniform(w, -bound, bound, seed);
+}
+
+/// The same for every matrix of a module (anything with visit_params); norm gains stay 1, the router's correction
+/// bias 0.
 template <class Module>
 void init_params(Module& m, std::uint64_t seed = 1) {
     m.visit_params("m", [&](const moonmoe::ParamRef& p) {
         if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
         const index_t cols = p.shape.back();
-        const float bound = 1.0f / std::sqrt(float(cols));
-        Ops::fill_uniform(moonmoe::View<float, 2>(p.value, {p.numel() / cols, cols}), -bound, bound, seed++);
+        init_uniform_matrix(moonmoe::View<float, 2>(p.value, {p.numel() / cols, cols}), seed++);
     });
 }
 
@@ -143,12 +148,6 @@ T& fixture(const moonmoe::ModelConfig& cfg, Make&& make) {
         built_for = &cfg;
     }
     return *module;
-}
-
-/// The same for one weight matrix.
-inline void init_uniform_matrix(Mat& w, std::uint64_t seed = 1) {
-    const float bound = 1.0f / std::sqrt(float(w.size(1)));
-    Ops::fill_uniform(w.view(), -bound, bound, seed);
 }
 
 inline std::string shape_args(std::initializer_list<std::pair<const char*, index_t>> args) {

@@ -776,31 +776,23 @@ inline void panel_limits(const Panel& p, double& x_lo, double& x_hi, double& y_l
     for (const HLine& h : p.hlines)
         if (usable_y(h.y, p.log_y)) yl = std::min(yl, h.y), yh = std::max(yh, h.y);
 
-    if (!(xl <= xh)) xl = 0, xh = 1;
-    else if (xl == xh) {
-        const double d = xl != 0 ? std::abs(xl) * 0.05 : 0.5;
-        xl -= d, xh += d;
-    } else {
-        const double d = (xh - xl) * 0.02;
-        xl -= d, xh += d;
-    }
-    if (p.log_y) {
-        double a, b;
-        if (!(yl <= yh)) a = 0, b = 1;
-        else if (yl == yh) a = std::log10(yl) - 0.3, b = std::log10(yh) + 0.3;
+    // An empty range becomes [0, 1]; a single value is widened by `single` (relative, or `at_zero` at 0); a real
+    // range gets a margin of `margin` of its width on both sides.
+    const auto pad = [](double& lo, double& hi, double single, double at_zero, double margin) {
+        if (!(lo <= hi)) lo = 0, hi = 1;
         else {
-            a = std::log10(yl), b = std::log10(yh);
-            const double d = (b - a) * 0.05;
-            a -= d, b += d;
+            const double d = lo == hi ? (lo != 0 ? std::abs(lo) * single : at_zero) : (hi - lo) * margin;
+            lo -= d, hi += d;
         }
+    };
+    pad(xl, xh, 0.05, 0.5, 0.02);
+    if (p.log_y) {  // padded in decades: a single value gets +-0.3 of one
+        double a = 0, b = 1;
+        if (yl == yh) a = std::log10(yl) - 0.3, b = std::log10(yh) + 0.3;
+        else if (yl < yh) a = std::log10(yl), b = std::log10(yh), pad(a, b, 0, 0, 0.05);
         yl = std::pow(10.0, a), yh = std::pow(10.0, b);
-    } else if (!(yl <= yh)) yl = 0, yh = 1;
-    else if (yl == yh) {
-        const double d = yl != 0 ? std::abs(yl) * 0.1 : 1;
-        yl -= d, yh += d;
     } else {
-        const double d = (yh - yl) * 0.05;
-        yl -= d, yh += d;
+        pad(yl, yh, 0.1, 1.0, 0.05);
     }
 
     const auto apply = [](double& lo, double& hi, const std::optional<double>& mn, const std::optional<double>& mx,

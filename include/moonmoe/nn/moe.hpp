@@ -66,14 +66,12 @@ struct MoE {
     void forward(View<const float, 2, B> u, View<float, 2, B> y, Cache& c) {
         using clock = std::chrono::steady_clock;
         const index_t T = u.shape[0], K = cfg.top_k;
-        auto t0 = clock::now();
+        const auto t0 = clock::now();
         gate.forward(u, c.router);
-        auto t1 = clock::now();
-        times.router += std::chrono::duration<double>(t1 - t0).count();
+        times.router += seconds(t0);
+        const auto t1 = clock::now();
         const Routing& r = c.router.routing;
         const index_t local = index_t(experts.size());
-        auto dispatch_start = t1;  // the first expert's dispatch time includes sorting the pairs
-        bool first = true;
         c.experts.clear();
         c.experts.resize(static_cast<std::size_t>(local));
         skipped_assignments = 0;
@@ -85,15 +83,15 @@ struct MoE {
                 c.experts[e].slots.push_back(t * K + j);
             }
         Ops::for_each(T, [&, y](index_t t) { for (index_t j = 0; j < hidden; ++j) y(t, j) = 0.0f; });
+        times.dispatch += seconds(t1);  // sorting the pairs by expert
         for (index_t e = 0; e < local; ++e) {
             ExpertCache& ec = c.experts[e];
             const index_t n = index_t(ec.tokens.size());
             if (n == 0) continue;
-            if (!first) dispatch_start = clock::now();
-            first = false;
+            const auto gather_start = clock::now();
             Mat x({n, hidden}), a({n, cfg.expert_hidden}), out({n, hidden});
             Ops::gather_rows(c.router.u.view(), ec.tokens.data(), x.view());
-            times.dispatch += seconds(dispatch_start);
+            times.dispatch += seconds(gather_start);
             ec.g = Mat({n, cfg.expert_hidden});
             ec.u = Mat({n, cfg.expert_hidden});
             experts[e].gate_proj.forward(x.view(), ec.g.view());
@@ -106,10 +104,10 @@ struct MoE {
             Ops::scatter_add_rows(out.view(), ec.tokens.data(), w.data(), y);
             times.dispatch += seconds(scatter_start);
         }
-        auto t2 = clock::now();
-        times.experts += std::chrono::duration<double>(t2 - t1).count();
+        times.experts += seconds(t1);
+        const auto t2 = clock::now();
         if (cfg.shared > 0) shared_experts.forward(u, y, c.shared, true);
-        times.shared += std::chrono::duration<double>(clock::now() - t2).count();
+        times.shared += seconds(t2);
     }
 
     /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds when accumulate_du).
@@ -118,10 +116,10 @@ struct MoE {
         using clock = std::chrono::steady_clock;
         const index_t T = dy.shape[0], I = cfg.expert_hidden;
         if (!accumulate_du) Ops::for_each(T, [&, du](index_t t) { for (index_t j = 0; j < hidden; ++j) du(t, j) = 0.0f; });
-        auto t0 = clock::now();
+        const auto t0 = clock::now();
         if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true);
-        auto t1 = clock::now();
-        times.shared += std::chrono::duration<double>(t1 - t0).count();
+        times.shared += seconds(t0);
+        const auto t1 = clock::now();
         const Routing& r = c.router.routing;
         std::vector<float> dweight(r.weight.size(), 0.0f);
         for (index_t e = 0; e < index_t(experts.size()); ++e) {
@@ -155,10 +153,10 @@ struct MoE {
             Ops::scatter_add_rows(dx.view(), ec.tokens.data(), nullptr, du);
             times.dispatch += seconds(scatter_start);
         }
-        auto t2 = clock::now();
-        times.experts += std::chrono::duration<double>(t2 - t1).count();
+        times.experts += seconds(t1);
+        const auto t2 = clock::now();
         gate.backward(dweight, c.router, du);
-        times.router += std::chrono::duration<double>(clock::now() - t2).count();
+        times.router += seconds(t2);
         c = Cache{};
     }
 

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <vector>
 
-#include "../backend/cpu/threads.hpp"
 #include "../config/optimizer.hpp"
 #include "../nn/transformer.hpp"
 
@@ -51,10 +50,11 @@ inline std::vector<double> clip_factors(const std::vector<float>& max_logit, con
 
 /// MLA: rescales the heads of q (q_b_proj or q_proj, [heads * (nope + rope), q_cols]) and kv_b_proj
 /// ([heads * (nope + v), kv_cols]) whose maximum exceeds tau; returns how many heads were rescaled.
-inline index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, const nn::MLAHeadLayout& L,
-                              const std::vector<float>& maxima, const QKClipConfig& c) {
+template <class B = cpu>
+index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, const nn::MLAHeadLayout& L,
+                       const std::vector<float>& maxima, const QKClipConfig& c) {
     const std::vector<double> gamma = detail::clip_factors(maxima, c);
-    backend::cpu_detail::parallel_for(L.heads, [&](index_t h) {  // heads own disjoint rows
+    backend::Ops<B>::for_each(L.heads, [&](index_t h) {  // heads own disjoint rows
         if (gamma[h] == 1.0) return;
         const float root = float(std::sqrt(gamma[h]));
         detail::scale_rows(q, q_cols, L.q_row(h), L.nope, root);
@@ -94,7 +94,7 @@ ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
         if (layer.latent) {
             auto& a = layer.self_attn;
             nn::Linear<B>& q = a.cfg.q_rank > 0 ? a.q_b_proj : a.q_proj;
-            report.heads_clipped.push_back(clip_mla_heads(q.weight.value.data(), q.in_features(),
+            report.heads_clipped.push_back(clip_mla_heads<B>(q.weight.value.data(), q.in_features(),
                                                           a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
                                                           a.head_layout(), maxima, c));
             a.reset_max_logits();

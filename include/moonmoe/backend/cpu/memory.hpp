@@ -3,7 +3,7 @@
 // Large blocks (>= 4 MiB) come from mmap, in whole 2 MiB units with transparent huge pages requested: the kernel
 // hands out zero pages on first touch, so a 10 GB layer costs no up-front memset and its pages are faulted in by
 // the (parallel) code that first writes them. Released large blocks are kept in a cache (up to 4 GiB by default,
-// set_cache_limit) and handed out again, cleared with memset, to the next request of about their size: a training
+// set_cache_limit, trim) and handed out again, cleared with memset, to the next request of about their size: a training
 // step allocates the same activations every time, and faulting in fresh pages costs several times a memset
 // (measured: page faults and clearing took a third of an MoE backward before the cache). Small blocks come from
 // aligned_alloc and are cleared. A 64-byte header in front of each block records its mapped and requested sizes.
@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 
 #include "../backend.hpp"
 
@@ -58,17 +59,13 @@ public:
         held_ += total;
         return true;
     }
-    /// Sets the limit and releases every cached block (they are returned to the system, not kept over a new limit).
-    void set_limit(std::size_t bytes) {
+    /// Returns every cached block to the system; with `limit`, also sets how much may be kept from now on.
+    void release_all(std::optional<std::size_t> limit = {}) {
         std::lock_guard<std::mutex> lock(mutex_);
         for (auto& [size, base] : blocks_) munmap(base, size);
         blocks_.clear();
         held_ = 0;
-        limit_ = bytes;
-    }
-    std::size_t limit() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return limit_;
+        if (limit) limit_ = *limit;
     }
     std::size_t held() {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -128,11 +125,9 @@ struct Memory<cpu> {
     }
 
     /// The most bytes of released large blocks kept for reuse (default 4 GiB; 0 turns the cache off).
-    static void set_cache_limit(std::size_t bytes) {
-        cache().set_limit(bytes);
-    }
+    static void set_cache_limit(std::size_t bytes) { cache().release_all(bytes); }
     /// Returns every cached block to the system.
-    static void trim() { cache().set_limit(cache().limit()); }
+    static void trim() { cache().release_all(); }
     static std::size_t cached_bytes() { return cache().held(); }
 
     static cpu_detail::BlockCache& cache() {

@@ -172,7 +172,7 @@ struct Ops<cpu> {
             const index_t last = causal_first < 0 ? L - 1 : std::min(causal_first + i, L - 1);
             Eigen::Map<Eigen::ArrayXf> visible(row, last + 1);
             const float m = visible.maxCoeff();
-            visible = (visible - m).exp();
+            exp_shifted(row, last + 1, m);
             const double sum = visible.template cast<double>().sum();
             const float log_sum = m + float(std::log(sum));
             visible *= float(1.0 / sum);
