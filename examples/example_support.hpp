@@ -7,6 +7,7 @@
 // or with CMake: target_compile_definitions(hf_forward PRIVATE MOONMOE_EXAMPLE_MODEL=moonmoe::KimiK2).
 #pragma once
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -23,14 +24,22 @@ namespace example {
 
 using Model = MOONMOE_EXAMPLE_MODEL;
 
+/// The examples refuse NaN / Inf weights (naming the first such tensor) and a model larger than the memory
+/// available.
+inline const moonmoe::LoadOptions load_options{.memory_limit = std::nullopt, .with_optimizer_state = false,
+                                               .check_finite = true};
+
 /// Token ids from argv[first..argc); each must be a non-negative integer.
 inline std::vector<moonmoe::index_t> token_ids(int argc, char** argv, int first) {
     std::vector<moonmoe::index_t> ids;
     for (int i = first; i < argc; ++i) {
         char* end = nullptr;
+        errno = 0;
         const long long v = std::strtoll(argv[i], &end, 10);
         if (*argv[i] == '\0' || *end != '\0' || v < 0)
             throw std::invalid_argument(std::string("token id '") + argv[i] + "' is not a non-negative integer");
+        if (errno == ERANGE)  // strtoll clamps to LLONG_MAX: report the id as given, not the clamped value
+            throw std::out_of_range(std::string("token id '") + argv[i] + "' is outside the vocabulary (too large)");
         ids.push_back(v);
     }
     if (ids.empty()) throw std::invalid_argument("no token ids given");

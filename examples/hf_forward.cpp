@@ -16,7 +16,7 @@ int main(int argc, char** argv) try {
         return 2;
     }
     const std::vector<moonmoe::index_t> ids = example::token_ids(argc, argv, 3);
-    moonmoe::nn::Transformer<> model = moonmoe::load_transformer<example::Model>(argv[1]);
+    moonmoe::nn::Transformer<> model = moonmoe::load_transformer<example::Model>(argv[1], example::load_options);
     example::describe(model, argv[1]);
 
     const moonmoe::index_t T = moonmoe::index_t(ids.size()), V = model.config.dims.vocab;

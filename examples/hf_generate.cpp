@@ -19,8 +19,10 @@ int main(int argc, char** argv) try {
     const std::vector<moonmoe::index_t> prompt = example::token_ids(argc, argv, 3);
     moonmoe::Checkpoint ck(argv[1]);
     const std::vector<moonmoe::index_t> eos = ck.config().eos_token_ids;
-    moonmoe::nn::Transformer<> model(moonmoe::resolve(example::Model::config, ck.config()));
-    moonmoe::load_weights(model, ck);
+    const moonmoe::ModelConfig config = moonmoe::resolve(example::Model::config, ck.config());
+    moonmoe::check_memory_budget(config, ck.config().source);
+    moonmoe::nn::Transformer<> model(config);
+    moonmoe::load_weights(model, ck, example::load_options);
     example::describe(model, argv[1]);
 
     const moonmoe::index_t V = model.config.dims.vocab;

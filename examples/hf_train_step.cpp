@@ -14,7 +14,7 @@ int main(int argc, char** argv) try {
         return 2;
     }
     const std::vector<moonmoe::index_t> ids = example::token_ids(argc, argv, 3);
-    moonmoe::nn::Transformer<> model = moonmoe::load_transformer<example::Model>(argv[1]);
+    moonmoe::nn::Transformer<> model = moonmoe::load_transformer<example::Model>(argv[1], example::load_options);
     example::describe(model, argv[1]);
     const auto start = std::chrono::steady_clock::now();
     const float loss = model.train_step(ids.data(), moonmoe::nn::TokenLayout::sequences(1, moonmoe::index_t(ids.size())));

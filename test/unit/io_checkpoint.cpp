@@ -128,6 +128,10 @@ TEST_CASE("io: broken checkpoint files are refused with the file named") {
     std::string garbage = whole;
     for (std::size_t i = 8; i < 40; ++i) garbage[i] = '#';
     write_file(model, garbage);
+    check_error([&] { Checkpoint c(dir); }, {model.string(), "must start with '{'"});
+    garbage = whole;
+    garbage[40] = '#';  // inside the JSON
+    write_file(model, garbage);
     check_error([&] { Checkpoint c(dir); }, {model.string(), "not valid JSON"});
 
     std::string too_long = whole;

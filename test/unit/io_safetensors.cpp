@@ -189,8 +189,9 @@ TEST_CASE("io: malformed safetensors files are rejected with the file and tensor
     check_bad(raw_safetensors(ok, 8).substr(0, 20), {"header length 54 is larger than the rest of the file (12 bytes)"});
     check_bad(std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", {"header length", "larger than the rest"});
     check_bad(raw_safetensors("{\"t\": [1,", 0), {"not valid JSON"});
-    check_bad(raw_safetensors("\xc3\x28", 0), {"not valid JSON"});
-    check_bad(raw_safetensors("[1, 2]", 0), {"not a JSON object"});
+    check_bad(raw_safetensors("{\"\xc3\x28\": 1}", 0), {"not valid JSON"});  // invalid UTF-8 in a name
+    check_bad(raw_safetensors("\xc3\x28", 0), {"must start with '{'"});
+    check_bad(raw_safetensors("[1, 2]", 0), {"must start with '{'"});
     check_bad(raw_safetensors(R"({"t":{"shape":[2],"data_offsets":[0,8]}})", 8), {"'t'", "no 'dtype'"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","data_offsets":[0,8]}})", 8), {"'t'", "no 'shape'"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2]}})", 8), {"'t'", "no 'data_offsets'"});
@@ -236,7 +237,7 @@ TEST_CASE("io: a missing tensor names the file and the closest names") {
     const SafetensorsFile f(dir / "m.safetensors");
     check_error([&] { f.at("model.layers.0.mlp.gate.weight"); },
                 {(dir / "m.safetensors").string(), "no tensor 'model.layers.0.mlp.gate.weight'",
-                 "closest: model.layers.0.mlp.gate_proj.weight"});
+                 "closest: 'model.layers.0.mlp.gate_proj.weight'"});
 }
 
 TEST_CASE("io: FP8 block dequantisation with partial blocks") {

@@ -24,10 +24,13 @@
 
 #include "../config/named.hpp"
 #include "../tensor/dtype.hpp"
+#include "checkpoint_writer.hpp"
 #include "convert.hpp"
+#include "detail/read_file.hpp"
 #include "error.hpp"
 #include "hf_config.hpp"
 #include "safetensors.hpp"
+#include "safetensors_index.hpp"
 #include "safetensors_writer.hpp"
 
 namespace moonmoe {
@@ -80,7 +83,7 @@ public:
     void read_f32(std::string_view name, std::span<const index_t> expected_shape, std::span<float> out) {
         const SafetensorsFile& file = shard(name);
         const TensorRecord& r = file.at(name);
-        const std::string at = file.path() + ": tensor '" + r.name + "'";
+        const std::string at = file.path() + ": tensor " + detail::quoted(r.name);
         if (!std::equal(r.shape.begin(), r.shape.end(), expected_shape.begin(), expected_shape.end()))
             throw io_error(at + " has shape " + detail::format_shape(r.shape) + ", expected " +
                            detail::format_shape(expected_shape));
@@ -89,11 +92,19 @@ public:
         if (out.size() != std::size_t(r.numel()))
             throw io_error(at + " has " + std::to_string(r.numel()) + " elements, the output buffer " +
                            std::to_string(out.size()));
-        if (r.dtype == DType::f8_e4m3 || r.dtype == DType::f8_e5m2) {
-            const std::string scale_name = r.name + std::string(scale_suffix);
+        const std::string scale_name = r.name + std::string(scale_suffix);
+        // DeepSeek-V3 / K2 quantise to E4M3 only (quantization_config.fmt); E5M2 codes read as E4M3 scales would be
+        // garbage, and a scale beside an unquantised weight means the file is not what config.json says.
+        if (r.dtype == DType::f8_e5m2)
+            throw io_error(at + " is F8_E5M2, but FP8 checkpoints of this architecture are E4M3 (quantization_config.fmt "
+                           "e4m3); convert the tensor or the checkpoint");
+        if (r.dtype != DType::f8_e4m3 && contains(scale_name))
+            throw io_error(at + " is " + std::string(dtype_name(r.dtype)) + ", not FP8, but the checkpoint has a " +
+                           detail::quoted(scale_name) + " for it; a block scale belongs only to an F8_E4M3 weight");
+        if (r.dtype == DType::f8_e4m3) {
             if (!contains(scale_name))
-                throw io_error(at + " is " + std::string(dtype_name(r.dtype)) + " but the checkpoint has no '" +
-                               scale_name + "' to dequantise it");
+                throw io_error(at + " is " + std::string(dtype_name(r.dtype)) + " but the checkpoint has no " +
+                               detail::quoted(scale_name) + " to dequantise it");
             const SafetensorsFile& scale_file = shard(scale_name);
             try {
                 dequantize_fp8(r, scale_file.at(scale_name), config_.fp8_block.value_or(default_fp8_block), out);
@@ -107,9 +118,11 @@ public:
         used_.insert(r.name);
     }
     std::vector<float> read_f32(std::string_view name, std::span<const index_t> expected_shape) {
-        index_t numel = 1;
-        for (index_t d : expected_shape) numel *= d;
-        std::vector<float> out(std::size_t(std::max<index_t>(numel, 0)));
+        const auto numel = checked_product(expected_shape);
+        if (!numel)
+            throw io_error(dir_.string() + ": tensor " + detail::quoted(name) + ": expected shape " +
+                           detail::format_shape(expected_shape) + " is negative or overflows");
+        std::vector<float> out(static_cast<std::size_t>(*numel));
         read_f32(name, expected_shape, out);
         return out;
     }
@@ -133,49 +146,35 @@ private:
     const SafetensorsFile& shard(std::string_view name) const {
         auto it = shard_of_.find(name);
         if (it == shard_of_.end())
-            throw io_error(dir_.string() + ": no tensor '" + std::string(name) + "' in the checkpoint" +
+            throw io_error(dir_.string() + ": no tensor " + detail::quoted(name) + " in the checkpoint" +
                            detail::closest_names(name, names()));
         return shards_[it->second];
     }
 
     void open_index(const std::filesystem::path& index_path) {
         const std::string where = index_path.string();
-        std::ifstream in(index_path, std::ios::binary);
-        std::ostringstream text;
-        text << in.rdbuf();
-        if (!in) throw io_error(where + ": cannot read");
-        nlohmann::json index;
-        try {
-            index = nlohmann::json::parse(text.str());
-        } catch (const nlohmann::json::exception& e) {
-            throw io_error(where + ": not valid JSON: " + e.what());
-        }
-        if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-            throw io_error(where + ": no \"weight_map\" object");
+        constexpr std::size_t max_index_bytes = std::size_t(256) << 20;  // K2's and DeepSeek-V3's are a few MB
+        const WeightMap weight_map = parse_safetensors_index(detail::read_small_file(index_path, max_index_bytes), where);
 
         std::map<std::string, std::size_t, std::less<>> shard_index;  // shard file name -> position in shards_
-        for (const auto& [name, file_json] : index["weight_map"].items()) {
-            if (!file_json.is_string()) throw io_error(where + ": weight_map entry of '" + name + "' is not a file name");
-            const std::string file = file_json.get<std::string>();
-            const std::filesystem::path rel(file);
-            if (rel.is_absolute() || rel.has_parent_path())
-                throw io_error(where + ": shard '" + file + "' of tensor '" + name + "' is not a file in " + dir_.string());
+        for (const auto& [name, file] : weight_map) {
             auto [it, inserted] = shard_index.emplace(file, shards_.size());
             if (inserted) {
-                if (!std::filesystem::exists(dir_ / rel))
-                    throw io_error(where + ": shard '" + file + "' (of tensor '" + name + "' and maybe others) is missing");
-                shards_.emplace_back(dir_ / rel);
+                if (!std::filesystem::exists(dir_ / file))
+                    throw io_error(where + ": shard " + detail::quoted(file) + " (of tensor " + detail::quoted(name) +
+                                   " and maybe others) is missing");
+                shards_.emplace_back(dir_ / file);
             }
             if (!shards_[it->second].contains(name))
-                throw io_error(where + ": maps tensor '" + name + "' to shard '" + file + "', which does not hold it" +
-                               detail::closest_names(name, shards_[it->second].names()));
+                throw io_error(where + ": maps tensor " + detail::quoted(name) + " to shard " + detail::quoted(file) +
+                               ", which does not hold it" + detail::closest_names(name, shards_[it->second].names()));
             shard_of_.emplace(name, it->second);
         }
         // A shard must not hold tensors the index leaves out or assigns elsewhere: which copy would be meant?
         for (std::size_t i = 0; i < shards_.size(); ++i)
             for (const auto& r : shards_[i].records())
                 if (auto it = shard_of_.find(r.name); it == shard_of_.end() || it->second != i)
-                    throw io_error(shards_[i].path() + ": holds tensor '" + r.name + "', which " + where +
+                    throw io_error(shards_[i].path() + ": holds tensor " + detail::quoted(r.name) + ", which " + where +
                                    (it == shard_of_.end() ? " does not list" : " maps to another shard"));
     }
 
@@ -185,68 +184,5 @@ private:
     std::map<std::string, std::size_t, std::less<>> shard_of_;  // tensor name -> index into shards_
     std::set<std::string, std::less<>> used_;
 };
-
-/// One f32 tensor to save, by checkpoint name.
-struct NamedTensor {
-    std::string name;
-    std::vector<index_t> shape;
-    std::span<const float> values;
-};
-
-namespace detail {
-inline std::string_view torch_dtype_name(DType t) {
-    switch (t) {
-        case DType::f32: return "float32";
-        case DType::bf16: return "bfloat16";
-        case DType::f16: return "float16";
-        default: return "";
-    }
-}
-}  // namespace detail
-
-/// Writes `tensors` to one safetensors file, stored as `store` (F32, or BF16 / F16 rounded to nearest even as
-/// torch rounds), with the metadata transformers writes ({"format": "pt"}).
-inline void write_tensors(const std::filesystem::path& file, std::span<const NamedTensor> tensors,
-                          DType store = DType::f32) {
-    if (detail::torch_dtype_name(store).empty())
-        throw io_error(file.string() + ": cannot store tensors as " + std::string(dtype_name(store)) +
-                       "; use F32, BF16 or F16");
-    SafetensorsWriter writer;
-    writer.metadata("format", "pt");
-    std::vector<std::uint16_t> narrow;
-    for (const NamedTensor& t : tensors) {
-        try {
-            if (store == DType::f32) {
-                writer.add_f32(t.name, t.shape, t.values);
-                continue;
-            }
-            narrow.resize(t.values.size());
-            for (std::size_t i = 0; i < narrow.size(); ++i)
-                narrow[i] = store == DType::bf16 ? bf16::from_float(t.values[i]).bits : f16::from_float(t.values[i]).bits;
-            writer.add(t.name, store, t.shape, std::as_bytes(std::span<const std::uint16_t>(narrow)));
-        } catch (const io_error& e) {
-            throw io_error(file.string() + ": " + e.what());
-        }
-    }
-    writer.write(file);
-}
-
-/// Writes a checkpoint directory that Checkpoint and transformers can load: model.safetensors (as write_tensors)
-/// and config.json, the loaded document with quantization_config removed (the weights are no longer FP8, as
-/// DeepSeek's fp8_cast_bf16.py does) and torch_dtype set to the stored type. Creates `dir` if needed.
-inline void write_checkpoint(const std::filesystem::path& dir, const HFConfig& config,
-                             std::span<const NamedTensor> tensors, DType store = DType::f32) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw io_error(dir.string() + ": cannot create directory: " + ec.message());
-    write_tensors(dir / "model.safetensors", tensors, store);
-    nlohmann::json json = config.json;
-    json.erase("quantization_config");
-    json[json.contains("dtype") && !json.contains("torch_dtype") ? "dtype" : "torch_dtype"] =
-        std::string(detail::torch_dtype_name(store));
-    const std::string text = json.dump(2) + "\n";
-    const std::span<const std::byte> chunk = std::as_bytes(std::span(text.data(), text.size()));
-    detail::write_file_atomically(dir / "config.json", std::span(&chunk, 1));
-}
 
 }  // namespace moonmoe

@@ -38,6 +38,10 @@ void decode_each(std::span<const std::byte> bytes, std::span<float> out, F to_fl
 
 /// Widens `bytes` holding `out.size()` elements of `dtype` into floats.
 inline void decode_to_f32(DType dtype, std::span<const std::byte> bytes, std::span<float> out) {
+    if (out.empty()) return;  // an empty tensor's span may be null, and memcpy(nullptr, ...) is undefined
+    if (bytes.size() < out.size() * dtype_size(dtype))
+        throw io_error("decode: " + std::to_string(bytes.size()) + " bytes cannot hold " + std::to_string(out.size()) +
+                       " elements of " + std::string(dtype_name(dtype)));
     switch (dtype) {
         case DType::f32: std::memcpy(out.data(), bytes.data(), out.size() * 4); return;
         case DType::f64: return decode_each<double>(bytes, out, [](double v) { return float(v); });
@@ -61,7 +65,7 @@ inline void decode_to_f32(DType dtype, std::span<const std::byte> bytes, std::sp
 
 inline void check_output_size(const TensorRecord& r, std::size_t out_size) {
     if (out_size != std::size_t(r.numel()))
-        throw io_error("tensor '" + r.name + "' " + format_shape(r.shape) + " has " + std::to_string(r.numel()) +
+        throw io_error("tensor " + detail::quoted(r.name) + " " + format_shape(r.shape) + " has " + std::to_string(r.numel()) +
                        " elements, the output buffer " + std::to_string(out_size));
 }
 
@@ -79,9 +83,11 @@ inline std::vector<float> to_f32(const TensorRecord& r) {
     return out;
 }
 
-/// The shape scale_inv must have for a [rows, cols] weight in blocks of `block`.
+/// The shape scale_inv must have for a [rows, cols] weight in blocks of `block` (both positive): a ceiling
+/// division written so that no sum can overflow, whatever block size a config.json states.
 inline std::array<index_t, 2> fp8_scale_shape(std::span<const index_t> weight_shape, std::array<index_t, 2> block) {
-    return {(weight_shape[0] + block[0] - 1) / block[0], (weight_shape[1] + block[1] - 1) / block[1]};
+    const auto blocks = [](index_t n, index_t b) { return n / b + (n % b != 0); };
+    return {blocks(weight_shape[0], block[0]), blocks(weight_shape[1], block[1])};
 }
 
 /// Dequantises a 2-D F8 weight with its F32 `scale_inv` (block-wise inverse scales) into `out` (rows * cols).
@@ -89,25 +95,26 @@ inline std::array<index_t, 2> fp8_scale_shape(std::span<const index_t> weight_sh
 inline void dequantize_fp8(const TensorRecord& weight, const TensorRecord& scale_inv, std::array<index_t, 2> block,
                            std::span<float> out) {
     if (weight.dtype != DType::f8_e4m3 && weight.dtype != DType::f8_e5m2)
-        throw io_error("tensor '" + weight.name + "' is " + std::string(dtype_name(weight.dtype)) +
+        throw io_error("tensor " + detail::quoted(weight.name) + " is " + std::string(dtype_name(weight.dtype)) +
                        ", not an FP8 weight");
     if (weight.shape.size() != 2)
-        throw io_error("FP8 tensor '" + weight.name + "' has shape " + detail::format_shape(weight.shape) +
+        throw io_error("FP8 tensor " + detail::quoted(weight.name) + " has shape " + detail::format_shape(weight.shape) +
                        "; block dequantisation needs a 2-D [out, in] weight");
     if (block[0] <= 0 || block[1] <= 0)
         throw io_error("FP8 block size " + detail::format_shape(block) + " must be positive");
     const auto want = fp8_scale_shape(weight.shape, block);
     if (scale_inv.dtype != DType::f32 || scale_inv.shape.size() != 2 || scale_inv.shape[0] != want[0] ||
         scale_inv.shape[1] != want[1])
-        throw io_error("tensor '" + scale_inv.name + "' is " + std::string(dtype_name(scale_inv.dtype)) + " " +
-                       detail::format_shape(scale_inv.shape) + " but FP8 weight '" + weight.name + "' " +
+        throw io_error("tensor " + detail::quoted(scale_inv.name) + " is " + std::string(dtype_name(scale_inv.dtype)) + " " +
+                       detail::format_shape(scale_inv.shape) + " but FP8 weight " + detail::quoted(weight.name) + " " +
                        detail::format_shape(weight.shape) + " in " + detail::format_shape(block) +
                        " blocks needs F32 " + detail::format_shape(want));
     detail::check_output_size(weight, out.size());
 
     detail::decode_to_f32(weight.dtype, weight.bytes, out);
     const index_t rows = weight.shape[0], cols = weight.shape[1], scale_cols = want[1];
-    std::vector<float> scale(std::size_t(want[0] * want[1]));
+    // want[0] * want[1] <= rows * cols, which the header check bounded; the record's own size is checked anyway.
+    std::vector<float> scale(std::size_t(scale_inv.numel()));
     detail::decode_to_f32(DType::f32, scale_inv.bytes, scale);
     for (index_t i = 0; i < rows; ++i) {
         const float* scale_row = scale.data() + (i / block[0]) * scale_cols;

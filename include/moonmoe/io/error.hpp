@@ -30,6 +30,23 @@ std::string format_shape(const Range& shape) {
     return shape_string(shape);
 }
 
+/// `name` as it appears in a message: in single quotes, with quotes, backslashes and bytes outside printable ASCII
+/// escaped (\xNN), and cut after `limit` bytes with the full length given, so an empty name, a NUL byte or a
+/// megabyte name from a crafted file stays readable and bounded.
+inline std::string quoted(std::string_view name, std::size_t limit = 120) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string s = "'";
+    for (std::size_t i = 0; i < name.size() && i < limit; ++i) {
+        const auto c = static_cast<unsigned char>(name[i]);
+        if (c == '\'' || c == '\\') s += '\\', s += char(c);
+        else if (c >= 0x20 && c < 0x7f) s += char(c);
+        else s += "\\x", s += hex[c >> 4], s += hex[c & 15];
+    }
+    s += '\'';
+    if (name.size() > limit) s += "... (" + std::to_string(name.size()) + " bytes)";
+    return s;
+}
+
 /// Levenshtein distance, two rows.
 inline std::size_t edit_distance(std::string_view a, std::string_view b) {
     std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -44,14 +61,19 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 /// "; closest: x, y, z" listing up to `count` of `candidates` nearest to `wanted`, or "" if there are none.
+/// Names longer than this get no suggestions (the distance is quadratic in length; checkpoint names are short).
+inline constexpr std::size_t max_suggestion_name = 256;
+
 template <class Names>
 std::string closest_names(std::string_view wanted, const Names& candidates, std::size_t count = 3) {
     std::vector<std::pair<std::size_t, std::string_view>> scored;
-    for (const auto& name : candidates) scored.emplace_back(edit_distance(wanted, name), name);
+    if (wanted.size() > max_suggestion_name) return "";
+    for (const auto& name : candidates)
+        if (std::string_view(name).size() <= max_suggestion_name) scored.emplace_back(edit_distance(wanted, name), name);
     const std::size_t n = std::min(count, scored.size());
     std::partial_sort(scored.begin(), scored.begin() + std::ptrdiff_t(n), scored.end());
     std::string s;
-    for (std::size_t i = 0; i < n; ++i) s += (i == 0 ? "; closest: " : ", ") + std::string(scored[i].second);
+    for (std::size_t i = 0; i < n; ++i) s += (i == 0 ? "; closest: " : ", ") + detail::quoted(scored[i].second);
     return s;
 }
 

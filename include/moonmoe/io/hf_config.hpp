@@ -30,6 +30,8 @@
 #include "../config/model_config.hpp"
 #include "../config/presets.hpp"
 #include "../tensor/dtype.hpp"
+#include "detail/json.hpp"
+#include "detail/read_file.hpp"
 #include "error.hpp"
 
 namespace moonmoe {
@@ -55,8 +57,7 @@ struct HFConfig {
 namespace detail {
 
 inline std::string describe_json(const nlohmann::json& v) {
-    std::string text = v.dump();
-    if (text.size() > 60) text = text.substr(0, 57) + "...";
+    const std::string text = json_excerpt(v);
     if (v.is_number_integer() || v.is_number_unsigned()) return "integer " + text;
     if (v.is_number_float()) return "number " + text;
     return std::string(v.type_name()) + (v.is_null() ? "" : " " + text);
@@ -120,7 +121,9 @@ public:
     }
     double as_number(std::string_view key, const nlohmann::json& v) const {
         if (!v.is_number()) fail(key, "must be a number, found " + describe_json(v));
-        return v.get<double>();
+        const double x = v.get<double>();
+        if (!std::isfinite(x)) fail(key, "must be a finite number, found " + describe_json(v));
+        return x;
     }
 
 private:
@@ -144,13 +147,13 @@ inline void read_architecture(const ConfigFields& f, const nlohmann::json& j, HF
                        "; moonmoe reads DeepseekV3ForCausalLM checkpoints (Kimi K2, DeepSeek-V3)");
     }
     if (out.model_type != "deepseek_v3" && out.model_type != "kimi_k2")
-        throw io_error(out.source + ": no architectures and model_type '" + out.model_type +
-                       "'; moonmoe reads DeepseekV3ForCausalLM checkpoints (model_type deepseek_v3 or kimi_k2)");
+        throw io_error(out.source + ": no architectures and model_type " + detail::quoted(out.model_type) +
+                       "; moonmoe reads DeepseekV3ForCausalLM checkpoints (model_type deepseek_v3 or kimi_k2)");
 }
 
 inline void read_unsupported_features(const ConfigFields& f) {
     if (const auto act = f.text_or("hidden_act", "silu"); act != "silu")
-        f.fail("hidden_act", "is '" + act + "'; the DeepSeek-V3 MLPs and experts are SwiGLU and need 'silu'");
+        f.fail("hidden_act", "is " + detail::quoted(act) + "; the DeepSeek-V3 MLPs and experts are SwiGLU and need 'silu'");
     if (f.flag_or("attention_bias", false))
         f.fail("attention_bias", "is true; DeepSeek-V3 attention projections have no bias");
     if (f.flag_or("tie_word_embeddings", false))
@@ -188,7 +191,7 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
         rope.beta_fast = rope.beta_slow = rope.mscale = rope.mscale_all_dim = 0.0;
         return 1.0;
     }
-    if (type != "yarn") d.fail("rope_type", "is '" + type + "'; moonmoe supports 'yarn' and 'default' RoPE");
+    if (type != "yarn") d.fail("rope_type", "is " + detail::quoted(type) + "; moonmoe supports 'yarn' and 'default' RoPE");
     if (!d.flag_or("truncate", true))
         d.fail("truncate", "is false; moonmoe's YaRN rounds the correction range to whole dimensions (truncate true)");
     rope.yarn = true;
@@ -233,7 +236,7 @@ inline void read_moe(const ConfigFields& f, HFConfig& out) {
     moe.norm_top_k = f.flag_or("norm_topk_prob", true);
     const std::string score = f.text_or("scoring_func", "sigmoid");
     if (score != "sigmoid" && score != "softmax")
-        f.fail("scoring_func", "is '" + score + "'; expected 'sigmoid' or 'softmax'");
+        f.fail("scoring_func", "is " + detail::quoted(score) + "; expected 'sigmoid' or 'softmax'");
     moe.score = score == "sigmoid" ? ScoreFunc::sigmoid : ScoreFunc::softmax;
     out.topk_method = f.text_or("topk_method", "noaux_tc");
     if (out.topk_method == "noaux_tc" || out.topk_method == "group_limited_greedy") {
@@ -242,7 +245,7 @@ inline void read_moe(const ConfigFields& f, HFConfig& out) {
         moe.correction_bias = false;
         moe.groups = moe.top_groups = 1;
     } else {
-        f.fail("topk_method", "is '" + out.topk_method + "'; expected 'noaux_tc', 'greedy' or 'group_limited_greedy'");
+        f.fail("topk_method", "is " + detail::quoted(out.topk_method) + "; expected 'noaux_tc', 'greedy' or 'group_limited_greedy'");
     }
 }
 
@@ -252,9 +255,9 @@ inline void read_quantization(const ConfigFields& f, const nlohmann::json& j, HF
     if (!q.is_object()) f.fail("quantization_config", "must be an object, found " + describe_json(q));
     const ConfigFields qf(q, out.source, "quantization_config.");
     if (const auto method = qf.text_or("quant_method", ""); method != "fp8")
-        qf.fail("quant_method", "is '" + method + "'; moonmoe reads block-FP8 ('fp8') or unquantised checkpoints");
+        qf.fail("quant_method", "is " + detail::quoted(method) + "; moonmoe reads block-FP8 ('fp8') or unquantised checkpoints");
     if (const auto fmt = qf.text_or("fmt", "e4m3"); fmt != "e4m3")
-        qf.fail("fmt", "is '" + fmt + "'; moonmoe's FP8 weights are e4m3");
+        qf.fail("fmt", "is " + detail::quoted(fmt) + "; moonmoe's FP8 weights are e4m3");
     std::array<index_t, 2> block = default_fp8_block;
     if (qf.has("weight_block_size")) {
         const auto& b = q["weight_block_size"];
@@ -283,6 +286,9 @@ inline void read_tokens(const ConfigFields& f, const nlohmann::json& j, HFConfig
 inline HFConfig parse_hf_config(std::string_view text, std::string source = "config.json") {
     HFConfig out;
     out.source = std::move(source);
+    if (const auto at = detail::json_too_deep(text))
+        throw io_error(out.source + ": nests deeper than " + std::to_string(detail::max_json_depth) +
+                       " levels (at byte " + std::to_string(*at) + "); a config.json is a flat object");
     try {
         out.json = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
@@ -322,7 +328,7 @@ inline HFConfig parse_hf_config(std::string_view text, std::string source = "con
     detail::read_quantization(f, j, out);
     detail::read_tokens(f, j, out);
     try {
-        validate(out.model);
+        validate(out.model, FieldNames::config_json);
     } catch (const config_error& e) {
         throw config_error(out.source + ": " + e.what());
     }
@@ -331,12 +337,8 @@ inline HFConfig parse_hf_config(std::string_view text, std::string source = "con
 
 /// Reads and parses a config.json file.
 inline HFConfig read_hf_config(const std::filesystem::path& file) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw io_error(file.string() + ": cannot open");
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) throw io_error(file.string() + ": cannot read");
-    return parse_hf_config(text.str(), file.string());
+    constexpr std::size_t max_config_bytes = std::size_t(64) << 20;  // a config.json is a few kB
+    return parse_hf_config(detail::read_small_file(file, max_config_bytes), file.string());
 }
 
 /// The configuration of a model type loaded from `file`: static sizes must match the file (io_error naming the
@@ -384,7 +386,7 @@ inline ModelConfig resolve(const ModelConfig& type_config, const HFConfig& file)
     out.moe.norm_top_k = f.moe.norm_top_k;
     out.moe.routed_scale = f.moe.routed_scale;
     try {
-        validate(out);
+        validate(out, FieldNames::config_json);
     } catch (const config_error& e) {
         throw config_error(file.source + ": " + e.what());
     }

@@ -6,46 +6,104 @@
 // have is an error too, except the MTP modules DeepSeek-V3 stores as extra layers (HF ignores them as well).
 #pragma once
 
+#include <cmath>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "../nn/transformer.hpp"
 #include "checkpoint.hpp"
+#include "memory_budget.hpp"
 
 namespace moonmoe {
 
+/// How load_transformer reads a checkpoint.
+struct LoadOptions {
+    /// Bytes the model's parameters may take (values and gradients, plus optimizer state if counted below);
+    /// unset: the memory available to this process when loading starts (MemAvailable and the cgroup limit).
+    std::optional<double> memory_limit = std::nullopt;
+    /// Count Muon / AdamW state in that budget too (for a caller that builds an optimizer next).
+    bool with_optimizer_state = false;
+    /// Refuse a weight holding NaN or Inf, naming the first such tensor and element (one pass over the weights).
+    bool check_finite = false;
+};
+
+namespace detail {
+
+/// Throws io_error if `values` holds a NaN or an infinity, naming the tensor, the element and its index.
+inline void check_finite_values(const std::string& where, const std::string& name, std::span<const index_t> shape,
+                                std::span<const float> values) {
+    const auto bad = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+    if (bad == values.end()) return;
+    index_t flat = bad - values.begin();
+    std::vector<index_t> index(shape.size());
+    for (std::size_t d = shape.size(); d-- > 0;) index[d] = flat % shape[d], flat /= shape[d];
+    throw io_error(where + ": tensor " + detail::quoted(name) + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
+                   " at " + format_shape(index) + " (the first non-finite weight of the checkpoint)");
+}
+
+/// The layer index N of "model.layers.N.<rest>", or nullopt.
+inline std::optional<index_t> layer_of(std::string_view name) {
+    constexpr std::string_view prefix = "model.layers.";
+    if (!name.starts_with(prefix)) return std::nullopt;
+    name.remove_prefix(prefix.size());
+    index_t n = 0;
+    std::size_t digits = 0;
+    for (; digits < name.size() && digits < 18 && name[digits] >= '0' && name[digits] <= '9'; ++digits)
+        n = n * 10 + (name[digits] - '0');
+    return digits > 0 && digits < name.size() && name[digits] == '.' ? std::optional<index_t>(n) : std::nullopt;
+}
+
+}  // namespace detail
+
 /// Reads every parameter of `model` from `ck`; throws io_error naming the directory and tensor on any problem,
 /// including tensors the checkpoint holds that the model has no place for.
+///
+/// DeepSeek-V3 stores its num_nextn_predict_layers multi-token-prediction modules as layers L, L+1, ... which the
+/// model (like transformers) does not load. Such a layer is recognised by its MTP tensors (eh_proj, enorm,
+/// hnorm); a layer at that index without them is an ordinary decoder layer, which means num_hidden_layers is
+/// smaller than the checkpoint: refused, instead of silently dropping the layer.
 template <class B>
-void load_weights(nn::Transformer<B>& model, Checkpoint& ck) {
+void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& options = {}) {
+    const std::string where = ck.directory().string();
     model.visit_params([&](const ParamRef& p) {
-        ck.read_f32(p.name, std::span<const index_t>(p.shape), std::span<float>(p.value, std::size_t(p.numel())));
+        const std::span<float> values(p.value, std::size_t(p.numel()));
+        ck.read_f32(p.name, std::span<const index_t>(p.shape), values);
+        if (options.check_finite) detail::check_finite_values(where, p.name, p.shape, values);
     });
-    const index_t layers = model.config.dims.layers;
+    const index_t layers = model.config.dims.layers, mtp_layers = ck.config().mtp_layers;
     std::vector<std::string> extra;
     for (const std::string& name : ck.unused()) {
-        bool mtp = false;  // model.layers.<L + i>.* for the i < num_nextn_predict_layers MTP modules
-        for (index_t i = 0; i < ck.config().mtp_layers; ++i)
-            mtp = mtp || name.starts_with("model.layers." + std::to_string(layers + i) + ".");
+        const auto layer = detail::layer_of(name);
+        const bool mtp = layer && *layer >= layers && *layer - layers < mtp_layers;
+        if (mtp && !ck.contains("model.layers." + std::to_string(*layer) + ".eh_proj.weight"))
+            throw io_error(where + ": tensor " + detail::quoted(name) + " belongs to layer " + std::to_string(*layer) +
+                           ", which config.json's num_nextn_predict_layers " + std::to_string(mtp_layers) +
+                           " makes a multi-token-prediction module, but the layer has no MTP tensors (eh_proj, "
+                           "enorm, hnorm): it is a decoder layer, so num_hidden_layers " + std::to_string(layers) +
+                           " is smaller than the checkpoint");
         if (!mtp) extra.push_back(name);
     }
     if (!extra.empty()) {
         std::string list;
-        for (std::size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
+        for (std::size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + detail::quoted(extra[i]);
         if (extra.size() > 8) list += ", ... (" + std::to_string(extra.size()) + " in all)";
-        throw io_error(std::filesystem::path(ck.files().front()).parent_path().string() +
-                       ": tensors the model has no parameter for: " + list);
+        throw io_error(where + ": tensors the model has no parameter for: " + list);
     }
 }
 
-/// A model of type `Model` (sizes static or Dynamic) with the weights of the checkpoint in `dir`.
+/// A model of type `Model` (sizes static or Dynamic) with the weights of the checkpoint in `dir`. Before anything
+/// is allocated, the parameters' memory is estimated from config.json and refused beyond options.memory_limit
+/// (default: the memory available), see io/memory_budget.hpp.
 template <class Model = AnyDeepSeekV3, class B = cpu>
-nn::Transformer<B> load_transformer(const std::filesystem::path& dir) {
+nn::Transformer<B> load_transformer(const std::filesystem::path& dir, const LoadOptions& options = {}) {
     Checkpoint ck(dir);
-    nn::Transformer<B> model(resolve(Model::config, ck.config()));
-    load_weights(model, ck);
+    const ModelConfig config = resolve(Model::config, ck.config());
+    check_memory_budget(config, ck.config().source, options.memory_limit, options.with_optimizer_state);
+    nn::Transformer<B> model(config);
+    load_weights(model, ck, options);
     return model;
 }
 

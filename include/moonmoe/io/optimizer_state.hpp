@@ -41,7 +41,7 @@ void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
         expected.insert(name);
         const TensorRecord& r = f.at(name);
         if (r.dtype != DType::f32 || r.shape != shape)
-            throw io_error(file.string() + ": '" + name + "' is " + std::string(dtype_name(r.dtype)) + " " +
+            throw io_error(file.string() + ": " + detail::quoted(name) + " is " + std::string(dtype_name(r.dtype)) + " " +
                            detail::format_shape(r.shape) + ", expected F32 " + detail::format_shape(shape));
         to_f32(r, out);
     };
@@ -53,7 +53,7 @@ void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
         }
     }
     for (const std::string& name : f.names())
-        if (!expected.count(name)) throw io_error(file.string() + ": state for an unknown parameter: '" + name + "'");
+        if (!expected.count(name)) throw io_error(file.string() + ": state for an unknown parameter: " + detail::quoted(name));
     opt.set_steps(std::stoll(step->second));
 }
 

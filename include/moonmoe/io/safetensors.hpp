@@ -25,6 +25,7 @@
 
 #include "../config/named.hpp"
 #include "../tensor/dtype.hpp"
+#include "detail/json.hpp"
 #include "detail/mapped_file.hpp"
 #include "error.hpp"
 
@@ -40,10 +41,11 @@ struct TensorRecord {
     std::vector<index_t> shape;
     std::span<const std::byte> bytes;
 
+    /// Elements; throws io_error if the shape is negative or overflows (a parsed header never is: it was checked).
     index_t numel() const {
-        index_t n = 1;
-        for (index_t d : shape) n *= d;
-        return n;
+        const auto n = checked_product(shape);
+        if (!n) throw io_error("tensor " + detail::quoted(name) + ": shape " + shape_string(shape) + " overflows");
+        return *n;
     }
 };
 
@@ -67,7 +69,7 @@ struct SafetensorsHeader {
 
 inline TensorRecord parse_tensor_entry(const std::string& where, const std::string& name, const nlohmann::json& e,
                                        std::span<const std::byte> data) {
-    const std::string at = where + ": tensor '" + name + "': ";
+    const std::string at = where + ": tensor " + detail::quoted(name) + ": ";
     if (!e.is_object()) throw io_error(at + "entry is not a JSON object");
     for (const char* key : {"dtype", "shape", "data_offsets"})
         if (!e.contains(key)) throw io_error(at + "entry has no '" + key + "'");
@@ -75,36 +77,54 @@ inline TensorRecord parse_tensor_entry(const std::string& where, const std::stri
     const auto& dtype_json = e["dtype"];
     if (!dtype_json.is_string()) throw io_error(at + "dtype is not a string");
     const auto dtype = parse_dtype(dtype_json.get_ref<const std::string&>());
-    if (!dtype) throw io_error(at + "unknown dtype '" + dtype_json.get<std::string>() + "'");
+    if (!dtype) throw io_error(at + "unknown dtype " + detail::quoted(dtype_json.get_ref<const std::string&>()));
 
     const auto& shape_json = e["shape"];
+    const auto shape_text = [&] { return json_excerpt(shape_json); };
     if (!shape_json.is_array()) throw io_error(at + "shape is not an array");
     std::vector<index_t> shape;
     std::uint64_t numel = 1;
     for (const auto& d : shape_json) {
         const auto v = json_nonnegative_integer(d);
         if (!v || *v > std::uint64_t(INT64_MAX))
-            throw io_error(at + "shape " + shape_json.dump() + " has an entry that is not a non-negative integer");
-        if (__builtin_mul_overflow(numel, *v, &numel)) throw io_error(at + "shape " + shape_json.dump() + " overflows");
+            throw io_error(at + "shape " + shape_text() + " has an entry that is not a non-negative integer");
+        if (__builtin_mul_overflow(numel, *v, &numel)) throw io_error(at + "shape " + shape_text() + " overflows");
         shape.push_back(index_t(*v));
     }
     std::uint64_t expected_bytes = 0;
     if (__builtin_mul_overflow(numel, std::uint64_t(dtype_size(*dtype)), &expected_bytes))
-        throw io_error(at + "shape " + shape_json.dump() + " overflows");
+        throw io_error(at + "shape " + shape_text() + " overflows");
 
     const auto& off = e["data_offsets"];
     std::optional<std::uint64_t> begin, end;
     if (off.is_array() && off.size() == 2) begin = json_nonnegative_integer(off[0]), end = json_nonnegative_integer(off[1]);
     if (!begin || !end)
-        throw io_error(at + "data_offsets " + off.dump() + " is not a pair of non-negative integers [begin, end]");
-    if (*begin > *end) throw io_error(at + "data_offsets " + off.dump() + " has begin > end");
+        throw io_error(at + "data_offsets " + json_excerpt(off) + " is not a pair of non-negative integers [begin, end]");
+    if (*begin > *end) throw io_error(at + "data_offsets " + json_excerpt(off) + " has begin > end");
     if (*end > data.size())
-        throw io_error(at + "data_offsets " + off.dump() + " end beyond the data section (" +
+        throw io_error(at + "data_offsets " + json_excerpt(off) + " end beyond the data section (" +
                        std::to_string(data.size()) + " bytes)");
     if (*end - *begin != expected_bytes)
         throw io_error(at + "holds " + std::to_string(*end - *begin) + " bytes but " + std::string(dtype_name(*dtype)) +
                        " " + format_shape(shape) + " needs " + std::to_string(expected_bytes));
     return TensorRecord{name, *dtype, std::move(shape), data.subspan(std::size_t(*begin), std::size_t(*end - *begin))};
+}
+
+/// The raw header bytes must be one JSON object as the reference writer makes it: starting with '{' (no byte-order
+/// mark, no leading padding), no NUL byte anywhere (the reference pads with spaces; a NUL would end the text for
+/// some parsers and hide what follows), and nesting at most max_json_depth deep.
+inline void check_header_text(std::string_view text, const std::string& where) {
+    if (text.starts_with("\xEF\xBB\xBF"))
+        throw io_error(where + ": safetensors header starts with a UTF-8 byte-order mark; it must start with '{'");
+    if (!text.starts_with('{'))
+        throw io_error(where + ": safetensors header must start with '{', found " +
+                       (text.empty() ? std::string("an empty header") : "byte " + detail::quoted(text.substr(0, 1))));
+    if (const auto nul = text.find('\0'); nul != std::string_view::npos)
+        throw io_error(where + ": safetensors header has a NUL byte at offset " + std::to_string(8 + nul) +
+                       " (a header may be padded with spaces only)");
+    if (const auto at = json_too_deep(text))
+        throw io_error(where + ": safetensors header nests deeper than " + std::to_string(max_json_depth) +
+                       " levels (at byte " + std::to_string(8 + *at) + ")");
 }
 
 /// Parses and validates the whole header of a mapped file; `where` (the path) prefixes every message.
@@ -120,13 +140,26 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
     if (n > max_safetensors_header)
         throw io_error(where + ": header length " + std::to_string(n) + " exceeds the format's limit of 100,000,000");
 
-    // Duplicate names would silently collapse in a JSON object; the parser callback sees every top-level key.
-    std::vector<std::string> keys;
+    const char* text = reinterpret_cast<const char*>(file.data() + 8);
+    check_header_text(std::string_view(text, std::size_t(n)), where);
+
+    // Duplicates would silently collapse in a JSON object (the last one wins): the parser callback sees every key
+    // of the top level (tensor names) and of each entry (dtype, shape, data_offsets; metadata keys).
+    std::vector<std::string> keys, entry_keys;
     const auto on_event = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (depth == 1 && event == nlohmann::json::parse_event_t::key) keys.push_back(parsed.get<std::string>());
+        using E = nlohmann::json::parse_event_t;
+        if (depth == 1 && event == E::key) keys.push_back(parsed.get<std::string>());
+        if (depth == 1 && event == E::object_start) entry_keys.clear();
+        if (depth == 2 && event == E::key) {
+            const auto& key = parsed.get_ref<const std::string&>();
+            if (std::find(entry_keys.begin(), entry_keys.end(), key) != entry_keys.end())
+                throw io_error(where + ": " +
+                               (keys.back() == "__metadata__" ? std::string("__metadata__") : "tensor " + detail::quoted(keys.back())) +
+                               ": field " + detail::quoted(key) + " appears twice");
+            entry_keys.push_back(key);
+        }
         return true;
     };
-    const char* text = reinterpret_cast<const char*>(file.data() + 8);
     nlohmann::json header;
     try {
         header = nlohmann::json::parse(text, text + n, on_event);
@@ -136,7 +169,7 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
     if (!header.is_object()) throw io_error(where + ": safetensors header is not a JSON object");
     std::sort(keys.begin(), keys.end());
     if (auto dup = std::adjacent_find(keys.begin(), keys.end()); dup != keys.end())
-        throw io_error(where + ": tensor '" + *dup + "' appears twice in the header");
+        throw io_error(where + ": tensor " + detail::quoted(*dup) + " appears twice in the header");
 
     SafetensorsHeader out;
     out.header_bytes = std::size_t(n);
@@ -145,7 +178,7 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
         if (name == "__metadata__") {
             if (!entry.is_object()) throw io_error(where + ": __metadata__ is not a JSON object");
             for (const auto& [k, v] : entry.items()) {
-                if (!v.is_string()) throw io_error(where + ": __metadata__ value of '" + k + "' is not a string");
+                if (!v.is_string()) throw io_error(where + ": __metadata__ value of " + detail::quoted(k) + " is not a string");
                 out.metadata.emplace(k, v.get<std::string>());
             }
             continue;
@@ -163,10 +196,11 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
     const TensorRecord* previous = nullptr;
     for (const TensorRecord* r : by_offset) {
         if (r->bytes.data() < expected)
-            throw io_error(where + ": tensors '" + previous->name + "' and '" + r->name + "' overlap in the data section");
+            throw io_error(where + ": tensors " + detail::quoted(previous->name) + " and " + detail::quoted(r->name) +
+                           " overlap in the data section");
         if (r->bytes.data() > expected)
             throw io_error(where + ": " + std::to_string(r->bytes.data() - expected) +
-                           " unused bytes in the data section before tensor '" + r->name + "'");
+                           " unused bytes in the data section before tensor " + detail::quoted(r->name));
         expected = r->bytes.data() + r->bytes.size();
         previous = r;
     }
@@ -207,7 +241,7 @@ public:
     /// The record of `name`; throws io_error naming the file, the tensor and the closest names present.
     const TensorRecord& at(std::string_view name) const {
         if (const TensorRecord* r = find(name)) return *r;
-        throw io_error(path_ + ": no tensor '" + std::string(name) + "'" + detail::closest_names(name, names()));
+        throw io_error(path_ + ": no tensor " + detail::quoted(name) + detail::closest_names(name, names()));
     }
 
     /// The "__metadata__" map (e.g. {"format": "pt"}); empty if the file has none.

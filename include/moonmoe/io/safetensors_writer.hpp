@@ -7,12 +7,11 @@
 //   - pads the JSON with spaces to a multiple of 8 bytes, so every tensor of 8-byte or smaller elements starts
 //     aligned and the file can be used in place.
 // Doing the same makes our files interchangeable with torch's `save_file` output (the tests compare against the
-// reference's own byte vectors). The file is written to a temporary name and renamed, so readers never see half
-// a checkpoint.
+// reference's own byte vectors). The file is replaced atomically (detail/atomic_file.hpp), so readers never see
+// half a checkpoint.
 #pragma once
 
 #include <algorithm>
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,13 +22,11 @@
 #include <string>
 #include <vector>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "../config/named.hpp"
 #include "../tensor/dtype.hpp"
+#include "detail/atomic_file.hpp"
 #include "error.hpp"
 
 namespace moonmoe {
@@ -59,41 +56,6 @@ constexpr int reference_dtype_rank(DType t) {
     return -1;
 }
 
-/// Writes all of `data` to `fd`, across partial writes and interrupts; false on error (errno set).
-inline bool write_all(int fd, const std::byte* data, std::size_t size) {
-    while (size > 0) {
-        const ssize_t n = ::write(fd, data, size);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return false;
-        }
-        data += n;
-        size -= std::size_t(n);
-    }
-    return true;
-}
-
-/// Writes `chunks` one after another to `path` through a temporary file in the same directory, fsync and rename,
-/// so that a reader sees either the old file or the whole new one. Throws io_error naming the path.
-inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> chunks) {
-    const std::string target = path.string();
-    const std::string temp = target + ".tmp." + std::to_string(::getpid());
-    const auto fail = [&](const std::string& what, int e) {
-        ::unlink(temp.c_str());
-        throw io_error(target + ": " + what + ": " + std::strerror(e));
-    };
-    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw io_error(target + ": cannot create " + temp + ": " + std::strerror(errno));
-    bool ok = true;
-    for (const auto& chunk : chunks)
-        if (ok) ok = write_all(fd, chunk.data(), chunk.size());
-    if (ok) ok = ::fsync(fd) == 0;
-    const int write_errno = errno;
-    if (::close(fd) != 0 && ok) fail("cannot write", errno);
-    if (!ok) fail("cannot write", write_errno);
-    if (::rename(temp.c_str(), target.c_str()) != 0) fail("cannot rename " + temp + " to it", errno);
-}
-
 }  // namespace detail
 
 /// Collects tensors (copying their bytes) and metadata, then writes one safetensors file.
@@ -101,7 +63,7 @@ class SafetensorsWriter {
 public:
     /// Adds a tensor; `bytes` must hold product(shape) * dtype_size(dtype) bytes, little-endian, row-major.
     void add(std::string name, DType dtype, std::vector<index_t> shape, std::span<const std::byte> bytes) {
-        const std::string at = "safetensors writer: tensor '" + name + "': ";
+        const std::string at = "safetensors writer: tensor " + detail::quoted(name) + ": ";
         if (name == "__metadata__") throw io_error(at + "the name is reserved for the metadata map");
         if (names_.count(name)) throw io_error(at + "added twice");
         std::size_t numel = 1;
@@ -156,8 +118,8 @@ public:
         return out;
     }
 
-    /// Writes the file at `path` (via a temporary file in the same directory, then rename); throws io_error naming
-    /// the path on failure, leaving any previous file at `path` untouched.
+    /// Writes the file at `path` (through an exclusively created temporary in the same directory, then rename);
+    /// throws io_error naming the path on failure, leaving any previous file at `path` untouched.
     void write(const std::filesystem::path& path) const {
         const auto order = layout_order();
         const std::string header = header_json(order);

@@ -44,9 +44,9 @@ struct ParamRef {
     float* value;
     float* grad;  ///< null for the router bias
     index_t numel() const {
-        index_t n = 1;
-        for (index_t d : shape) n *= d;
-        return n;
+        const auto n = checked_product(shape);
+        if (!n) throw shape_error("parameter '" + name + "': shape " + shape_string(shape) + " overflows");
+        return *n;
     }
 };
 

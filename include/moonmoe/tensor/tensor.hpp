@@ -90,7 +90,8 @@ public:
     explicit Tensor(Shape<Rank> s) : shape_(s) {
         for (index_t d : s)
             if (d < 0) throw shape_error("Tensor: negative extent in shape " + shape_string(s));
-        data_ = static_cast<T*>(backend::Memory<B>::allocate(bytes()));
+        const std::size_t n = checked_bytes(moonmoe::numel<Rank>(s), sizeof(T), "Tensor " + shape_string(s));
+        data_ = static_cast<T*>(backend::Memory<B>::allocate(n));
     }
     Tensor(std::initializer_list<index_t> s) : Tensor(to_shape(s)) {}
     ~Tensor() { backend::Memory<B>::release(data_); }
@@ -118,7 +119,7 @@ public:
     const Shape<Rank>& shape() const { return shape_; }
     index_t size(int d) const { return shape_[d]; }
     index_t numel() const { return moonmoe::numel<Rank>(shape_); }
-    std::size_t bytes() const { return std::size_t(numel()) * sizeof(T); }
+    std::size_t bytes() const { return checked_bytes(numel(), sizeof(T), "Tensor " + shape_string(shape_)); }
     bool empty() const { return numel() == 0; }
 
     View<T, Rank, B> view() { return {data_, shape_}; }

@@ -1,0 +1,291 @@
+// moonmoe/io/checkpoint_writer.hpp: save f32 tensors as one safetensors file, or as a whole checkpoint directory.
+//
+// write_checkpoint replaces a directory as a whole or not at all. The new checkpoint is built in a hidden sibling
+// directory with a random name (`.<dir>.tmp-<random>`), every file and that directory are fsync'ed, and one rename
+// puts it in place: renameat2(RENAME_EXCHANGE) swaps it with an existing checkpoint atomically (where the kernel
+// or filesystem cannot, the old one is renamed aside first, and back on failure). The parent is fsync'ed, then
+// the old tree removed. Any failure before the swap removes the temporary directory and leaves the old checkpoint
+// as it was; a reader that already mapped the old files keeps them.
+//
+// Replacing deletes the old directory, so an existing `dir` is replaced only if it holds nothing but checkpoint
+// files, all regular files (no subdirectories, no symlinks):
+//   - what the new checkpoint supersedes: config.json, model.safetensors, model.safetensors.index.json and the
+//     shards model-<i>-of-<n>.safetensors;
+//   - companions, copied into the new checkpoint unchanged: generation_config.json, the tokenizer files
+//     (tokenizer.json, tokenizer_config.json, tokenizer.model, tiktoken.model, special_tokens_map.json,
+//     added_tokens.json, vocab.json, merges.txt, chat_template.jinja / .json), remote code (configuration_*.py,
+//     modeling_*.py, tokenization_*.py), README.md, LICENSE and .gitattributes.
+// Anything else (an optimizer state, a log, a subdirectory) makes write_checkpoint refuse, naming the entry, and
+// change nothing: it never deletes a file it does not know. A symlink `dir` is followed (its target is replaced);
+// the parent directory must be writable, since the new tree is built there.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE, RENAME_NOREPLACE (glibc >= 2.28 with _GNU_SOURCE)
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../config/named.hpp"
+#include "../tensor/dtype.hpp"
+#include "detail/atomic_file.hpp"
+#include "detail/read_file.hpp"
+#include "error.hpp"
+#include "hf_config.hpp"
+#include "safetensors_writer.hpp"
+
+namespace moonmoe {
+
+/// One f32 tensor to save, by checkpoint name.
+struct NamedTensor {
+    std::string name;
+    std::vector<index_t> shape;
+    std::span<const float> values;
+};
+
+namespace detail {
+
+inline std::string_view torch_dtype_name(DType t) {
+    switch (t) {
+        case DType::f32: return "float32";
+        case DType::bf16: return "bfloat16";
+        case DType::f16: return "float16";
+        default: return "";
+    }
+}
+
+/// `tensors` in a writer, converted to `store` and checked (shape, size, name); errors start with `file`.
+inline SafetensorsWriter tensors_writer(const std::string& file, std::span<const NamedTensor> tensors, DType store) {
+    if (torch_dtype_name(store).empty())
+        throw io_error(file + ": cannot store tensors as " + std::string(dtype_name(store)) + "; use F32, BF16 or F16");
+    SafetensorsWriter writer;
+    writer.metadata("format", "pt");
+    std::vector<std::uint16_t> narrow;
+    for (const NamedTensor& t : tensors) {
+        try {
+            if (store == DType::f32) {
+                writer.add_f32(t.name, t.shape, t.values);
+                continue;
+            }
+            narrow.resize(t.values.size());
+            for (std::size_t i = 0; i < narrow.size(); ++i)
+                narrow[i] = store == DType::bf16 ? bf16::from_float(t.values[i]).bits : f16::from_float(t.values[i]).bits;
+            writer.add(t.name, store, t.shape, std::as_bytes(std::span<const std::uint16_t>(narrow)));
+        } catch (const io_error& e) {
+            throw io_error(file + ": " + e.what());
+        }
+    }
+    return writer;
+}
+
+/// What write_checkpoint does with an entry of the directory it replaces (see the top of this file).
+enum class CheckpointEntry { superseded, companion, foreign };
+
+inline CheckpointEntry classify_checkpoint_entry(std::string_view name) {
+    const auto digits = [](std::string_view s) {
+        return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
+    };
+    if (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json")
+        return CheckpointEntry::superseded;
+    if (name.starts_with("model-") && name.ends_with(".safetensors")) {  // model-00001-of-00163.safetensors
+        const std::string_view middle = name.substr(6, name.size() - 6 - 12);
+        const std::size_t of = middle.find("-of-");
+        if (of != std::string_view::npos && digits(middle.substr(0, of)) && digits(middle.substr(of + 4)))
+            return CheckpointEntry::superseded;
+    }
+    for (std::string_view companion :
+         {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tiktoken.model",
+          "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+          "chat_template.json", "README.md", "LICENSE", ".gitattributes"})
+        if (name == companion) return CheckpointEntry::companion;
+    for (std::string_view prefix : {"configuration_", "modeling_", "tokenization_"})
+        if (name.starts_with(prefix) && name.ends_with(".py")) return CheckpointEntry::companion;
+    return CheckpointEntry::foreign;
+}
+
+/// The companions of the existing checkpoint `dir` (nullopt if `dir` does not exist); throws io_error naming
+/// `where` and the entry if `dir` may not be replaced.
+inline std::optional<std::vector<std::string>> replaceable_checkpoint(const std::filesystem::path& dir,
+                                                                      const std::string& where) {
+    namespace fs = std::filesystem;
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0) {
+        const int e = errno;
+        if (e == ENOENT) return std::nullopt;
+        throw_system_error(where, "cannot stat", e);
+    }
+    if (!S_ISDIR(st.st_mode))
+        throw io_error(where + ": exists and is " + file_kind(st.st_mode) + ", not a checkpoint directory");
+    std::vector<std::string> companions;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        const auto refuse = [&](const std::string& why) {
+            throw io_error(where + ": holds " + detail::quoted(name) + ", " + why + "; write_checkpoint replaces a checkpoint " +
+                           "directory as a whole and will not delete it (move it, or write elsewhere)");
+        };
+        if (::lstat(it->path().c_str(), &st) != 0) {
+            const int e = errno;
+            throw_system_error(it->path().string(), "cannot stat", e);
+        }
+        if (!S_ISREG(st.st_mode)) refuse(std::string("which is ") + file_kind(st.st_mode));
+        const CheckpointEntry kind = classify_checkpoint_entry(name);
+        if (kind == CheckpointEntry::foreign) refuse("which is not a checkpoint file");
+        if (kind == CheckpointEntry::companion) companions.push_back(name);
+    }
+    if (ec) throw io_error(where + ": cannot list the directory: " + ec.message());
+    return companions;
+}
+
+/// Copies the regular file `from` to the new file `to` and fsyncs it.
+inline void copy_file_synced(const std::filesystem::path& from, const std::filesystem::path& to) {
+    std::error_code ec;
+    if (!std::filesystem::copy_file(from, to, ec) || ec)
+        throw io_error(from.string() + ": cannot copy into the new checkpoint: " + ec.message());
+    FileDescriptor fd(::open(to.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
+        const int e = errno;
+        throw_system_error(to.string(), "cannot sync", e);
+    }
+}
+
+/// Puts the directory `temp` in place of `name` (both in `parent`) with one rename; returns the name where the old
+/// directory now is (to be removed), or "" if there was none. On an error `name` is as before and `temp` is the
+/// new tree still. `exchange` false skips renameat2, to test the rename-aside path.
+inline std::string swap_in_directory(int parent, const std::string& temp, const std::string& name, bool existed,
+                                     const std::string& where, bool exchange = true) {
+    const auto unsupported = [](int e) { return e == EINVAL || e == ENOSYS || e == ENOTSUP; };
+#if defined(RENAME_EXCHANGE) && defined(RENAME_NOREPLACE)
+    if (exchange) {
+        if (::renameat2(parent, temp.c_str(), parent, name.c_str(), existed ? RENAME_EXCHANGE : RENAME_NOREPLACE) == 0)
+            return existed ? temp : std::string();
+        if (const int e = errno; !unsupported(e))
+            throw_system_error(where, "cannot rename the new checkpoint " + temp + " into place", e);
+    }
+#endif
+    (void)exchange;
+    (void)unsupported;
+    if (!existed) {  // plain rename: at worst it replaces an empty directory made meanwhile
+        if (::renameat(parent, temp.c_str(), parent, name.c_str()) != 0) {
+            const int e = errno;
+            throw_system_error(where, "cannot rename the new checkpoint " + temp + " into place", e);
+        }
+        return {};
+    }
+    std::string aside;
+    for (int attempt = 0;; ++attempt) {
+        aside = temporary_name(name + ".old");
+        if (::renameat(parent, name.c_str(), parent, aside.c_str()) == 0) break;
+        const int e = errno;
+        if ((e != EEXIST && e != ENOTEMPTY && e != ENOTDIR) || attempt == 100)
+            throw_system_error(where, "cannot move the old checkpoint aside", e);
+    }
+    if (::renameat(parent, temp.c_str(), parent, name.c_str()) != 0) {
+        const int e = errno;
+        ::renameat(parent, aside.c_str(), parent, name.c_str());
+        throw_system_error(where, "cannot rename the new checkpoint " + temp + " into place", e);
+    }
+    return aside;
+}
+
+/// `dir` made absolute and without a trailing separator; a symlink is resolved to the directory it names.
+inline std::filesystem::path checkpoint_target(const std::filesystem::path& dir, const std::string& where) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path target = fs::absolute(dir, ec).lexically_normal();
+    if (ec) throw io_error(where + ": " + ec.message());
+    if (!target.has_filename()) target = target.parent_path();  // "ckpt/" names ckpt
+    if (target.filename().empty() || target.filename() == "..")
+        throw io_error(where + ": not a directory name that write_checkpoint can replace");
+    if (fs::is_symlink(target, ec)) {
+        target = fs::canonical(target, ec);
+        if (ec) throw io_error(where + ": a symlink that does not resolve: " + ec.message());
+    }
+    return target;
+}
+
+}  // namespace detail
+
+/// Writes `tensors` to one safetensors file, stored as `store` (F32, or BF16 / F16 rounded to nearest even as
+/// torch rounds), with the metadata transformers writes ({"format": "pt"}). The file is replaced atomically.
+inline void write_tensors(const std::filesystem::path& file, std::span<const NamedTensor> tensors,
+                          DType store = DType::f32) {
+    detail::tensors_writer(file.string(), tensors, store).write(file);
+}
+
+/// Writes a checkpoint directory that Checkpoint and transformers can load: model.safetensors (as write_tensors)
+/// and config.json, the loaded document with quantization_config removed (the weights are no longer FP8, as
+/// DeepSeek's fp8_cast_bf16.py does) and torch_dtype set to the stored type. Creates `dir` and its parents if
+/// needed, and replaces an existing checkpoint there as a whole or not at all (rules at the top of this file).
+inline void write_checkpoint(const std::filesystem::path& dir, const HFConfig& config,
+                             std::span<const NamedTensor> tensors, DType store = DType::f32) {
+    namespace fs = std::filesystem;
+    const std::string where = dir.string();
+    // Everything that can be checked in memory is, before anything on disk changes.
+    const SafetensorsWriter weights = detail::tensors_writer((dir / "model.safetensors").string(), tensors, store);
+    nlohmann::json json = config.json;
+    json.erase("quantization_config");
+    json[json.contains("dtype") && !json.contains("torch_dtype") ? "dtype" : "torch_dtype"] =
+        std::string(detail::torch_dtype_name(store));
+    std::string text;
+    try {
+        text = json.dump(2) + "\n";
+    } catch (const nlohmann::json::exception& e) {  // a string that is not UTF-8
+        throw io_error((dir / "config.json").string() + ": cannot be written: " + e.what());
+    }
+
+    const fs::path target = detail::checkpoint_target(dir, where);
+    std::error_code ec;
+    fs::create_directories(target.parent_path(), ec);
+    if (ec) throw io_error(where + ": cannot create the directory " + target.parent_path().string() + ": " + ec.message());
+    const auto companions = detail::replaceable_checkpoint(target, where);
+    const std::string name = target.filename().string();
+    const detail::FileDescriptor parent = detail::open_directory(target.parent_path(), where);
+    const std::string temp = detail::create_temporary_directory(parent.get(), name, where);
+    const fs::path temp_path = target.parent_path() / temp;
+    std::string old;  // where the old checkpoint is after the swap
+    try {
+        try {
+            weights.write(temp_path / "model.safetensors");
+            const std::span<const std::byte> chunk = std::as_bytes(std::span(text.data(), text.size()));
+            detail::write_file_atomically(temp_path / "config.json", std::span(&chunk, 1));
+            for (const std::string& file : companions.value_or(std::vector<std::string>{}))
+                detail::copy_file_synced(target / file, temp_path / file);
+            detail::sync_directory(detail::open_directory(temp_path, where).get(), where);
+        } catch (const io_error& e) {  // e names the temporary directory
+            throw io_error(where + ": cannot write the new checkpoint; nothing changed: " + e.what());
+        }
+        old = detail::swap_in_directory(parent.get(), temp, name, companions.has_value(), where);
+    } catch (...) {
+        fs::remove_all(temp_path, ec);
+        throw;
+    }
+    // The new checkpoint is in place; make that durable before the old data goes.
+    const fs::path old_path = target.parent_path() / old;
+    try {
+        detail::sync_directory(parent.get(), where);
+    } catch (...) {
+        if (!old.empty()) fs::remove_all(old_path, ec);
+        throw;
+    }
+    if (!old.empty()) {
+        fs::remove_all(old_path, ec);
+        if (ec)
+            throw io_error(where + ": the new checkpoint is in place, but the old one, moved to " + old_path.string() +
+                           ", could not be removed: " + ec.message());
+    }
+}
+
+}  // namespace moonmoe
