@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moonmoe's build, tests, examples and benchmarks need.
 # A quick no-op (no apt-get update) when they are all installed already.
+# --fuzz adds what fuzz/run.sh needs: Clang 19, its runtime libraries (libFuzzer, ASan, UBSan) and
+# llvm-symbolizer (stack traces with names and lines).
 set -euo pipefail
 
 packages=(
@@ -10,6 +12,11 @@ packages=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   time
 )
+case "${1:-}" in
+  "") ;;
+  --fuzz) packages+=(clang-19 libclang-rt-19-dev llvm-19) ;;
+  *) echo "usage: bash cmake/install_deps.sh [--fuzz]" >&2; exit 2 ;;
+esac
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "install_deps.sh: not a Debian/Ubuntu system (no dpkg-query); install these yourself:" >&2

@@ -110,6 +110,19 @@ TEST_CASE("sizes whose products overflow or exceed memory are refused before any
         check_error([&] { load_transformer<AnyDeepSeekV3>(dir); },
                     {"num_attention_heads 4611686018427387904", "more elements than fit in 64 bits"});
     }
+    SUBCASE("a sum of fields beyond 64 bits (found by fuzz/hf_config)") {
+        for (const char* field : {"qk_nope_head_dim", "kv_lora_rank", "v_head_dim"}) {
+            nlohmann::json config = tiny_config();
+            config[field] = std::numeric_limits<std::int64_t>::max();
+            CAPTURE(field);
+            check_error([&] { check_memory_budget(parse_hf_config(config.dump()).model, "c.json", 1e9); },
+                        {"c.json", field, "overflows 64 bits"});
+        }
+        nlohmann::json config = tiny_config();
+        config["num_hidden_layers"] = two62;
+        check_error([&] { check_memory_budget(parse_hf_config(config.dump()).model, "c.json", 1e9); },
+                    {"e+", "parameters", "memory_limit"});
+    }
     SUBCASE("ten million layers") {
         nlohmann::json config = tiny_config();
         config["num_hidden_layers"] = 10'000'000;

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +93,13 @@ inline std::optional<double> available_memory_bytes() {
     return best;
 }
 
+/// A parameter count, which may exceed any integer type for a crafted config: "1.23e+23" beyond 2^53.
+inline std::string format_count(double n) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, n < 9.0e15 ? "%.0f" : "%.3g", n);
+    return buf;
+}
+
 inline std::string format_bytes(double bytes) {
     char buf[48];
     if (bytes >= 1e12) std::snprintf(buf, sizeof buf, "%.3g TB", bytes / 1e12);
@@ -121,6 +129,13 @@ inline MemoryEstimate estimate_model_memory(const ModelConfig& c, const std::str
             m.largest_tensor_elements = double(p.elements()), m.largest_tensor = p.describe();
     };
     const auto shape = [&](const char* tensor) { return detail::NamedProduct(source, tensor); };
+    // A sum of two fields, which a crafted file can also push past 64 bits (qk_nope_head_dim = INT64_MAX).
+    const auto sum = [&](index_t x, index_t y, const char* fields) {
+        if (x > std::numeric_limits<index_t>::max() - y)
+            throw io_error(source + ": " + fields + " = " + std::to_string(x) + " + " + std::to_string(y) +
+                           " overflows 64 bits");
+        return x + y;
+    };
     const double layers = double(std::max<index_t>(L, 0)), dense = double(std::max<index_t>(D, 0));
     const double moe_layers = std::max(0.0, layers - dense);
 
@@ -129,7 +144,7 @@ inline MemoryEstimate estimate_model_memory(const ModelConfig& c, const std::str
     add(shape("model.norm.weight").times(H, "hidden_size"), 1, false);
     add(shape("input_layernorm.weight").times(H, "hidden_size"), 2 * layers, false);
 
-    const index_t dqk = a.nope_dim + a.rope_dim;
+    const index_t dqk = sum(a.nope_dim, a.rope_dim, "qk_nope_head_dim + qk_rope_head_dim");
     if (a.q_rank > 0) {
         add(shape("self_attn.q_a_proj.weight").times(a.q_rank, "q_lora_rank").times(H, "hidden_size"), layers, true);
         add(shape("self_attn.q_a_layernorm.weight").times(a.q_rank, "q_lora_rank"), layers, false);
@@ -146,13 +161,13 @@ inline MemoryEstimate estimate_model_memory(const ModelConfig& c, const std::str
             layers, true);
     }
     add(shape("self_attn.kv_a_proj_with_mqa.weight")
-            .times(a.kv_rank + a.rope_dim, "(kv_lora_rank + qk_rope_head_dim)")
+            .times(sum(a.kv_rank, a.rope_dim, "kv_lora_rank + qk_rope_head_dim"), "(kv_lora_rank + qk_rope_head_dim)")
             .times(H, "hidden_size"),
         layers, true);
     add(shape("self_attn.kv_a_layernorm.weight").times(a.kv_rank, "kv_lora_rank"), layers, false);
     add(shape("self_attn.kv_b_proj.weight")
             .times(a.heads, "num_attention_heads")
-            .times(a.nope_dim + a.v_dim, "(qk_nope_head_dim + v_head_dim)")
+            .times(sum(a.nope_dim, a.v_dim, "qk_nope_head_dim + v_head_dim"), "(qk_nope_head_dim + v_head_dim)")
             .times(a.kv_rank, "kv_lora_rank"),
         layers, true);
     add(shape("self_attn.o_proj.weight")
@@ -186,8 +201,8 @@ inline MemoryEstimate check_memory_budget(const ModelConfig& c, const std::strin
     if (!limit) limit = detail::available_memory_bytes();
     if (limit && m.total_bytes() > *limit)
         throw io_error(source + ": the model needs " + detail::format_bytes(m.total_bytes()) + " (" +
-                       detail::format_bytes(m.values_bytes) + " of FP32 values for " +
-                       std::to_string(static_cast<long long>(m.parameters)) + " parameters, " +
+                       detail::format_bytes(m.values_bytes) + " of FP32 values for " + detail::format_count(m.parameters) +
+                       " parameters, " +
                        detail::format_bytes(m.gradient_bytes) + " of gradients" +
                        (with_optimizer_state ? ", " + detail::format_bytes(m.optimizer_bytes) + " of optimizer state" : "") +
                        "; the largest tensor is " + m.largest_tensor + "), more than the " +
