@@ -4,7 +4,8 @@
 #   bash bench/run_suite.sh [--quick] [--threads N] [--min-time SECONDS] [--out FILE] [--family NAME]...
 #
 #   --quick      only the small shapes (each file's `bench-smoke-filter`), about a minute
-#   --threads    threads on our side (and recorded for bench/compare.py); default: every core
+#   --threads    threads on our side (and recorded for bench/compare.py); default: the library's
+#                (moonmoe::default_threads(): the CPUs of the affinity mask, within the cgroup CPU quota)
 #   --min-time   Google Benchmark's minimum time per benchmark (default 0.5; long ones run once)
 #   --out        default bench/results/moonmoe.json
 #   --family     run only these families (gemm rmsnorm rope mla router moe layer ns muon qk_clip adamw)
@@ -19,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 families_all=(gemm rmsnorm rope mla router moe layer ns muon qk_clip adamw)
 families=()
 quick=0
-threads=$(nproc)
+threads=
 min_time=0.5
 out=bench/results/moonmoe.json
 while (( $# )); do
@@ -29,7 +30,7 @@ while (( $# )); do
     --min-time) min_time=$2; shift ;;
     --out) out=$2; shift ;;
     --family) families+=("$2"); shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "run_suite.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -54,14 +55,14 @@ fi
 parts=$(mktemp -d)
 trap 'rm -rf "$parts"' EXIT
 mkdir -p "$(dirname "$out")"
-export MOONMOE_BENCH_THREADS=$threads
+if [[ -n $threads ]]; then export MOONMOE_BENCH_THREADS=$threads; else unset MOONMOE_BENCH_THREADS; fi
 for f in "${families[@]}"; do
   args=(--benchmark_min_time="$min_time_arg" --benchmark_out="$parts/$f.json" --benchmark_out_format=json)
   if (( quick )); then
     filter=$(sed -n 's|^[[:space:]]*//[[:space:]]*bench-smoke-filter:[[:space:]]*\(.*[^[:space:]]\)[[:space:]]*$|\1|p' "bench/$f.cpp" | head -1)
     [[ -n $filter ]] && args+=(--benchmark_filter="$filter")
   fi
-  echo "==== [$(date '+%T')] bench_$f (threads $threads)" >&2
+  echo "==== [$(date '+%T')] bench_$f (threads ${threads:-default})" >&2
   /usr/bin/time -v -o "$parts/$f.time" "build/bench/bench_$f" "${args[@]}"
 done
 

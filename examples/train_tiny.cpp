@@ -4,6 +4,7 @@
 // and 12.
 //
 //   train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--threads N] [--out DIR]
+// --seed N (default 7) picks the initial weights and the batches (the same for both runs).
 // The model is small enough that one thread (the default) beats two: its matrices are 128 wide.
 // Writes DIR/train_tiny.csv (step, loss, max logit per layer, heads clipped, for both runs) and DIR/train_tiny.png.
 #include <chrono>
@@ -46,6 +47,7 @@ int main(int argc, char** argv) try {
         else if (!std::strcmp(argv[i], "--steps")) o.steps = std::stol(value("--steps"));
         else if (!std::strcmp(argv[i], "--lr")) o.lr = std::stod(value("--lr"));
         else if (!std::strcmp(argv[i], "--tau")) o.tau = std::stod(value("--tau"));
+        else if (!std::strcmp(argv[i], "--seed")) o.seed = std::stoull(value("--seed"));
         else if (!std::strcmp(argv[i], "--out")) out = value("--out");
         else if (!std::strcmp(argv[i], "--threads")) threads = std::stoi(value("--threads"));
         else throw std::invalid_argument(std::string("unknown argument '") + argv[i] +
@@ -103,18 +105,21 @@ int main(int argc, char** argv) try {
     write_png(png, fig);
 
     float peak[2] = {0, 0}, forward_peak[2] = {0, 0};
-    moonmoe::index_t clipped = 0;
+    moonmoe::index_t clipped = 0, exhausted = 0;
     for (int r = 0; r < 2; ++r)
         for (const auto& l : runs[r]) {
             peak[r] = std::max(peak[r], l.max_logit_after), forward_peak[r] = std::max(forward_peak[r], l.max_logit);
-            if (r == 1) clipped += l.heads_clipped;
+            if (r == 1) clipped += l.heads_clipped, exhausted += l.clip_exhausted;
         }
     std::printf("Muon alone: max logit after a step peaks at %.2f (%.2f x tau); final loss %.4f (mean of the last 20 "
                 "steps)\n", peak[0], peak[0] / o.tau, mean_tail(runs[0], 20));
-    std::printf("MuonClip:   max logit after a step peaks at %.2f (%.4f x tau), %ld head clips; the next batch's "
+    std::printf("MuonClip:   max logit after a step peaks at %.2f (%.6f x tau), %ld head clips; the next batch's "
                 "forward saw at most %.2f; final loss %.4f (%+.1f%%)\n",
                 peak[1], peak[1] / o.tau, long(clipped), forward_peak[1], mean_tail(runs[1], 20),
                 100.0 * (mean_tail(runs[1], 20) / mean_tail(runs[0], 20) - 1.0));
+    if (exhausted > 0)  // the clip loop's promise did not hold on these steps: say so, never silently
+        std::printf("MuonClip:   on %ld steps QK-Clip ran out of re-measure rounds with a head above tau\n",
+                    long(exhausted));
     std::printf("wrote %s and %s\n", csv.c_str(), png.c_str());
     return 0;
 } catch (const std::exception& e) {

@@ -55,6 +55,7 @@ struct StepLog {
     std::vector<float> layer_max;    ///< per layer
     index_t heads_clipped;
     float max_logit_after = NAN;     ///< on the same batch, with the weights this step left (measure_after_step)
+    bool clip_exhausted = false;     ///< QK-Clip's re-measure ran out of rounds with a head over tau
 };
 
 inline std::vector<index_t> read_bytes(const std::string& path) {
@@ -65,55 +66,70 @@ inline std::vector<index_t> read_bytes(const std::string& path) {
     return ids;
 }
 
-/// One run; `clip` selects MuonClip, else Muon alone. progress(step, log) is called after every step.
-inline std::vector<StepLog> run(const Options& o, bool clip, const std::function<void(const StepLog&)>& progress = {}) {
-    const std::vector<index_t> text = read_bytes(o.text);
-    if (index_t(text.size()) < o.seq + 1)
-        throw std::runtime_error(o.text + ": " + std::to_string(text.size()) + " bytes, fewer than one sequence of " +
-                                 std::to_string(o.seq));
-    moonmoe::nn::Transformer<> model(TinyModel::config);
-    std::uint64_t seed = o.seed;
-    model.visit_params([&](const moonmoe::ParamRef& p) {  // N(0, 1/fan_in), gains 1, bias 0
-        if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
-        const float std_dev = p.kind == moonmoe::ParamKind::embedding ? 1.0f : 1.0f / std::sqrt(float(p.shape.back()));
-        moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(moonmoe::View<float, 2>(p.value, {1, p.numel()}), 0.0f,
-                                                          std_dev, seed++);
-    });
-    moonmoe::optim::Optimizer<TinyModel::optimizer> opt(model);
-    opt.config.muon.learning_rate = opt.config.adamw.learning_rate = o.lr;
-    opt.config.schedule = {o.warmup, o.steps, 0, 1.0};
-    opt.config.qk_clip.enabled = clip;
-    opt.config.qk_clip.tau = o.tau;
-    opt.bias_update_rate = o.bias_rate;
+/// One run's state: the model initialised from the seed, its optimizer, and the stream of batches (the same for
+/// both runs of a seed). step() trains on the next batch.
+class Trainer {
+public:
+    moonmoe::nn::Transformer<> model{TinyModel::config};
+    moonmoe::optim::Optimizer<TinyModel::optimizer> opt{model};
+    const moonmoe::nn::TokenLayout layout;
+    moonmoe::optim::StepReport report;  ///< of the last step
 
-    const auto layout = moonmoe::nn::TokenLayout::sequences(o.batch, o.seq);
-    std::vector<index_t> ids(static_cast<std::size_t>(o.batch * o.seq));
-    std::uint64_t state = o.seed * 0x9E3779B97F4A7C15ull + 1;  // the same batches for both runs
-    std::vector<StepLog> history;
-    for (index_t step = 0; step < o.steps; ++step) {
-        for (index_t b = 0; b < o.batch; ++b) {
-            state = state * 6364136223846793005ull + 1442695040888963407ull;
-            const index_t start = index_t((state >> 17) % std::uint64_t(text.size() - o.seq));
-            std::copy(text.begin() + start, text.begin() + start + o.seq, ids.begin() + b * o.seq);
+    /// `clip` selects MuonClip, else Muon alone.
+    Trainer(const Options& o, bool clip)
+        : layout(moonmoe::nn::TokenLayout::sequences(o.batch, o.seq)), o_(o), text_(read_bytes(o.text)),
+          ids_(static_cast<std::size_t>(o.batch * o.seq)), state_(o.seed * 0x9E3779B97F4A7C15ull + 1) {
+        if (index_t(text_.size()) < o.seq + 1)
+            throw std::runtime_error(o.text + ": " + std::to_string(text_.size()) + " bytes, fewer than one sequence of " +
+                                     std::to_string(o.seq));
+        std::uint64_t seed = o.seed;
+        model.visit_params([&](const moonmoe::ParamRef& p) {  // N(0, 1/fan_in), gains 1, bias 0
+            if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
+            const float std_dev = p.kind == moonmoe::ParamKind::embedding ? 1.0f : 1.0f / std::sqrt(float(p.shape.back()));
+            moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(moonmoe::View<float, 2>(p.value, {1, p.numel()}), 0.0f,
+                                                              std_dev, seed++);
+        });
+        opt.config.muon.learning_rate = opt.config.adamw.learning_rate = o.lr;
+        opt.config.schedule = {o.warmup, o.steps, 0, 1.0};
+        opt.config.qk_clip.enabled = clip;
+        opt.config.qk_clip.tau = o.tau;
+        opt.bias_update_rate = o.bias_rate;
+    }
+
+    Trainer(const Trainer&) = delete;  // the optimizer holds the model's parameters by address
+    Trainer& operator=(const Trainer&) = delete;
+
+    /// The batch of the last step (token ids laid out as `layout`).
+    const std::vector<index_t>& batch() const { return ids_; }
+
+    /// One training step on the next batch: forward and backward, then the optimizer step (MuonClip re-measures
+    /// on this batch when clip_after_update), then the optional measurement after the step.
+    StepLog step() {
+        for (index_t b = 0; b < o_.batch; ++b) {
+            state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+            const index_t start = index_t((state_ >> 17) % std::uint64_t(text_.size() - o_.seq));
+            std::copy(text_.begin() + start, text_.begin() + start + o_.seq, ids_.begin() + b * o_.seq);
         }
         model.zero_grad();
-        StepLog log{step + 1, model.train_step(ids.data(), layout), -INFINITY, {}, 0};
+        StepLog log{++steps_, model.train_step(ids_.data(), layout), -INFINITY, {}, 0};
         for (auto& layer : model.layers) {
             const auto& m = layer.self_attn.max_logit_per_head;
             log.layer_max.push_back(*std::max_element(m.begin(), m.end()));
             log.max_logit = std::max(log.max_logit, log.layer_max.back());
         }
         std::function<void()> remeasure;
-        if (o.clip_after_update)
+        if (o_.clip_after_update)
             remeasure = [&] {  // forward only: the maxima of the updated weights on this batch
                 moonmoe::nn::Transformer<>::Cache cache;
-                model.forward(ids.data(), layout, cache);
+                model.forward(ids_.data(), layout, cache);
             };
-        const moonmoe::optim::StepReport r = opt.step(remeasure);
-        log.heads_clipped = r.clip.total();
-        if (o.measure_after_step) {
+        report = opt.step(remeasure);
+        log.heads_clipped = report.clip.total();
+        log.clip_exhausted = report.clip_exhausted;
+        if (o_.measure_after_step) {
+            const moonmoe::optim::UncountedForwards measuring(model);  // a measurement: the router loads stay as they are
             moonmoe::nn::Transformer<>::Cache cache;
-            model.forward(ids.data(), layout, cache);
+            model.forward(ids_.data(), layout, cache);
             log.max_logit_after = -INFINITY;
             for (auto& layer : model.layers) {
                 const auto& m = layer.self_attn.max_logit_per_head;
@@ -121,8 +137,23 @@ inline std::vector<StepLog> run(const Options& o, bool clip, const std::function
                 layer.self_attn.reset_max_logits();  // the next step's forward records afresh
             }
         }
-        history.push_back(log);
-        if (progress) progress(log);
+        return log;
+    }
+
+private:
+    Options o_;
+    std::vector<index_t> text_, ids_;
+    std::uint64_t state_;
+    index_t steps_ = 0;
+};
+
+/// One run; `clip` selects MuonClip, else Muon alone. progress(step, log) is called after every step.
+inline std::vector<StepLog> run(const Options& o, bool clip, const std::function<void(const StepLog&)>& progress = {}) {
+    Trainer t(o, clip);
+    std::vector<StepLog> history;
+    for (index_t step = 0; step < o.steps; ++step) {
+        history.push_back(t.step());
+        if (progress) progress(history.back());
     }
     return history;
 }

@@ -1,7 +1,8 @@
 // bench/support/suite.hpp: what every benchmark of the suite shares (bench/SUITE.md).
 //
-// - The thread count: MOONMOE_BENCH_THREADS, or every core; set once, before anything runs, and written into the
-//   JSON context so the PyTorch side can use the same.
+// - The thread count: MOONMOE_BENCH_THREADS, or the library's default (moonmoe::default_threads(): the CPUs this
+//   process may use, after its affinity mask and cgroup quota); set once, before anything runs, and written into
+//   the JSON context (with where it came from) so the PyTorch side can use the same.
 // - This machine's SGEMM rate, measured by the same binary at start-up (our GEMM, 2048^3 float, best of 3), the
 //   denominator of every `of_sgemm` counter (recorded in the JSON context as sgemm_GFLOP/s).
 // - measure(): times the benchmark loop itself and sets the counters FLOP/s, bytes/s, of_sgemm and peak_MiB (the
@@ -44,9 +45,15 @@ inline int threads() {
             }
             return int(v);
         }
-        return int(std::max(1u, std::thread::hardware_concurrency()));
+        return moonmoe::default_threads().count;
     }();
     return n;
+}
+
+/// Where threads() came from, for the JSON context.
+inline std::string threads_source() {
+    if (const char* s = std::getenv("MOONMOE_BENCH_THREADS"); s && *s) return "MOONMOE_BENCH_THREADS";
+    return moonmoe::default_threads().describe();
 }
 
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -192,6 +199,7 @@ inline int main(int argc, char** argv) {
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
     register_benchmarks();
     benchmark::AddCustomContext("threads", std::to_string(threads()));
+    benchmark::AddCustomContext("threads_source", threads_source());
     benchmark::AddCustomContext("moonmoe_build", build_description());
     char rate[64];
     std::snprintf(rate, sizeof rate, "%.1f", sgemm_rate() * 1e-9);

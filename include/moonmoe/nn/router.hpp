@@ -7,7 +7,9 @@
 //           differs only when every kept choice is negative)
 //   idx = top-k(choice); w = s[idx]; w /= sum(w) + 1e-20 (NormTopK); w *= RoutedScale
 // The gradient reaches W and u through the unbiased scores s of the chosen experts (selection is discrete).
-// The correction bias gets no gradient; update_bias() moves it by gamma * sign(mean load - load).
+// The correction bias gets no gradient; update_bias() moves it by gamma * sign(mean load - load), from the tokens
+// that the training forwards routed: forwards run with count_load off (measurements, such as the optimizer's
+// QK-Clip re-measure) leave the counts alone.
 // The optional sequence-wise balance loss alpha * sum_i f_i P_i adds its gradient through s.
 #pragma once
 
@@ -38,7 +40,8 @@ struct Router {
     MoEConfig cfg{};
     Param<2, B> weight;  ///< mlp.gate.weight [experts, hidden]
     Param<1, B> bias;    ///< mlp.gate.e_score_correction_bias [experts]; no gradient
-    std::vector<index_t> load;  ///< tokens routed to each expert since the last update_bias()
+    std::vector<index_t> load;  ///< tokens routed to each expert by counted forwards since the last update_bias()
+    bool count_load = true;     ///< false: forward leaves `load` alone (a measurement, not a training forward)
     float balance_alpha = 0.0f;  ///< weight of the sequence-wise balance loss (0: off)
     /// When set, forward uses these experts (t * K + j) instead of selecting: the routing weights stay smooth
     /// functions of the input, which is what a finite-difference check of the gradient needs.
@@ -109,7 +112,8 @@ struct Router {
                 r.weight[t * K + j] = w * float(cfg.routed_scale);
             }
         });
-        for (index_t i = 0; i < T * K; ++i) ++load[r.idx[i]];
+        if (count_load)
+            for (index_t i = 0; i < T * K; ++i) ++load[r.idx[i]];
     }
 
     /// Sequence-wise balance loss alpha * sum_i f_i P_i averaged over the sequences of `layout`; keeps its gradient
@@ -178,8 +182,11 @@ struct Router {
             const double diff = mean - double(load[e]);
             b[e] += gamma * float((diff > 0) - (diff < 0));
         }
-        std::fill(load.begin(), load.end(), index_t{0});
+        reset_load();
     }
+
+    /// Forgets the counts without moving the bias (a step skipped for non-finite gradients discards its forwards).
+    void reset_load() { std::fill(load.begin(), load.end(), index_t{0}); }
 
     void visit_params(const std::string& name, const ParamVisitor& f) {
         visit(name + ".weight", weight, f);

@@ -3,12 +3,21 @@
 //
 // Each parameter is routed by its ParamKind (overridable): matrices and expert matrices to Muon (each expert on its
 // own), embeddings, the output head and norm gains to AdamW, the router's correction bias to neither (it moves by
-// the balancing rule, bias_update_rate). step() applies the learning-rate schedule, updates every parameter, then
-// runs QK-Clip on the maxima the forwards since the last step recorded, and reports what it did.
+// the balancing rule, bias_update_rate). step(), in this order:
+//   1. checks every gradient it will step for NaN / +-Inf; if one has any, the whole step is skipped and reported;
+//   2. applies the learning-rate schedule and updates every parameter (Muon, AdamW);
+//   3. moves the router biases by the balancing rule, from the tokens the training forwards routed;
+//   4. QK-Clip, the last thing that changes a weight: with `remeasure`, measure and clip until a measured forward
+//      of the weights the step leaves has every head at or below tau.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstdint>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,10 +44,65 @@ inline Route route_by_kind(const ParamRef& p, bool muon_enabled) {
 }
 
 struct StepReport {
-    long long step = 0;  ///< steps taken, this one included
+    long long step = 0;  ///< steps taken, this one included (a skipped step is not taken)
     double muon_lr = 0, adamw_lr = 0;
+    /// Heads clipped per layer (summed over the re-measure rounds) and the maxima the first clip acted on.
     ClipReport clip;
+    /// With `remeasure`: the measure-and-clip rounds run, and the per-layer maxima of the last measured forward.
+    /// When clip_exhausted is false, that forward clipped nothing, so these are the maxima of the weights the step
+    /// leaves, every one at or below tau.
+    int clip_rounds = 0;
+    std::vector<float> max_logit_remeasured;
+    /// The rounds ran out with a head still over tau at the last measurement (which was then clipped once more):
+    /// the weights are not known to be at or below tau.
+    bool clip_exhausted = false;
+    /// 1 when a stepped gradient held a NaN or an infinity: nothing changed (no weight, no optimizer state, no step
+    /// count, no router bias, no QK-Clip); nonfinite_param names the first such parameter in visit order.
+    index_t skipped_nonfinite = 0;
+    std::string nonfinite_param;
 };
+
+/// While alive, forwards of `model` are measurements: no router counts their tokens toward the balancing update.
+/// The optimizer holds one around QK-Clip's re-measure; hold one around any other forward that is not training
+/// (an evaluation, a log of the maximum logit), or its tokens move the router biases at the next step.
+template <class B = cpu>
+class UncountedForwards {
+public:
+    explicit UncountedForwards(nn::Transformer<B>& model) : model_(model) {
+        for (auto& layer : model_.layers)
+            if (!layer.dense) saved_.push_back(std::exchange(layer.moe.gate.count_load, false));
+    }
+    ~UncountedForwards() {
+        std::size_t i = 0;
+        for (auto& layer : model_.layers)
+            if (!layer.dense) layer.moe.gate.count_load = saved_[i++];
+    }
+    UncountedForwards(const UncountedForwards&) = delete;
+    UncountedForwards& operator=(const UncountedForwards&) = delete;
+
+private:
+    nn::Transformer<B>& model_;
+    std::vector<bool> saved_;
+};
+
+namespace detail {
+/// True when none of the n floats is a NaN or an infinity (exponent bits all ones). Integer tests over fixed-size
+/// chunks, so the compiler vectorises them without -ffast-math (a float compare or std::isfinite loop does not);
+/// returns at the first chunk that holds a bad value.
+inline bool all_finite(const float* x, index_t n) {
+    constexpr index_t chunk = 256;
+    constexpr std::uint32_t exponent = 0x7f800000u;
+    index_t i = 0;
+    for (; i + chunk <= n; i += chunk) {
+        std::uint32_t bad = 0;
+        for (index_t j = 0; j < chunk; ++j) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(x[i + j]) & exponent) == exponent);
+        if (bad) return false;
+    }
+    for (; i < n; ++i)
+        if ((std::bit_cast<std::uint32_t>(x[i]) & exponent) == exponent) return false;
+    return true;
+}
+}  // namespace detail
 
 template <class Config = moonmoe::Optimizer<>, class B = cpu>
 class Optimizer {
@@ -65,14 +129,23 @@ public:
                 throw std::invalid_argument("Optimizer: " + p.name + " is routed to Muon but is not a matrix");
             if (s.route != Route::none && !p.grad)
                 throw std::invalid_argument("Optimizer: " + p.name + " has no gradient to step with");
-            if (s.route == Route::muon) s.momentum.assign(std::size_t(p.numel()), 0.0f);
-            if (s.route == Route::adamw) s.exp_avg.assign(std::size_t(p.numel()), 0.0f), s.exp_avg_sq = s.exp_avg;
+            const index_t n = p.numel();
+            if (s.route == Route::muon) s.momentum.assign(std::size_t(n), 0.0f);
+            if (s.route == Route::adamw) s.exp_avg.assign(std::size_t(n), 0.0f), s.exp_avg_sq = s.exp_avg;
+            if (s.route != Route::none)
+                for (index_t lo = 0; lo < n; lo += scan_block) scan_.push_back({slots_.size(), lo, std::min(scan_block, n - lo)});
             slots_.push_back(std::move(s));
         });
     }
 
+    /// Steps taken. A step skipped for a non-finite gradient does not count, so it advances neither the
+    /// learning-rate schedule nor AdamW's bias correction (as torch.amp.GradScaler skips optimizer.step()).
     long long steps() const { return step_; }
     void set_steps(long long t) { step_ = t; }
+    /// Steps skipped for a NaN or an infinity in a gradient, since construction.
+    long long skipped_nonfinite_steps() const { return skipped_nonfinite_; }
+    /// Steps whose QK-Clip re-measure ran out of rounds with a head over tau, since construction.
+    long long clip_exhausted_steps() const { return clip_exhausted_; }
     std::vector<Slot>& slots() { return slots_; }
 
     /// The learning rates the next step will use (the schedule at this step).
@@ -81,17 +154,37 @@ public:
         return {config.muon.learning_rate * f, config.adamw.learning_rate * f};
     }
 
-    /// Updates every parameter from its accumulated gradient, then QK-Clip (if configured) and bias balancing.
-    /// Gradients are left as they are: zero them (model.zero_grad()) before the next accumulation.
+    /// One optimizer step from the accumulated gradients (the order is in the header comment). Gradients are left
+    /// as they are: zero them (model.zero_grad()) before the next accumulation.
     ///
-    /// QK-Clip uses the maxima the forwards recorded before the update (Algorithm 1), so the update itself, and the
-    /// clip of earlier layers changing later layers' inputs, can leave a head slightly above tau. Given
-    /// `remeasure` (re-run the step's forwards, no backward), the clip instead uses maxima measured after the
-    /// update and repeats, up to `rounds` times, until every head of that batch is at or below tau.
+    /// Non-finite gradients: if any stepped gradient holds a NaN or an infinity, nothing is changed and the report
+    /// says so (skipped_nonfinite, nonfinite_param). The forwards' statistics (maxima, router loads) are dropped
+    /// too, since they may come from the same non-finite activations.
+    ///
+    /// QK-Clip without `remeasure` is Algorithm 1 as written: it clips by the maxima the forwards recorded before
+    /// the update, so the update, the new router biases, and the clip of earlier layers changing later layers'
+    /// inputs can all leave a head above tau. With `remeasure` (re-run the step's forwards, no backward) each round
+    /// measures the weights as they now are (updated, biases moved, clipped so far) and clips by those maxima, until
+    /// a round clips nothing: that round's forward is one of the exact weights the step leaves, with every head at
+    /// or below tau. At most `rounds` rounds; running out is reported (clip_exhausted). Re-measure forwards do not
+    /// count toward the router loads, and the maxima are reset at the end for the next step's forwards.
     StepReport step(const std::function<void()>& remeasure = {}, int rounds = 10) {
+        if (remeasure && rounds < 1)
+            throw std::invalid_argument("Optimizer::step: rounds must be at least 1 with remeasure (got " +
+                                        std::to_string(rounds) + ")");
         StepReport r;
         std::tie(r.muon_lr, r.adamw_lr) = learning_rates();
-        ++step_;
+        if (const Slot* bad = first_nonfinite_gradient()) {
+            r.step = step_;
+            r.skipped_nonfinite = 1;
+            r.nonfinite_param = bad->param.name;
+            ++skipped_nonfinite_;
+            reset_max_logits();
+            for (auto& layer : model_.layers)
+                if (!layer.dense) layer.moe.gate.reset_load();
+            return r;
+        }
+        r.step = ++step_;
         for (Slot& s : slots_) {
             if (s.route == Route::muon) {
                 const index_t rows = s.param.shape[0], cols = s.param.shape[1];
@@ -104,24 +197,12 @@ public:
                               s.exp_avg_sq.data(), s.param.numel());
             }
         }
-        r.step = step_;
-        if (config.qk_clip.enabled && remeasure) {
-            for (int round = 0; round < rounds; ++round) {
-                reset_max_logits();
-                remeasure();
-                const ClipReport c = apply_qk_clip(model_, config.qk_clip);
-                if (round == 0) r.clip = c;
-                else for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
-                if (c.total() == 0) break;
-            }
-        } else if (config.qk_clip.enabled) {
-            r.clip = apply_qk_clip(model_, config.qk_clip);
-        } else {
-            reset_max_logits();
-        }
-        if (bias_update_rate != 0.0f)
+        if (bias_update_rate != 0.0f)  // before QK-Clip: a bias changes the routing, so what later layers see
             for (auto& layer : model_.layers)
                 if (!layer.dense) layer.moe.gate.update_bias(bias_update_rate);
+        if (config.qk_clip.enabled && remeasure) clip_until_at_most_tau(remeasure, rounds, r);
+        else if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip);
+        else reset_max_logits();
         return r;
     }
 
@@ -134,10 +215,52 @@ private:
         NSWorkspace<float, B> ns;
         Tensor<float, 2, B> u, o;
     };
+    /// A piece of one slot's gradient for the non-finite scan.
+    struct ScanBlock {
+        std::size_t slot;
+        index_t offset, length;
+    };
+    static constexpr index_t scan_block = 16384;
+
+    /// The first slot (in visit order) whose gradient holds a NaN or an infinity, or null. One parallel loop over
+    /// blocks of every stepped gradient, so many small tensors and a few large ones both keep the threads busy;
+    /// a block of a slot after the first bad one found so far is not read, so the scan ends early after a find,
+    /// yet the slot reported is the first bad one whatever the thread timing.
+    const Slot* first_nonfinite_gradient() const {
+        std::atomic<std::size_t> first{slots_.size()};
+        backend::Ops<B>::for_each(index_t(scan_.size()), [&](index_t k) {
+            const ScanBlock& b = scan_[std::size_t(k)];
+            if (b.slot >= first.load(std::memory_order_relaxed)) return;
+            if (detail::all_finite(slots_[b.slot].param.grad + b.offset, b.length)) return;
+            std::size_t seen = first.load(std::memory_order_relaxed);
+            while (b.slot < seen && !first.compare_exchange_weak(seen, b.slot, std::memory_order_relaxed)) {}
+        });
+        return first.load() < slots_.size() ? &slots_[first.load()] : nullptr;
+    }
+
+    void clip_until_at_most_tau(const std::function<void()>& remeasure, int rounds, StepReport& r) {
+        const UncountedForwards<B> measuring(model_);
+        ClipReport c;
+        for (int round = 1; round <= rounds; ++round) {
+            reset_max_logits();
+            remeasure();
+            c = apply_qk_clip(model_, config.qk_clip);  // resets the maxima
+            if (round == 1) r.clip = c;
+            else for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
+            r.clip_rounds = round;
+            if (c.total() == 0) break;
+        }
+        r.max_logit_remeasured = c.max_logit;
+        r.clip_exhausted = c.total() != 0;
+        if (r.clip_exhausted) ++clip_exhausted_;
+    }
+
     nn::Transformer<B>& model_;
     std::vector<Slot> slots_;
+    std::vector<ScanBlock> scan_;
     std::map<std::pair<index_t, index_t>, Workspace> workspaces_;
     long long step_ = 0;
+    long long skipped_nonfinite_ = 0, clip_exhausted_ = 0;
 };
 
 }  // namespace moonmoe::optim

@@ -6,8 +6,11 @@
 //        *= gamma; the shared k_rope (kv_a_proj_with_mqa) and the v rows are untouched.
 //   MHA: q rows of head h *= gamma_h^alpha; k rows of key/value head g *= (min gamma of its query heads)^(1 - alpha),
 //        which still bounds every head of the group by tau.
-// Heads at or below tau (and any maximum <= 0) are untouched, bit for bit. Scope PerLayer uses the layer's largest
-// maximum for all its heads (the report's naive form). The maxima are then reset for the next step.
+// Heads at or below tau (and any maximum <= 0) are untouched, bit for bit. A head over tau always shrinks: a factor
+// that rounds to 1 in f32 (S above tau by less than 3e-8 relative) is taken as the largest float below 1, so that
+// re-measuring and clipping again (Optimizer::step with remeasure) cannot repeat a round that changes nothing.
+// Scope PerLayer uses the layer's largest maximum for all its heads (the report's naive form). The maxima are then
+// reset for the next step.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +38,8 @@ inline void scale_rows(float* w, index_t cols, index_t first_row, index_t rows, 
     for (index_t r = first_row; r < first_row + rows; ++r)
         for (index_t j = 0; j < cols; ++j) w[r * cols + j] *= factor;
 }
+/// The f32 factor a row of a head over tau is scaled by: f rounded, but never 1 (see the header comment).
+inline float shrink_factor(double f) { return std::min(float(f), std::nextafter(1.0f, 0.0f)); }
 /// gamma per head: tau / S where S > tau, else 1 (exactly: those heads are not touched).
 inline std::vector<double> clip_factors(const std::vector<float>& max_logit, const QKClipConfig& c) {
     std::vector<double> gamma(max_logit.size(), 1.0);
@@ -56,9 +61,9 @@ index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, c
     const std::vector<double> gamma = detail::clip_factors(maxima, c);
     backend::Ops<B>::for_each(L.heads, [&](index_t h) {  // heads own disjoint rows
         if (gamma[h] == 1.0) return;
-        const float root = float(std::sqrt(gamma[h]));
+        const float root = detail::shrink_factor(std::sqrt(gamma[h]));
         detail::scale_rows(q, q_cols, L.q_row(h), L.nope, root);
-        detail::scale_rows(q, q_cols, L.q_rope_row(h), L.rope, float(gamma[h]));
+        detail::scale_rows(q, q_cols, L.q_rope_row(h), L.rope, detail::shrink_factor(gamma[h]));
         detail::scale_rows(kv_b, kv_cols, L.k_nope_row(h), L.nope, root);
     });
     return index_t(std::count_if(gamma.begin(), gamma.end(), [](double g) { return g != 1.0; }));
@@ -77,9 +82,10 @@ inline index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHea
             if (gamma[h] == 1.0) continue;
             ++clipped;
             smallest = std::min(smallest, gamma[h]);
-            detail::scale_rows(q, cols, L.q_row(h), L.head_dim, float(std::pow(gamma[h], c.alpha)));
+            if (c.alpha > 0.0) detail::scale_rows(q, cols, L.q_row(h), L.head_dim, detail::shrink_factor(std::pow(gamma[h], c.alpha)));
         }
-        if (smallest < 1.0) detail::scale_rows(k, cols, L.kv_row(g), L.head_dim, float(std::pow(smallest, 1.0 - c.alpha)));
+        if (smallest < 1.0 && c.alpha < 1.0)
+            detail::scale_rows(k, cols, L.kv_row(g), L.head_dim, detail::shrink_factor(std::pow(smallest, 1.0 - c.alpha)));
     }
     return clipped;
 }

@@ -3,7 +3,12 @@
 // Matrices are row-major views whose rows are contiguous (row pitch = strides[0]), so a head's slice of a
 // [tokens, heads * dim] activation is a matrix without a copy. GEMM goes to Eigen's GEBP kernel (or to BLAS when
 // built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); everything
-// else is a row-parallel loop.
+// else is a row-parallel loop (threads.hpp).
+//
+// For a fixed thread count every result is a function of the inputs alone: not of the timing, nor of where the
+// buffers lie in memory (which differs between runs and with thread timing). GEMMs are split into panels by shape
+// and thread count, each panel one single-threaded Eigen product; the row loops compute each row the same way on
+// any thread; the exponential, whose scalar and vector code round differently, always takes the vector path.
 #pragma once
 
 #include <Eigen/Core>
@@ -13,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #include <cstdint>
 #include <cstring>
@@ -56,6 +62,51 @@ inline std::uint64_t mix(std::uint64_t x) {
 inline double uniform01(std::uint64_t seed, std::uint64_t i) {  // in (0, 1)
     return (double(mix(seed * 0x100000001B3ull + i) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
+
+/// How Ops::gemm splits C [m, n] = op(A) op(B) over `threads` threads: into `chunks` panels of `width` columns
+/// (along_n) or rows, cut from the larger side. Each panel is one single-threaded Eigen product that re-packs the
+/// whole other operand, which costs about 1/width of the panel's arithmetic (4-8% at width 256, measured): so a
+/// panel is at least gemm_min_width wide and gemm_min_chunk_flops of work (smaller ones cost more to hand to a
+/// thread than they save), and there are at most gemm_chunks_per_thread per thread, enough for the threads that
+/// run to take over the panels of one that is descheduled. One thread: one panel, Eigen's own blocking.
+/// Decided by the shape and the thread count alone, so results are repeatable for a fixed thread count.
+struct GemmSplit {
+    bool along_n;
+    index_t chunks, width;
+};
+inline constexpr index_t gemm_min_width = 256;
+inline constexpr double gemm_min_chunk_flops = 8e6;
+inline constexpr index_t gemm_chunks_per_thread = 4;
+inline GemmSplit gemm_split(index_t m, index_t n, index_t k, int threads) {
+    const bool along_n = n >= m;
+    const index_t L = along_n ? n : m;
+    const double flops = 2.0 * double(m) * double(n) * double(k);
+    const index_t most = threads > 1 ? gemm_chunks_per_thread * index_t(threads) : 1;
+    const index_t by_flops = index_t(std::min(flops / gemm_min_chunk_flops, double(most)));
+    const index_t chunks = std::clamp<index_t>(std::min(L / gemm_min_width, by_flops), 1, most);
+    const index_t width = ((L + chunks - 1) / chunks + 15) / 16 * 16;  // whole SIMD widths
+    return {along_n, (L + width - 1) / width, width};
+}
+
+/// C = alpha op(A) op(B) + beta C with one Eigen product on this thread (Ops::gemm keeps Eigen's threads off).
+template <class T>
+void gemm_panel(Trans ta, Trans tb, T alpha, View<const T, 2> A, View<const T, 2> B, T beta, View<T, 2> C) {
+    auto c = as_matrix<T>(C);
+    auto a = as_matrix<T>(A);
+    auto b = as_matrix<T>(B);
+    auto run = [&](const auto& opa, const auto& opb) {
+        if (beta == T(0)) {
+            c.noalias() = alpha * (opa * opb);
+        } else {
+            if (beta != T(1)) c *= beta;
+            c.noalias() += alpha * (opa * opb);
+        }
+    };
+    if (ta == Trans::no && tb == Trans::no) run(a, b);
+    else if (ta == Trans::no) run(a, b.transpose());
+    else if (tb == Trans::no) run(a.transpose(), b);
+    else run(a.transpose(), b.transpose());
+}
 }  // namespace cpu_detail
 
 template <>
@@ -89,20 +140,26 @@ struct Ops<cpu> {
                 return;
             }
         }
-        auto a = as_matrix<T>(A);
-        auto b = as_matrix<T>(B);
-        auto run = [&](const auto& opa, const auto& opb) {
-            if (beta == T(0)) {
-                c.noalias() = alpha * (opa * opb);
-            } else {
-                if (beta != T(1)) c *= beta;
-                c.noalias() += alpha * (opa * opb);
+#if defined(EIGEN_USE_BLAS)
+        gemm_panel<T>(ta, tb, alpha, A, B, beta, C);  // one call: the BLAS runs its own threads
+#else
+        // Eigen's parallel GEMM waits for its threads in spin loops and splits by the thread count it gets; panels
+        // on the pool instead. Re-applied here in case the application changed it.
+        if (parallel_depth == 0 && Eigen::nbThreads() != 1) Eigen::setNbThreads(1);
+        const GemmSplit s = gemm_split(m, n, k, parallel_depth > 0 ? 1 : threads());
+        parallel_chunks(s.chunks, [&](index_t p) {
+            const index_t lo = p * s.width, w = std::min(s.width, (s.along_n ? n : m) - lo);
+            if (s.along_n) {  // columns [lo, lo + w) of C and of op(B)
+                const View<const T, 2> b = tb == Trans::no ? View<const T, 2>(B.data + lo, {k, w}, B.strides)
+                                                           : View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides);
+                gemm_panel<T>(ta, tb, alpha, A, b, beta, View<T, 2>(C.data + lo, {m, w}, C.strides));
+            } else {          // rows [lo, lo + w) of C and of op(A)
+                const View<const T, 2> a = ta == Trans::no ? View<const T, 2>(A.data + lo * A.strides[0], {w, k}, A.strides)
+                                                           : View<const T, 2>(A.data + lo, {k, w}, A.strides);
+                gemm_panel<T>(ta, tb, alpha, a, B, beta, View<T, 2>(C.data + lo * C.strides[0], {w, n}, C.strides));
             }
-        };
-        if (ta == Trans::no && tb == Trans::no) run(a, b);
-        else if (ta == Trans::no) run(a, b.transpose());
-        else if (tb == Trans::no) run(a.transpose(), b);
-        else run(a.transpose(), b.transpose());
+        });
+#endif
     }
 
     /// y = x W^T (+ y if accumulate): the Linear layer, x [rows, in], W [out, in].
@@ -124,13 +181,17 @@ struct Ops<cpu> {
             throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
                               std::to_string(n) + "] result, C is " + shape_string(C.shape));
         constexpr index_t block = 256;
-        for (index_t i = 0; i < n; i += block)
-            for (index_t j = 0; j <= i; j += block) {
-                const index_t bi = std::min(block, n - i), bj = std::min(block, n - j);
-                gemm<T>(Trans::no, Trans::yes, alpha, View<const T, 2>(A.data + i * A.strides[0], {bi, k}, A.strides),
-                        View<const T, 2>(A.data + j * A.strides[0], {bj, k}, A.strides), beta,
-                        View<T, 2>(C.data + i * C.strides[0] + j, {bi, bj}, C.strides));
-            }
+        const index_t nb = (n + block - 1) / block;
+        std::vector<std::pair<index_t, index_t>> blocks;  // (i, j), j <= i: one parallel region for all of them
+        for (index_t i = 0; i < nb; ++i)
+            for (index_t j = 0; j <= i; ++j) blocks.emplace_back(i * block, j * block);
+        parallel_chunks(index_t(blocks.size()), [&](index_t b) {
+            const auto [i, j] = blocks[std::size_t(b)];
+            const index_t bi = std::min(block, n - i), bj = std::min(block, n - j);
+            gemm<T>(Trans::no, Trans::yes, alpha, View<const T, 2>(A.data + i * A.strides[0], {bi, k}, A.strides),
+                    View<const T, 2>(A.data + j * A.strides[0], {bj, k}, A.strides), beta,
+                    View<T, 2>(C.data + i * C.strides[0] + j, {bi, bj}, C.strides));
+        });
         auto c = as_matrix<T>(C);
         c.template triangularView<Eigen::StrictlyUpper>() = c.transpose();
     }
@@ -155,9 +216,27 @@ struct Ops<cpu> {
     }
 
     /// x[j] = exp(x[j] - shift) for j < n (vectorised).
+    ///
+    /// On a Map, Eigen computes the elements before the first 64-byte boundary and after the last whole packet
+    /// with std::exp and the rest with its vectorised exp, and the two differ in the last bit: which elements got
+    /// which depended on the buffer's address. Attention's score rows live in per-call heap buffers, whose
+    /// addresses depend on what ran before and, at 2 threads, on which thread freed what when, so training runs
+    /// at 2 threads differed between processes within a few steps. Here every element goes through the
+    /// vectorised exp, the last partial packet padded in a small buffer: each result depends on its input alone.
     static void exp_shifted(float* x, index_t n, float shift) {
-        Eigen::Map<Eigen::ArrayXf> v(x, n);
-        v = (v - shift).exp();
+        namespace ei = Eigen::internal;
+        using Packet = ei::packet_traits<float>::type;
+        constexpr index_t width = ei::packet_traits<float>::size;
+        const Packet s = ei::pset1<Packet>(shift);
+        index_t j = 0;
+        for (; j + width <= n; j += width) ei::pstoreu(x + j, ei::pexp(ei::psub(ei::ploadu<Packet>(x + j), s)));
+        if (j < n) {
+            float tail[width];
+            std::fill(tail, tail + width, shift);
+            std::memcpy(tail, x + j, std::size_t(n - j) * sizeof(float));
+            ei::pstoreu(tail, ei::pexp(ei::psub(ei::ploadu<Packet>(tail), s)));
+            std::memcpy(x + j, tail, std::size_t(n - j) * sizeof(float));
+        }
     }
 
     /// Softmax of each row in place: exponentials in f32 (Eigen's vectorised exp), their sum in double. With

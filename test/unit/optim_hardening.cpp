@@ -1,0 +1,274 @@
+// The optimizer step never lets a number go bad silently: a NaN or an infinity in a gradient skips the whole step
+// (weights, optimizer state, step count, router bias untouched) and says so; with MuonClip's re-measure, the weights a
+// step leaves have every head at or below tau on the step's batch, by an independent forward, on runs this test has
+// not been tuned on (several seeds, taus and learning rates); the router's balancing update counts only the
+// training forward's tokens.
+#include "support/nn_testing.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include <moonmoe/config.hpp>
+#include <moonmoe/optim.hpp>
+
+#include "../../examples/train_tiny.hpp"
+
+using namespace moonmoe;
+using namespace moonmoe::testing;
+
+namespace {
+
+using HardenedOpt = moonmoe::Optimizer<Muon<>, QKClip<1.0>>;
+
+/// Every float the step could change: weights (router biases included), then each slot's optimizer state.
+template <class Opt>
+std::vector<float> snapshot(nn::Transformer<>& model, Opt& opt) {
+    std::vector<float> all;
+    model.visit_params([&](const ParamRef& p) { all.insert(all.end(), p.value, p.value + p.numel()); });
+    for (auto& s : opt.slots())
+        for (const auto* v : {&s.momentum, &s.exp_avg, &s.exp_avg_sq}) all.insert(all.end(), v->begin(), v->end());
+    return all;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+float* grad_of(nn::Transformer<>& model, const std::string& name) {
+    float* g = nullptr;
+    model.visit_params([&](const ParamRef& p) {
+        if (p.name == name) g = p.grad;
+    });
+    REQUIRE(g != nullptr);
+    return g;
+}
+
+struct Bench {
+    nn::Transformer<> model{TinyK2::config};
+    optim::Optimizer<HardenedOpt> opt{model};
+    std::vector<index_t> ids = std::vector<index_t>(12);
+    const nn::TokenLayout layout = nn::TokenLayout::sequences(2, 6);
+    int remeasures = 0;
+
+    explicit Bench(std::uint64_t seed) {
+        randomize(model, seed);
+        opt.config.qk_clip.tau = 2.0;  // low: the clip acts on every step that is taken
+        opt.bias_update_rate = 1e-2f;
+    }
+    void forward_backward(int batch) {
+        for (index_t i = 0; i < 12; ++i) ids[std::size_t(i)] = (i * 29 + 7 * batch + 3) % 256;
+        model.zero_grad();
+        model.train_step(ids.data(), layout);
+    }
+    optim::StepReport step() {
+        return opt.step([&] {
+            ++remeasures;
+            nn::Transformer<>::Cache cache;
+            model.forward(ids.data(), layout, cache);
+        });
+    }
+};
+
+}  // namespace
+
+TEST_CASE("non-finite scan: a NaN or an infinity anywhere in a block is found; huge, tiny and zero values are finite") {
+    for (index_t n : {1, 7, 255, 256, 257, 1000, 4096}) {
+        std::vector<float> x(static_cast<std::size_t>(n));
+        for (index_t i = 0; i < n; ++i) x[std::size_t(i)] = float(i % 3 == 0 ? 3.0e38 : i % 3 == 1 ? 1e-42 : -0.0);
+        CHECK(optim::detail::all_finite(x.data(), n));
+        for (index_t at : {index_t(0), n / 2, n - 1})
+            for (float bad : {NAN, INFINITY, -INFINITY, -std::numeric_limits<float>::quiet_NaN()}) {
+                CAPTURE(n);
+                CAPTURE(at);
+                CAPTURE(bad);
+                const float keep = x[std::size_t(at)];
+                x[std::size_t(at)] = bad;
+                CHECK_FALSE(optim::detail::all_finite(x.data(), n));
+                x[std::size_t(at)] = keep;
+            }
+    }
+}
+
+TEST_CASE("a NaN or an infinity in one gradient element skips the whole step, bit for bit, and the report says so") {
+    const int threads = moonmoe::threads();
+    moonmoe::set_threads(2);
+    Bench a(81), twin(81);  // twin never sees the bad steps
+    for (Bench* b : {&a, &twin}) {  // one clean step first, so momentum and Adam moments are not zero
+        b->forward_backward(0);
+        CHECK(b->step().skipped_nonfinite == 0);
+    }
+    // a Muon-routed expert matrix, an AdamW-routed norm gain, the AdamW-routed embedding
+    const std::string muon_param = "model.layers.2.mlp.experts.5.down_proj.weight";
+    const std::string adamw_param = "model.layers.1.input_layernorm.weight";
+    const std::string first_param = "model.embed_tokens.weight";
+    struct Injection {
+        std::string where;
+        float value;
+        std::size_t at;
+    };
+    const std::vector<Injection> cases = {{muon_param, NAN, 17}, {muon_param, INFINITY, 0}, {adamw_param, -INFINITY, 63},
+                                          {adamw_param, NAN, 5}};
+    int batch = 1;
+    for (const Injection& inj : cases) {
+        CAPTURE(inj.where);
+        CAPTURE(inj.value);
+        a.forward_backward(batch++);
+        grad_of(a.model, inj.where)[inj.at] = inj.value;
+        const std::vector<float> before = snapshot(a.model, a.opt);
+        const long long steps = a.opt.steps();
+        const auto rates = a.opt.learning_rates();
+        const int remeasures = a.remeasures;
+        const optim::StepReport r = a.step();
+        CHECK(r.skipped_nonfinite == 1);
+        CHECK(r.nonfinite_param == inj.where);
+        CHECK(r.step == steps);
+        CHECK(r.clip.total() == 0);
+        CHECK(r.clip_rounds == 0);
+        CHECK(bitwise_equal(snapshot(a.model, a.opt), before));  // weights, router biases, momentum, Adam moments
+        CHECK(a.opt.steps() == steps);                             // no step count, so no schedule or bias-correction advance
+        CHECK(a.opt.learning_rates() == rates);
+        CHECK(a.remeasures == remeasures);                         // no QK-Clip
+        for (auto& layer : a.model.layers)
+            if (!layer.dense)  // the skipped step's routing statistics are dropped, not carried into the next update
+                for (index_t l : layer.moe.gate.load) CHECK(l == 0);
+    }
+    CHECK(a.opt.skipped_nonfinite_steps() == static_cast<long long>(cases.size()));
+    // two bad parameters: the report names the first in visit order, whatever the threads found first
+    a.forward_backward(batch++);
+    grad_of(a.model, muon_param)[3] = NAN;
+    grad_of(a.model, first_param)[100] = INFINITY;
+    CHECK(a.step().nonfinite_param == first_param);
+    CHECK(a.opt.skipped_nonfinite_steps() == static_cast<long long>(cases.size()) + 1);
+    // a clean step afterwards proceeds, and is exactly the step a run that never saw the bad ones takes
+    a.forward_backward(100);
+    twin.forward_backward(100);
+    const optim::StepReport ra = a.step(), rt = twin.step();
+    CHECK(ra.skipped_nonfinite == 0);
+    CHECK(ra.nonfinite_param.empty());
+    CHECK(ra.step == 2);
+    CHECK(ra.clip.total() > 0);
+    CHECK(ra.clip.total() == rt.clip.total());
+    CHECK(bitwise_equal(snapshot(a.model, a.opt), snapshot(twin.model, twin.opt)));
+    moonmoe::set_threads(threads);
+}
+
+TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's re-measure forwards do not count") {
+    Bench b(82);
+    b.forward_backward(0);
+    std::vector<std::vector<index_t>> loads;
+    std::vector<std::vector<float>> expected;
+    for (auto& layer : b.model.layers) {
+        if (layer.dense) continue;
+        const auto& g = layer.moe.gate;
+        loads.push_back(g.load);
+        CHECK(std::accumulate(g.load.begin(), g.load.end(), index_t{0}) == 12 * 2);  // 12 tokens, top-2
+        std::vector<float> bias(g.bias.value.data(), g.bias.value.data() + g.experts());
+        const double mean = 12.0 * 2 / double(g.experts());
+        for (index_t e = 0; e < g.experts(); ++e) {
+            const double diff = mean - double(g.load[std::size_t(e)]);
+            bias[std::size_t(e)] += b.opt.bias_update_rate * float((diff > 0) - (diff < 0));
+        }
+        expected.push_back(bias);
+    }
+    const optim::StepReport r = b.step();
+    CHECK(r.clip_rounds >= 2);  // the clip acted, so at least one more measurement ran after it
+    CHECK(b.remeasures == r.clip_rounds);
+    std::size_t m = 0;
+    for (auto& layer : b.model.layers) {
+        if (layer.dense) continue;
+        const auto& g = layer.moe.gate;
+        CHECK(std::memcmp(g.bias.value.data(), expected[m].data(), expected[m].size() * sizeof(float)) == 0);
+        for (index_t l : g.load) CHECK(l == 0);  // the re-measure forwards left the counts alone
+        CHECK(g.count_load);                     // and counting is back on for the next training forward
+        ++m;
+    }
+    // the same guard for the caller's own measurements
+    {
+        const optim::UncountedForwards<> measuring(b.model);
+        nn::Transformer<>::Cache cache;
+        b.model.forward(b.ids.data(), b.layout, cache);
+    }
+    for (auto& layer : b.model.layers)
+        if (!layer.dense)
+            for (index_t l : layer.moe.gate.load) CHECK(l == 0);
+    CHECK_THROWS_WITH_AS(b.opt.step([] {}, 0), doctest::Contains("rounds must be at least 1"), std::invalid_argument);
+}
+
+TEST_CASE("QK-Clip: a head over tau by less than f32 resolves in the factor still shrinks, so no round repeats itself") {
+    nn::MLA<> attn(TinyK2::config);
+    randomize(attn, 83);
+    const nn::MLAHeadLayout L = attn.head_layout();
+    float* q = attn.q_b_proj.weight.value.data();
+    float* kv = attn.kv_b_proj.weight.value.data();
+    const index_t qc = attn.q_b_proj.in_features(), kc = attn.kv_b_proj.in_features();
+    const std::vector<float> q0(q, q + attn.q_b_proj.weight.value.numel()), kv0(kv, kv + attn.kv_b_proj.weight.value.numel());
+    QKClipConfig c = QKClip<1.0>::value;
+    const float over = std::nextafter(8.0f, 16.0f);  // 8 + 2^-20: the next float above 8
+    c.tau = 8.0 + 0.9 * (double(over) - 8.0);        // gamma = tau / over = 1 - 1.2e-8: 1 in f32, so is its root
+    CHECK(float(c.tau / over) == 1.0f);
+    CHECK(float(std::sqrt(c.tau / over)) == 1.0f);
+    CHECK(optim::clip_mla_heads(q, qc, kv, kc, L, {over, 1.0f, 1.0f, 1.0f}, c) == 1);
+    auto shrank = [](const float* now, const std::vector<float>& before, index_t cols, index_t row, index_t rows) {
+        for (index_t i = row * cols; i < (row + rows) * cols; ++i)
+            if (before[std::size_t(i)] != 0.0f && !(std::abs(now[i]) < std::abs(before[std::size_t(i)]))) return false;
+        return true;
+    };
+    CHECK(shrank(q, q0, qc, L.q_row(0), L.nope));       // q_nope of head 0
+    CHECK(shrank(q, q0, qc, L.q_rope_row(0), L.rope));  // q_rope
+    CHECK(shrank(kv, kv0, kc, L.k_nope_row(0), L.nope));
+    CHECK(std::memcmp(kv + L.v_row(0) * kc, kv0.data() + L.v_row(0) * kc, std::size_t(L.v * kc) * sizeof(float)) == 0);
+    CHECK(std::memcmp(q + L.q_row(1) * qc, q0.data() + L.q_row(1) * qc, std::size_t(3 * (L.nope + L.rope) * qc) * sizeof(float)) == 0);
+}
+
+TEST_CASE("MuonClip with re-measure: every head of an independent forward on the weights a step leaves is <= tau") {
+    // Runs that nothing here was tuned on: seeds, taus and learning rates around the aggressive tau 12.5 / lr 0.05
+    // of train_tiny (taus that f32 cannot hold among them). With the router-bias update after the clip's last
+    // measurement, 5 of these 6 runs ended steps with a head up to 15% above tau. The promise is exact (no
+    // tolerance): the measurement that ends the clip loop is a forward of the very weights the step leaves, and
+    // forwards are bitwise repeatable at a fixed thread count.
+    struct Run {
+        std::uint64_t seed;
+        double tau, lr;
+        float bias_rate;
+    };
+    std::vector<Run> runs = {{101, 12.5, 0.05, 1e-3f}, {102, 12.5, 0.08, 1e-2f}, {103, 8.0, 0.05, 1e-2f},
+                             {104, 19.7, 0.1, 1e-3f},  {105, 6.3, 0.03, 1e-2f},  {106, 12.5, 0.05, 1e-2f}};
+    index_t steps = 40;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
+    runs.resize(2), steps = 15;  // memory errors need the code paths, not every run
+#endif
+    const int threads = moonmoe::threads();
+    moonmoe::set_threads(2);
+    index_t clips = 0;
+    for (const Run& run : runs) {
+        train_tiny::Options o;
+        o.steps = steps, o.batch = 4, o.seq = 32, o.warmup = 5;
+        o.seed = run.seed, o.tau = run.tau, o.lr = run.lr, o.bias_rate = run.bias_rate;
+        o.measure_after_step = false;  // measured here instead
+        train_tiny::Trainer t(o, true);
+        for (index_t s = 0; s < o.steps; ++s) {
+            CAPTURE(run.seed);
+            CAPTURE(run.tau);
+            CAPTURE(run.lr);
+            CAPTURE(s);
+            const train_tiny::StepLog log = t.step();
+            clips += log.heads_clipped;
+            CHECK_FALSE(t.report.clip_exhausted);
+            const optim::UncountedForwards<> measuring(t.model);
+            for (auto& layer : t.model.layers) layer.self_attn.reset_max_logits();
+            nn::Transformer<>::Cache cache;
+            t.model.forward(t.batch().data(), t.layout, cache);
+            for (std::size_t l = 0; l < t.model.layers.size(); ++l) {
+                CAPTURE(l);
+                const auto& m = t.model.layers[l].self_attn.max_logit_per_head;
+                for (float head : m) CHECK(head <= run.tau);
+                CHECK(*std::max_element(m.begin(), m.end()) == t.report.max_logit_remeasured[l]);  // the same forward
+            }
+            for (auto& layer : t.model.layers) layer.self_attn.reset_max_logits();
+        }
+    }
+    CHECK(clips > 0);
+    moonmoe::set_threads(threads);
+}
