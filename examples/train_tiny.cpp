@@ -5,7 +5,8 @@
 //
 //   train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--threads N] [--out DIR]
 // --seed N (default 7) picks the initial weights and the batches (the same for both runs).
-// The model is small enough that one thread (the default) beats two: its matrices are 128 wide.
+// --threads N (default: moonmoe::default_threads(), the CPUs this process may use after its affinity mask and cgroup
+// CPU quota, or OMP_NUM_THREADS); a run is bitwise repeatable for a fixed thread count.
 // Writes DIR/train_tiny.csv (step, loss, max logit per layer, heads clipped, for both runs) and DIR/train_tiny.png.
 #include <chrono>
 #include <cstdio>
@@ -37,7 +38,7 @@ double mean_tail(const std::vector<train_tiny::StepLog>& h, std::size_t n) {
 int main(int argc, char** argv) try {
     train_tiny::Options o;
     std::string out = ".";
-    int threads = 1;
+    int threads = 0;  // 0: the library's default
     for (int i = 1; i < argc; ++i) {
         auto value = [&](const char* flag) {
             if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
@@ -49,13 +50,17 @@ int main(int argc, char** argv) try {
         else if (!std::strcmp(argv[i], "--tau")) o.tau = std::stod(value("--tau"));
         else if (!std::strcmp(argv[i], "--seed")) o.seed = std::stoull(value("--seed"));
         else if (!std::strcmp(argv[i], "--out")) out = value("--out");
-        else if (!std::strcmp(argv[i], "--threads")) threads = std::stoi(value("--threads"));
+        else if (!std::strcmp(argv[i], "--threads")) {
+            threads = std::stoi(value("--threads"));
+            if (threads < 1) throw std::invalid_argument("--threads must be positive");
+        }
         else throw std::invalid_argument(std::string("unknown argument '") + argv[i] +
                                          "'; usage: train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--threads N] [--out DIR]");
     }
     if (o.steps < 1) throw std::invalid_argument("--steps must be positive");
-    if (threads < 1) throw std::invalid_argument("--threads must be positive");
-    moonmoe::set_threads(threads);
+    if (threads > 0) moonmoe::set_threads(threads);
+    std::printf("threads: %s\n", threads > 0 ? (std::to_string(threads) + " (--threads)").c_str()
+                                              : moonmoe::default_threads().describe().c_str());
     std::printf("train_tiny: %s, %lld parameters, %ld steps of %ld x %ld bytes from %s; lr %g, tau %g\n",
                 "a Kimi K2-shaped model (MLA, dense first layer, 8 experts top-2 + 1 shared)",
                 (long long)train_tiny::TinyModel::parameter_count(), long(o.steps), long(o.batch), long(o.seq),
@@ -74,6 +79,7 @@ int main(int argc, char** argv) try {
     const std::string csv = out + "/train_tiny.csv", png = out + "/train_tiny.png";
     std::ofstream f(csv);
     if (!f) throw std::runtime_error(csv + ": cannot write");
+    f.precision(9);  // every float round-trips: a max logit a hair above tau stays visible
     const std::size_t layers = runs[0].front().layer_max.size();
     // max_logit_layer<l>: in the step's training forward; max_logit_after_step: the step's batch again, with the
     // weights the step left (after the update and, for MuonClip, the clip)
@@ -105,17 +111,17 @@ int main(int argc, char** argv) try {
     write_png(png, fig);
 
     float peak[2] = {0, 0}, forward_peak[2] = {0, 0};
-    moonmoe::index_t clipped = 0, exhausted = 0;
+    moonmoe::index_t clipped = 0, exhausted = 0, above = 0;
     for (int r = 0; r < 2; ++r)
         for (const auto& l : runs[r]) {
             peak[r] = std::max(peak[r], l.max_logit_after), forward_peak[r] = std::max(forward_peak[r], l.max_logit);
-            if (r == 1) clipped += l.heads_clipped, exhausted += l.clip_exhausted;
+            if (r == 1) clipped += l.heads_clipped, exhausted += l.clip_exhausted, above += l.max_logit_after > o.tau;
         }
     std::printf("Muon alone: max logit after a step peaks at %.2f (%.2f x tau); final loss %.4f (mean of the last 20 "
                 "steps)\n", peak[0], peak[0] / o.tau, mean_tail(runs[0], 20));
-    std::printf("MuonClip:   max logit after a step peaks at %.2f (%.6f x tau), %ld head clips; the next batch's "
-                "forward saw at most %.2f; final loss %.4f (%+.1f%%)\n",
-                peak[1], peak[1] / o.tau, long(clipped), forward_peak[1], mean_tail(runs[1], 20),
+    std::printf("MuonClip:   max logit after a step peaks at %.2f (%.6f x tau; %ld steps ended above tau), %ld head "
+                "clips; the next batch's forward saw at most %.2f; final loss %.4f (%+.1f%%)\n",
+                peak[1], peak[1] / o.tau, long(above), long(clipped), forward_peak[1], mean_tail(runs[1], 20),
                 100.0 * (mean_tail(runs[1], 20) / mean_tail(runs[0], 20) - 1.0));
     if (exhausted > 0)  // the clip loop's promise did not hold on these steps: say so, never silently
         std::printf("MuonClip:   on %ld steps QK-Clip ran out of re-measure rounds with a head above tau\n",

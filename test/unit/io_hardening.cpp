@@ -60,6 +60,8 @@ TEST_CASE("crafted config.json values get an error naming the field and the valu
     const std::int64_t two62 = std::int64_t(1) << 62;
     const std::vector<Case> cases = {
         {"topk_group", two62, {"topk_group = 4611686018427387904", "TopGroups must be between 1 and Groups"}},
+        // INT64_MAX in a broken rule once went through a double into the message (UBSan; found by fuzz_hf_config).
+        {"num_experts_per_tok", INT64_MAX, {"num_experts_per_tok = 9223372036854775807"}},
         {"num_experts_per_tok", 9, {"MoE: TopK must not exceed Experts", "num_experts_per_tok = 9", "n_routed_experts = 8"}},
         {"max_position_embeddings", 0, {"max_position_embeddings = 0", "must be at least 1"}},
         {"rms_norm_eps", 1e-50, {"rms_norm_eps = 1e-50", "NormEps must be positive and finite in float"}},

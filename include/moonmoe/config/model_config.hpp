@@ -206,14 +206,15 @@ namespace detail {
 struct FieldInfo {
     const char* argument;  ///< the named argument of the type: TopK
     const char* hf;        ///< the config.json field, or nullptr where the file has none (parallel, optimizer)
-    double value;
     bool integer;
+    index_t count;  ///< the value of an integer field, exact (a double would round INT64_MAX up past the range)
+    double real;    ///< the value of a real field
 };
 
 inline FieldInfo field_info(const ModelConfig& c, ConfigField f) {
     using F = ConfigField;
-    const auto size = [](const char* a, const char* hf, index_t v) { return FieldInfo{a, hf, double(v), true}; };
-    const auto real = [](const char* a, const char* hf, double v) { return FieldInfo{a, hf, v, false}; };
+    const auto size = [](const char* a, const char* hf, index_t v) { return FieldInfo{a, hf, true, v, 0.0}; };
+    const auto real = [](const char* a, const char* hf, double v) { return FieldInfo{a, hf, false, 0, v}; };
     const auto& d = c.dims;
     const auto& a = c.attention;
     const auto& m = c.moe;
@@ -271,7 +272,7 @@ inline FieldInfo field_info(const ModelConfig& c, ConfigField f) {
     case F::decay: return size("WSD Decay", nullptr, o.schedule.decay);
     case F::final_lr: return real("FinalLR", nullptr, o.schedule.final_fraction);
     }
-    return {"?", nullptr, 0.0, false};
+    return {"?", nullptr, false, 0, 0.0};
 }
 
 /// " (num_experts_per_tok = 9, n_routed_experts = 8)": the values a broken rule read, by the chosen names.
@@ -281,11 +282,11 @@ inline std::string describe_fields(const ModelConfig& c, std::initializer_list<C
         const FieldInfo info = field_info(c, f);
         const char* name = names == FieldNames::config_json && info.hf ? info.hf : info.argument;
         std::string value;
-        if (info.integer && info.value == double(Dynamic)) value = "Dynamic";
-        else if (info.integer) value = std::to_string(static_cast<long long>(info.value));
+        if (info.integer && info.count == Dynamic) value = "Dynamic";
+        else if (info.integer) value = std::to_string(info.count);
         else {
             char buf[32];
-            std::snprintf(buf, sizeof buf, "%.9g", info.value);
+            std::snprintf(buf, sizeof buf, "%.9g", info.real);
             value = buf;
         }
         s += (s.empty() ? " (" : ", ") + std::string(name) + " = " + value;
