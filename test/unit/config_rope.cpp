@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include <moonmoe/config.hpp>
 
@@ -34,6 +35,22 @@ TEST_CASE("YaRN correction range: K2 is a hard switch at 19/20, DeepSeek-V3 blen
     wrong.original_max_positions = 131072;
     CHECK(yarn_correction_range(wrong, 64).low == 29);
     CHECK(yarn_correction_range(wrong, 64).high == 30);
+}
+
+TEST_CASE("YaRN correction range: a theta a hair above 1 gives a clamped range, not an out-of-range conversion") {
+    // log(theta) ~ 2.2e-16 puts the correction dimensions near 1e20 (past INT64_MAX): the conversion to index_t was
+    // undefined (INT64_MIN on x86, so low came out negative); cfloor of such values was undefined too.
+    RopeConfig r = KimiK2::config.rope;
+    r.theta = std::nextafter(1.0, 2.0);
+    r.original_max_positions = index_t(1) << 62;
+    r.beta_fast = r.beta_slow = 1.0;
+    const YarnRange range = yarn_correction_range(r, 1024);
+    CHECK(range.low == index_t(1) << 53);
+    CHECK(range.high == 1023);
+    r.original_max_positions = 1;  // the logarithm goes negative: both ends clamp low
+    CHECK(yarn_correction_range(r, 1024).low == 0);
+    for (double x : {1e20, -1e20, 4503599627370496.5, -9.3e18, std::numeric_limits<double>::infinity()})
+        CHECK((detail::cfloor(x) == std::floor(x) && detail::cceil(x) == std::ceil(x)));
 }
 
 TEST_CASE("softmax scale carries mscale(factor, mscale_all_dim) squared") {

@@ -100,8 +100,12 @@ struct YarnRange {
 };
 
 constexpr YarnRange yarn_correction_range(const RopeConfig& r, index_t rope_dim) {
-    double low = detail::cfloor(yarn_correction_dim(r, rope_dim, r.beta_fast));
-    double high = detail::cceil(yarn_correction_dim(r, rope_dim, r.beta_slow));
+    // A theta a hair above 1 puts the dimensions past any index_t; clamped to +-2^53 first, so the conversion is
+    // defined and every value a real configuration gives is kept exactly.
+    constexpr double most = 9007199254740992.0;
+    const auto clamp = [](double x) { return x < -most ? -most : x > most ? most : x; };
+    const double low = clamp(detail::cfloor(yarn_correction_dim(r, rope_dim, r.beta_fast)));
+    const double high = clamp(detail::cceil(yarn_correction_dim(r, rope_dim, r.beta_slow)));
     return {low < 0 ? 0 : index_t(low), high > double(rope_dim - 1) ? rope_dim - 1 : index_t(high)};
 }
 
