@@ -1,9 +1,12 @@
 # Package check, run by ctest in script mode after `cmake --install` into PREFIX:
-# configure SOURCE_DIR (a project that only does find_package(moonmoe CONFIG REQUIRED))
+# configure SOURCE_DIR (a project that only does find_package(moonmoe REQUIRED))
 # into a fresh BINARY_DIR against PREFIX, build it, and run what it built.
 #
 #   cmake -DSOURCE_DIR=... -DBINARY_DIR=... -DPREFIX=... -DCXX_COMPILER=...
-#         [-DGENERATOR=...] [-DBUILD_TYPE=...] -P ConsumerCheck.cmake
+#         [-DGENERATOR=...] [-DBUILD_TYPE=...] [-DEXPECT_CONFIGURE_ERROR=<text>] -P ConsumerCheck.cmake
+#
+# With EXPECT_CONFIGURE_ERROR the check passes iff configuring fails with <text> in its output (a compiler the
+# package refuses).
 
 foreach(_var SOURCE_DIR BINARY_DIR PREFIX CXX_COMPILER)
   if(NOT DEFINED ${_var} OR "${${_var}}" STREQUAL "")
@@ -46,11 +49,23 @@ if(GENERATOR)
   set(_generator_args -G "${GENERATOR}")
 endif()
 
-_step(configure
+set(_configure_command
   "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${BINARY_DIR}" ${_generator_args}
   "-DCMAKE_PREFIX_PATH=${PREFIX}"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
   "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}")
+if(DEFINED EXPECT_CONFIGURE_ERROR)
+  execute_process(COMMAND ${_configure_command} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  string(REGEX REPLACE "[ \t\r\n]+" " " _flat "${_out}")  # CMake wraps its messages
+  string(FIND "${_flat}" "${EXPECT_CONFIGURE_ERROR}" _pos)
+  if(_rc EQUAL 0 OR _pos EQUAL -1)
+    message(NOTICE "---- configure output (exit status ${_rc}):\n${_out}----")
+    message(FATAL_ERROR "configuring the consumer with ${CXX_COMPILER} must fail with: ${EXPECT_CONFIGURE_ERROR}")
+  endif()
+  message(STATUS "consumer: configuring with ${CXX_COMPILER} fails as expected: ${EXPECT_CONFIGURE_ERROR}")
+  return()
+endif()
+_step(configure ${_configure_command})
 
 # The package must come from PREFIX, not from some other installation.
 file(STRINGS "${BINARY_DIR}/CMakeCache.txt" _found_dir REGEX "^moonmoe_DIR:")
@@ -66,7 +81,7 @@ endif()
 
 _step(build "${CMAKE_COMMAND}" --build "${BINARY_DIR}" --config "${BUILD_TYPE}")
 
-foreach(_name moonmoe_consumer_config moonmoe_consumer)
+foreach(_name moonmoe_consumer_config moonmoe_consumer moonmoe_consumer_native)
   set(_exe "${BINARY_DIR}/bin/${_name}${CMAKE_EXECUTABLE_SUFFIX}")
   if(NOT EXISTS "${_exe}")
     message(FATAL_ERROR "the consumer build did not produce ${_exe}")

@@ -3,6 +3,8 @@
 # A quick no-op (no apt-get update) when they are all installed already.
 # --fuzz adds what fuzz/run.sh needs: Clang 19, its runtime libraries (libFuzzer, ASan, UBSan) and
 # llvm-symbolizer (stack traces with names and lines).
+# --clang adds Clang 19 with its OpenMP runtime, to build and test with clang++-19 (Debian 12's default clang 14
+# cannot compile moonmoe: README.md, "Supported compilers").
 set -euo pipefail
 
 packages=(
@@ -15,7 +17,8 @@ packages=(
 case "${1:-}" in
   "") ;;
   --fuzz) packages+=(clang-19 libclang-rt-19-dev llvm-19) ;;
-  *) echo "usage: bash cmake/install_deps.sh [--fuzz]" >&2; exit 2 ;;
+  --clang) packages+=(clang-19 libomp-19-dev) ;;
+  *) echo "usage: bash cmake/install_deps.sh [--fuzz | --clang]" >&2; exit 2 ;;
 esac
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

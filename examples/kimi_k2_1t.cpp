@@ -234,13 +234,13 @@ int main(int argc, char** argv) {
     row("lm_head", k2.lm_head, v3.lm_head);
     row("TOTAL", k2.total, v3.total);
     row("total without embed_tokens and lm_head", k2.total_without_embeddings, v3.total_without_embeddings);
-    row("ACTIVATED per token (TopK + shared experts)", k2.active, v3.active);
-    row("activated without the input embedding", k2.active_without_input_embedding,
-        v3.active_without_input_embedding);
+    row("ACTIVATED per token (without embed_tokens)", k2.active, v3.active);
+    row("activated with embed_tokens too", k2.active_with_embeddings, v3.active_with_embeddings);
     row("activated without embed_tokens and lm_head", k2.active_without_embeddings, v3.active_without_embeddings);
-    std::printf("  The K2 report quotes 1.04T total / 32.6B activated (DeepSeek-V3: 671B / 37B). Counting the released\n"
-                "  config.json gives 1.026T / 32.9B: the report's convention is not disclosed (one extra MTP-style\n"
-                "  module would make 1.04T, but K2 ships none), so the exact counts above are what the weights hold.\n");
+    std::printf("  ACTIVATED follows the published convention (embed_tokens is a lookup, not multiplied by): it is the\n"
+                "  count behind DeepSeek-V3's 37B and the K2 report's 32B (section 1), as for DeepSeek-V2's 21B and\n"
+                "  V2-Lite's 2.4B. The report's Table 2 (1.04T / 32.6B) follows no convention that the released\n"
+                "  config.json reproduces (it gives 1.026T); the exact counts above are what the weights hold.\n");
 
     heading("Forward FLOPs per token at sequence length 4096");
     row("attention projections", k2_flops.attention_projections, v3_flops.attention_projections);

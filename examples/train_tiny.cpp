@@ -3,7 +3,7 @@
 // (Muon + QK-Clip), which holds it at tau; the losses stay together. In the spirit of the K2 report's Figures 2
 // and 12.
 //
-//   train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--threads N] [--out DIR]
+//   train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR] [--help]
 // --seed N (default 7) picks the initial weights and the batches (the same for both runs).
 // --threads N (default: moonmoe::default_threads(), the CPUs this process may use after its affinity mask and cgroup
 // CPU quota, or OMP_NUM_THREADS); a run is bitwise repeatable for a fixed thread count.
@@ -27,6 +27,23 @@ void progress_bar(const char* run, const train_tiny::StepLog& l, moonmoe::index_
     if (l.step == steps) std::fprintf(stderr, "\n");
 }
 
+void usage(std::FILE* to, const train_tiny::Options& d) {
+    std::fprintf(to,
+                 "usage: train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR]\n"
+                 "Trains a Kimi K2-shaped tiny model on the bytes of a text twice from the same initialisation, with Muon\n"
+                 "and with MuonClip, and writes DIR/train_tiny.csv and DIR/train_tiny.png (loss and max logit per step).\n"
+                 "  --text FILE   training text, read as bytes (default %s)\n"
+                 "  --steps N     optimizer steps per run (default %ld)\n"
+                 "  --lr X        peak learning rate of Muon and AdamW (default %g)\n"
+                 "  --tau X       QK-Clip threshold (default %g)\n"
+                 "  --seed N      initial weights and batches, the same for both runs (default %llu)\n"
+                 "  --threads N   CPU threads (default: the CPUs this process may use, or OMP_NUM_THREADS); a run is\n"
+                 "                bitwise repeatable for a fixed thread count\n"
+                 "  --out DIR     output directory (default .)\n"
+                 "  --help        this text\n",
+                 d.text.c_str(), long(d.steps), d.lr, d.tau, (unsigned long long)d.seed);
+}
+
 double mean_tail(const std::vector<train_tiny::StepLog>& h, std::size_t n) {
     double s = 0.0;
     for (std::size_t i = h.size() - std::min(n, h.size()); i < h.size(); ++i) s += h[i].loss;
@@ -39,6 +56,8 @@ int main(int argc, char** argv) try {
     train_tiny::Options o;
     std::string out = ".";
     int threads = 0;  // 0: the library's default
+    for (int i = 1; i < argc; ++i)
+        if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(stdout, o), 0;
     for (int i = 1; i < argc; ++i) {
         auto value = [&](const char* flag) {
             if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
@@ -55,7 +74,8 @@ int main(int argc, char** argv) try {
             if (threads < 1) throw std::invalid_argument("--threads must be positive");
         }
         else throw std::invalid_argument(std::string("unknown argument '") + argv[i] +
-                                         "'; usage: train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--threads N] [--out DIR]");
+                                         "'; usage: train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] "
+                                         "[--threads N] [--out DIR] (--help explains each)");
     }
     if (o.steps < 1) throw std::invalid_argument("--steps must be positive");
     if (threads > 0) moonmoe::set_threads(threads);

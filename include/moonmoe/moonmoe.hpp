@@ -3,8 +3,9 @@
 // moonmoe is a header-only C++20 library for Mixture-of-Experts transformers of the Kimi K2 family (DeepSeek-V3
 // architecture). Its layers, each a folder that includes only the ones listed before it: config/ (the model as a
 // type, rules, accounting; no dependencies), tensor/, backend/ (cpu: Eigen), nn/ (modules with forward and
-// backward), io/ (safetensors, config.json, Hugging Face checkpoints). <moonmoe/config.hpp> alone needs nothing
-// but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
+// backward, and the seeded initialiser), optim/ (Muon, AdamW, QK-Clip and their composition), io/ (safetensors,
+// config.json, Hugging Face checkpoints loaded and saved, optimizer state). <moonmoe/config.hpp> alone needs
+// nothing but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
 #pragma once
 
 #include "config.hpp"
@@ -12,5 +13,8 @@
 #include "tensor/tensor.hpp"
 #include "backend/cpu.hpp"
 #include "nn.hpp"
+#include "nn/init.hpp"
+#include "optim.hpp"
 #include "io/checkpoint.hpp"
 #include "io/model_io.hpp"
+#include "io/optimizer_state.hpp"

@@ -7,6 +7,7 @@
 #include "nn/decoder_layer.hpp"
 #include "nn/embedding.hpp"
 #include "nn/gradcheck.hpp"
+#include "nn/init.hpp"
 #include "nn/layout.hpp"
 #include "nn/linear.hpp"
 #include "nn/mha.hpp"

@@ -4,7 +4,7 @@
 
 static_assert(moonmoe::KimiK2::parameter_count() == 1'026'408'232'448);
 static_assert(moonmoe::DeepSeekV3::parameter_count() == 671'026'419'200);
-static_assert(moonmoe::KimiK2::activated_parameter_count() == 32'861'500'928);
+static_assert(moonmoe::KimiK2::activated_parameter_count() == 31'687'095'808);
 static_assert(moonmoe::yarn_correction_range(moonmoe::DeepSeekV3::config.rope, 64).high == 23);
 
 // Compile-time configuration is usable in device code: a kernel reads sizes straight from the model type.

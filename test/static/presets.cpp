@@ -16,14 +16,14 @@ static_assert(KimiK2::parameter_count() == 1'026'408'232'448);
 
 static_assert(mm::KimiK2::parameter_count() == 1'026'408'232'448);
 static_assert(mm::KimiK2::parameters().total_without_embeddings == 1'024'059'422'208);
-static_assert(mm::KimiK2::activated_parameter_count() == 32'861'500'928);
-static_assert(mm::KimiK2::parameters().active_without_input_embedding == 31'687'095'808);
+static_assert(mm::KimiK2::activated_parameter_count() == 31'687'095'808);  // published convention: no embed_tokens
+static_assert(mm::KimiK2::parameters().active_with_embeddings == 32'861'500'928);
 static_assert(mm::KimiK2::parameters().active_without_embeddings == 30'512'690'688);
 static_assert(mm::KimiK2::parameters().routed_experts == 1'014'686'023'680);
 static_assert(mm::DeepSeekV3::parameter_count() == 671'026'419'200);
 static_assert(mm::DeepSeekV3::parameters().total_without_embeddings == 669'173'061'120);
-static_assert(mm::DeepSeekV3::activated_parameter_count() == 37'552'297'472);
-static_assert(mm::DeepSeekV3::parameters().active_without_input_embedding == 36'625'618'432);
+static_assert(mm::DeepSeekV3::activated_parameter_count() == 36'625'618'432);
+static_assert(mm::DeepSeekV3::parameters().active_with_embeddings == 37'552'297'472);
 static_assert(mm::DeepSeekV3::parameters().active_without_embeddings == 35'698'939'392);
 static_assert(mm::DeepSeekV3::parameters().routed_experts == 653'908'770'816);
 

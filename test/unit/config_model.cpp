@@ -155,3 +155,39 @@ TEST_CASE("WSD: linear warm-up, constant, cosine to the final rate") {
     CHECK(k2.warmup == 500);
     CHECK(k2.multiplier(k2.warmup + k2.stable + k2.decay) == doctest::Approx(0.1));
 }
+
+TEST_CASE("training recipes: Kimi K2 technical report §2.5 and DeepSeek-V3 (arXiv 2412.19437 §4.2)") {
+    // K2: 500 warm-up steps, 2e-4 until 10T tokens, cosine to 2e-5 over 5.5T tokens, 67M tokens per step.
+    constexpr OptimizerConfig k2 = KimiK2::config.optimizer;
+    CHECK(k2.schedule.warmup == 500);
+    CHECK(k2.schedule.warmup + k2.schedule.stable == 149'254);  // 10e12 / 67e6 = 149,253.7
+    CHECK(k2.schedule.decay == 82'090);                         // 5.5e12 / 67e6 = 82,089.6
+    CHECK(k2.schedule.final_fraction == doctest::Approx(0.1));
+    CHECK(k2.muon.learning_rate == 2e-4);
+    CHECK(k2.muon.weight_decay == 0.1);
+    CHECK(k2.schedule.multiplier(0) * k2.muon.learning_rate == doctest::Approx(4e-7));  // step 1 of the warm-up
+    // The report is silent on the balancing rate; K2 keeps DeepSeek-V3's router, so gamma is V3's 0.001.
+    CHECK(k2.bias_update_rate == 0.001);
+    CHECK(Optimizer<>::value.bias_update_rate == 0.001);  // the defaults are K2's recipe
+    CHECK(Optimizer<BiasUpdateRate<0.0>>::value.bias_update_rate == 0.0);
+
+    // DeepSeek-V3: AdamW 0.9 / 0.95, weight decay 0.1, 2.2e-4 after 2K warm-up steps until 10T tokens, cosine to
+    // 2.2e-5 over 4.3T tokens, batch 15360 x 4096 tokens; gamma 0.001.
+    constexpr OptimizerConfig v3 = DeepSeekV3::config.optimizer;
+    CHECK(!v3.muon.enabled);
+    CHECK(v3.adamw.beta1 == 0.9);
+    CHECK(v3.adamw.beta2 == 0.95);
+    CHECK(v3.adamw.weight_decay == 0.1);
+    CHECK(v3.adamw.learning_rate == 2.2e-4);
+    CHECK(v3.schedule.warmup == 2000);
+    CHECK(v3.schedule.warmup + v3.schedule.stable == 158'946);  // 10e12 / 62,914,560
+    CHECK(v3.schedule.decay == 68'347);                         // 4.3e12 / 62,914,560
+    CHECK(v3.schedule.final_fraction == doctest::Approx(0.1));
+    CHECK(v3.bias_update_rate == 0.001);
+    const long long end = v3.schedule.warmup + v3.schedule.stable + v3.schedule.decay;
+    CHECK(v3.schedule.multiplier(end) * v3.adamw.learning_rate == doctest::Approx(2.2e-5));
+
+    ModelConfig broken = KimiK2::config;
+    broken.optimizer.bias_update_rate = -1e-3;
+    CHECK(validation_message(broken).find("BiasUpdateRate must be >= 0") != std::string::npos);
+}

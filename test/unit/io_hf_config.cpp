@@ -275,7 +275,10 @@ TEST_CASE("io: optional config fields take transformers' defaults") {
     CHECK(*v.fp8_block == default_fp8_block);
     check_error([&] { resolve(KimiK2::config, v); },
                 {"v2lite/config.json: q_lora_rank is null but the model type fixes QRank<1536>"});
-    using K2WithoutQueryCompression = KimiK2::with<Attention<MLA<Heads<64>, QRank<NoQCompression>>>>;
+    // The file's router is softmax without a correction bias: the type must say so (the preset spells
+    // CorrectionBias<true> out, and an explicit argument wins over the default that follows Score).
+    using K2WithoutQueryCompression = KimiK2::with<Attention<MLA<Heads<64>, QRank<NoQCompression>>>,
+                                                   KimiK2::moe::with<Score<Softmax>, CorrectionBias<false>>>;
     CHECK(resolve(K2WithoutQueryCompression::config, v).attention.q_rank == NoQCompression);
 }
 
@@ -378,11 +381,10 @@ TEST_CASE("io: a static size that disagrees with config.json is a load error nam
                 {"max_position_embeddings is 131072 but the model type fixes MaxPositions<4096>"});
     using K2MHA = KimiK2::with<Attention<MHA<>>>;
     check_error([&] { resolve(K2MHA::config, k2); }, {"k2/config.json", "MHA"});
-    // Non-size values come from the file even where the type says otherwise.
+    // Routing and RoPE values are fixed by the type as sizes are (io_hf_config_static.cpp has the whole table).
     using K2NoYarn = KimiK2::with<RoPE<NoScaling>>;
-    const ModelConfig r = resolve(K2NoYarn::config, k2);
-    CHECK(r.rope.yarn);
-    CHECK(r.rope.factor == 32.0);
+    check_error([&] { resolve(K2NoYarn::config, k2); },
+                {"k2/config.json: rope_scaling.type is 'yarn' but the model type fixes NoScaling"});
 }
 
 TEST_CASE("io: the generated tiny configs (transformers 5.23) resolve against TinyK2 and TinyV3") {

@@ -105,7 +105,7 @@ TEST_CASE("the cgroup directories that limit this process, from /proc/self/cgrou
     }
 }
 
-TEST_CASE("default_threads: OMP_NUM_THREADS wins; otherwise at most the affinity mask and the cgroup quota allow") {
+TEST_CASE("default_threads: OMP_NUM_THREADS wins, otherwise at most the affinity mask and the cgroup quota allow") {
     const char* saved = std::getenv("OMP_NUM_THREADS");
     const std::string saved_value = saved ? saved : "";
     ::setenv("OMP_NUM_THREADS", "3", 1);

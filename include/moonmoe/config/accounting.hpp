@@ -1,7 +1,7 @@
 // moonmoe/config/accounting.hpp: exact constexpr counts for a ModelConfig: parameters (total and activated),
 // forward FLOPs per token, and bytes held per rank under a Parallel<> layout.
 //
-// The parameter formulas are spec/kimi_k2.md §6; they reproduce 1,026,408,232,448 for Kimi K2 and
+// The parameter formulas count the tensors of the released checkpoints; they reproduce 1,026,408,232,448 for Kimi K2 and
 // 671,026,419,200 for DeepSeek-V3. All functions take sizes resolved (no Dynamic left).
 #pragma once
 
@@ -61,9 +61,13 @@ struct ParameterCounts {
     index_t embedding, lm_head;
     index_t total;
     index_t total_without_embeddings;   ///< without embed_tokens and lm_head
-    index_t active;                     ///< used by one token: TopK routed + shared experts, embeddings included
-    index_t active_without_input_embedding;
-    index_t active_without_embeddings;  ///< without embed_tokens and lm_head
+    /// Activated parameters, the published convention: the weights one token's forward multiplies by (TopK routed
+    /// and the shared experts, attention, routers, norms, lm_head), without embed_tokens (a table lookup). This is
+    /// the count behind DeepSeek-V2-Lite's 2.4B, DeepSeek-V2's 21B, DeepSeek-V3's 37B (arXiv 2412.19437) and Kimi
+    /// K2's 32B (Kimi K2 technical report §1): 2.45B, 20.9B, 36.6B and 31.7B here.
+    index_t active;
+    index_t active_with_embeddings;     ///< active plus embed_tokens
+    index_t active_without_embeddings;  ///< active without lm_head as well
 };
 
 constexpr ParameterCounts count_parameters(const ModelConfig& c) {
@@ -88,8 +92,8 @@ constexpr ParameterCounts count_parameters(const ModelConfig& c) {
     p.total_without_embeddings = common + p.routed_experts;
     p.total = p.total_without_embeddings + p.embedding + p.lm_head;
     p.active_without_embeddings = common + M * c.moe.top_k * p.expert;
-    p.active_without_input_embedding = p.active_without_embeddings + p.lm_head;
-    p.active = p.active_without_input_embedding + p.embedding;
+    p.active = p.active_without_embeddings + p.lm_head;
+    p.active_with_embeddings = p.active + p.embedding;
     return p;
 }
 

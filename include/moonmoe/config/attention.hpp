@@ -1,6 +1,6 @@
 // moonmoe/config/attention.hpp: `Attention<MLA<...>>` (Multi-head Latent Attention) or `Attention<MHA<...>>`.
 //
-// MLA per spec/kimi_k2.md §3: q = q_b_proj(norm(q_a_proj(x))) (or q_proj(x) when QRank<0>, as in DeepSeek-V2-Lite
+// MLA (DeepSeek-V2, arXiv 2405.04434 §2.1): q = q_b_proj(norm(q_a_proj(x))) (or q_proj(x) when QRank<0>, as in DeepSeek-V2-Lite
 // and Moonlight), a shared latent c_kv (KVRank) plus one RoPE key head shared by all heads, and per-head
 // nope / rope / v dims. Defaults are Kimi K2's. MHA is plain multi-head attention (optionally grouped-query).
 #pragma once

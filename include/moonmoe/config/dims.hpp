@@ -1,6 +1,6 @@
 // moonmoe/config/dims.hpp: the model's outer sizes, `Dims<Hidden<7168>, Layers<61>, DenseLayers<1>, ...>`.
 //
-// Defaults are Kimi K2's (spec/kimi_k2.md §1). Any size may be `Dynamic`.
+// Defaults are Kimi K2's (its released config.json). Any size may be `Dynamic`.
 #pragma once
 
 #include "named.hpp"
@@ -23,7 +23,7 @@ struct DimsConfig {
     index_t dense_layers;  ///< the first `dense_layers` layers have a dense SwiGLU MLP instead of MoE
     index_t vocab;
     index_t dense_hidden;
-    double norm_eps;  ///< of the layer norms and the final norm; q_a / kv_a norms always use 1e-6 (HF)
+    double norm_eps;  ///< of the layer norms and the final norm (Dynamic: -1.0); q_a / kv_a norms always use 1e-6 (HF)
 };
 
 template <class... Args>

@@ -41,7 +41,7 @@ struct Model {
     template <class... New>
     using with = typename detail::replacing<Model, New...>::template apply<Components...>;
 
-    /// Parameter counts per component and in total (spec/kimi_k2.md §6).
+    /// Parameter counts per component and in total.
     static constexpr ParameterCounts parameters() requires is_static { return count_parameters(config); }
     static constexpr index_t parameter_count() requires is_static { return parameters().total; }
     static constexpr index_t activated_parameter_count() requires is_static { return parameters().active; }

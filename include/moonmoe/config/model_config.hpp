@@ -30,7 +30,8 @@ struct ModelConfig {
     ParallelConfig parallel;
     BackendKind backend;
 
-    /// True when every size is fixed (no Dynamic left), so exact counts can be computed.
+    /// True when every size is fixed (no Dynamic left, and whether the router has a correction bias), so exact counts
+    /// can be computed.
     constexpr bool is_static() const {
         const index_t sizes[] = {dims.hidden, dims.layers, dims.dense_layers, dims.vocab, dims.dense_hidden,
                                  attention.heads, attention.kv_heads, attention.q_rank, attention.kv_rank,
@@ -39,7 +40,7 @@ struct ModelConfig {
                                  parallel.ep, parallel.virtual_stages, rope.max_positions};
         for (index_t s : sizes)
             if (s == Dynamic) return false;
-        return true;
+        return !moe.from_file.correction_bias;  // the router's bias is a parameter
     }
     constexpr index_t moe_layers() const { return dims.layers - dims.dense_layers; }
 };
@@ -53,7 +54,7 @@ enum class ConfigField {
     top_k, shared, expert_hidden, groups, top_groups, routed_scale, pp, ep, dp, virtual_stages, micro_batches,
     split_first, split_last, muon_momentum, muon_ns_steps, muon_weight_decay, muon_learning_rate, adamw_beta1,
     adamw_beta2, adamw_eps, adamw_weight_decay, adamw_learning_rate, qk_clip_tau, qk_clip_alpha, warmup, stable,
-    decay, final_lr
+    decay, final_lr, bias_update_rate
 };
 
 namespace rules {
@@ -93,7 +94,7 @@ constexpr index_t mul_sat(index_t a, index_t b) {
       detail::open(c.dims.dense_layers, c.dims.layers) ||                                                          \
           (c.dims.dense_layers >= 0 && c.dims.dense_layers <= c.dims.layers))                                       \
     X(norm_eps_positive, "Dims: NormEps must be positive and finite in float (the norms compute in f32)",          \
-      (F::norm_eps), float(c.dims.norm_eps) > 0.0f && float(c.dims.norm_eps) <= 3.4e38f)                            \
+      (F::norm_eps), is_dynamic(c.dims.norm_eps) || (float(c.dims.norm_eps) > 0.0f && float(c.dims.norm_eps) <= 3.4e38f))                            \
     X(q_rank_valid, "MLA: QRank must be positive, or 0 (NoQCompression) for a direct q_proj", (F::q_rank),         \
       detail::open(c.attention.q_rank) || c.attention.q_rank >= 0)                                                 \
     X(head_dims_fit, "Attention: head dims do not fit: NopeDim must be >= 0 and RopeDim > 0 and even (RoPE rotates " \
@@ -123,13 +124,17 @@ constexpr index_t mul_sat(index_t a, index_t b) {
       detail::open(c.moe.top_k, c.moe.top_groups, c.moe.groups, c.moe.experts) || c.moe.groups <= 0 ||             \
           c.moe.top_k <= detail::mul_sat(c.moe.top_groups, c.moe.experts / c.moe.groups))                           \
     X(routed_scale_positive, "MoE: RoutedScale must be positive and finite", (F::routed_scale),                    \
-      c.moe.routed_scale > 0.0 && c.moe.routed_scale <= 1.7e308)                                                   \
+      is_dynamic(c.moe.routed_scale) || (c.moe.routed_scale > 0.0 && c.moe.routed_scale <= 1.7e308))                                                   \
     X(rope_theta_positive, "RoPE: Theta must be greater than 1 and finite", (F::rope_theta),                       \
-      c.rope.theta > 1.0 && c.rope.theta <= 1.7e308)                                                               \
+      is_dynamic(c.rope.theta) || (c.rope.theta > 1.0 && c.rope.theta <= 1.7e308))                                                               \
     X(yarn_valid, "YaRN: Factor must be >= 1, OriginalMaxPositions positive and BetaFast >= BetaSlow > 0",          \
       (F::yarn_factor, F::original_max_positions, F::beta_fast, F::beta_slow),                                      \
-      !c.rope.yarn || (c.rope.factor >= 1.0 && c.rope.factor <= 1.7e308 && c.rope.original_max_positions > 0 &&     \
-                       c.rope.beta_slow > 0.0 && c.rope.beta_fast >= c.rope.beta_slow && c.rope.beta_fast <= 1.7e308)) \
+      !c.rope.yarn || c.rope.from_file.scaling ||                                                                 \
+          ((is_dynamic(c.rope.factor) || (c.rope.factor >= 1.0 && c.rope.factor <= 1.7e308)) &&                    \
+           (c.rope.original_max_positions == Dynamic || c.rope.original_max_positions > 0) &&                      \
+           (is_dynamic(c.rope.beta_slow) || c.rope.beta_slow > 0.0) &&                                             \
+           (is_dynamic(c.rope.beta_fast) || c.rope.beta_fast <= 1.7e308) &&                                        \
+           (is_dynamic(c.rope.beta_fast) || is_dynamic(c.rope.beta_slow) || c.rope.beta_fast >= c.rope.beta_slow))) \
     X(parallel_positive, "Parallel: PP, EP, DP and VirtualStages must be at least 1 (or Dynamic for DP)",           \
       (F::pp, F::ep, F::dp, F::virtual_stages),                                                                     \
       (c.parallel.pp == Dynamic || c.parallel.pp >= 1) && (c.parallel.ep == Dynamic || c.parallel.ep >= 1) &&       \
@@ -183,7 +188,9 @@ constexpr index_t mul_sat(index_t a, index_t b) {
     X(schedule_valid, "WSD: Warmup, Stable and Decay must be >= 0 and FinalLR in [0, 1]",                          \
       (F::warmup, F::stable, F::decay, F::final_lr),                                                                \
       c.optimizer.schedule.warmup >= 0 && c.optimizer.schedule.stable >= 0 && c.optimizer.schedule.decay >= 0 &&    \
-          c.optimizer.schedule.final_fraction >= 0.0 && c.optimizer.schedule.final_fraction <= 1.0)
+          c.optimizer.schedule.final_fraction >= 0.0 && c.optimizer.schedule.final_fraction <= 1.0)                \
+    X(bias_update_rate_valid, "Optimizer: BiasUpdateRate must be >= 0 and finite", (F::bias_update_rate),           \
+      c.optimizer.bias_update_rate >= 0.0 && c.optimizer.bias_update_rate <= 1.7e308)
 
 #define MOONMOE_DEFINE_RULE(name, message, fields, ...)                                                             \
     constexpr bool name(const ModelConfig& c) { return __VA_ARGS__; }
@@ -271,6 +278,7 @@ inline FieldInfo field_info(const ModelConfig& c, ConfigField f) {
     case F::stable: return size("WSD Stable", nullptr, o.schedule.stable);
     case F::decay: return size("WSD Decay", nullptr, o.schedule.decay);
     case F::final_lr: return real("FinalLR", nullptr, o.schedule.final_fraction);
+    case F::bias_update_rate: return real("BiasUpdateRate", nullptr, o.bias_update_rate);
     }
     return {"?", nullptr, false, 0, 0.0};
 }

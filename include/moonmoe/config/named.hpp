@@ -16,8 +16,12 @@ namespace moonmoe {
 /// Signed size type used for every dimension, count and index in the library.
 using index_t = std::int64_t;
 
-/// A size not fixed in the type: it is read from `config.json` when a checkpoint is loaded (as in Eigen).
+/// A value not fixed in the type: it is read from `config.json` when a checkpoint is loaded (as in Eigen). Sizes,
+/// real numbers (`Theta<Dynamic>`, `RoutedScale<Dynamic>`, stored as -1.0) and flags (`NormTopK<Dynamic>`) take it.
 inline constexpr index_t Dynamic = -1;
+
+/// True when a real-valued argument was given as Dynamic.
+constexpr bool is_dynamic(double v) { return v == double(Dynamic); }
 
 /// A named argument carrying one compile-time value (a size, a flag or a real number).
 template <class Slot, auto V>
@@ -72,6 +76,23 @@ inline constexpr auto value_of = pick_t<Slot, Value<Slot, Default>, Args...>::va
 /// The policy type of `Slot` among `Args`, or `Default`.
 template <class Slot, class Default, class... Args>
 using policy_of = typename pick_t<Slot, Policy<Slot, Default>, Args...>::type;
+
+/// A flag argument (`CorrectionBias<true>`, `NormTopK<Dynamic>`), or `unset` when the type does not give it and
+/// its default follows other arguments.
+struct unset_flag {};
+enum class FlagState { off, on, dynamic, unset };
+template <auto V>
+constexpr FlagState flag_state() {
+    using T = std::remove_cvref_t<decltype(V)>;
+    if constexpr (std::is_same_v<T, unset_flag>) {
+        return FlagState::unset;
+    } else if constexpr (std::is_same_v<T, bool>) {
+        return V ? FlagState::on : FlagState::off;
+    } else {
+        static_assert(std::is_integral_v<T> && V == Dynamic, "a flag argument is true, false or Dynamic");
+        return FlagState::dynamic;
+    }
+}
 
 template <class... Slots>
 struct slot_list {

@@ -1,10 +1,14 @@
 // moonmoe/config/optimizer.hpp: `Optimizer<Muon<...>, QKClip<100.0>>`, i.e. MuonClip, with AdamW for what Muon does
-// not take (embeddings, the output head, 1-D parameters) and a WSD learning-rate schedule.
+// not take (embeddings, the output head, 1-D parameters), a WSD learning-rate schedule and the rate of the
+// auxiliary-loss-free expert balancing.
 //
-// Defaults are Kimi K2's recipe (report §2.1 and §3.4.1, Algorithm 1): Muon with momentum 0.95 (Nesterov), five
-// quintic Newton-Schulz steps, update RMS matched to AdamW (0.2 * sqrt(max(n, m))), weight decay 0.1 with the
-// unscaled learning rate, QK-Clip at tau = 100, WSD with 500 warm-up steps, 2e-4 for 10T tokens, cosine to 2e-5
-// over 5.5T tokens at 67M tokens per step. Formulas and oracles: spec/muonclip.md.
+// Defaults are Kimi K2's recipe (Kimi K2 technical report §2.1, Algorithm 1, and §2.5): Muon with momentum 0.95
+// (Nesterov), five quintic Newton-Schulz steps, update RMS matched to AdamW (0.2 * sqrt(max(n, m))), weight decay
+// 0.1 with the unscaled learning rate, QK-Clip at tau = 100, WSD with a 500-step warm-up, 2e-4 for 10T tokens,
+// cosine to 2e-5 over 5.5T tokens at 67M tokens per step. The report is silent on the balancing rate; K2 keeps
+// DeepSeek-V3's router (noaux_tc, an e_score_correction_bias in the released checkpoint), so the default is
+// DeepSeek-V3's bias update speed gamma = 0.001 (arXiv 2412.19437 §4.2).
+#pragma once
 #pragma once
 
 #include "detail/cmath.hpp"
@@ -15,7 +19,7 @@ namespace slots {
 struct optimizer; struct muon; struct adamw; struct qk_clip; struct schedule;
 struct momentum; struct nesterov; struct ns_steps; struct ns_coefficients; struct update_scale; struct weight_decay;
 struct learning_rate; struct beta1; struct beta2; struct eps; struct clip_alpha; struct clip_scope;
-struct warmup; struct stable; struct decay; struct final_lr;
+struct warmup; struct stable; struct decay; struct final_lr; struct bias_update_rate;
 }  // namespace slots
 
 // ---- Newton-Schulz coefficient schedules: (a, b, c) per iteration, p(x) = a x + b x^3 + c x^5 ----
@@ -26,7 +30,7 @@ struct KellerQuintic {
     static constexpr NSCoefficients table[] = {{3.4445, -4.7750, 2.0315}};
     static constexpr bool cycle = true;  ///< repeat the table; otherwise the last entry repeats past its end
 };
-/// Polar Express as in modded-nanogpt (normalise by 1.02 * ||X||_F); spec/muonclip.md §9.
+/// Polar Express as in modded-nanogpt (normalise by 1.02 * ||X||_F).
 struct PolarExpress {
     static constexpr NSCoefficients table[] = {
         {8.156554524902461, -22.48329292557795, 15.878769915207462},
@@ -197,39 +201,82 @@ struct ScheduleConfig {
     }
 };
 
+namespace detail {
+/// Optimizer steps that consume `tokens` at `tokens_per_step`, rounded to the nearest step.
+constexpr long long steps_for_tokens(double tokens, double tokens_per_step) {
+    return static_cast<long long>(tokens / tokens_per_step + 0.5);
+}
+}  // namespace detail
+
+/// Kimi K2 technical report §2.5: "The first 10T tokens were trained with a constant learning rate of 2e-4 after a
+/// 500-step warm-up, followed by 5.5T tokens with a cosine decay from 2e-4 to 2e-5", global batch 67M tokens.
+/// Read as: the 500 warm-up steps are part of the first 10T tokens; 67M = 67e6 tokens per step (the report gives
+/// no more digits). The annealing phase after it (2e-5 to 7e-6 over 400B + 60B tokens) is not part of the WSD.
+struct KimiK2Schedule {
+    static constexpr double tokens_per_step = 67e6;
+    static constexpr long long warmup = 500;
+    static constexpr long long stable = detail::steps_for_tokens(10e12, tokens_per_step) - warmup;  // 148,754
+    static constexpr long long decay = detail::steps_for_tokens(5.5e12, tokens_per_step);          // 82,090
+    static constexpr double final_fraction = 2e-5 / 2e-4;
+};
+
+/// DeepSeek-V3 (arXiv 2412.19437 §4.2): "linearly increase from 0 to 2.2e-4 during the first 2K steps", constant
+/// "until the model consumes 10T training tokens", cosine decay to 2.2e-5 "in 4.3T tokens"; batch 15360 x 4096
+/// tokens. Steps count at that final batch size: the paper ramps the batch up from 3072 sequences over the first
+/// 469B tokens without giving the ramp's shape, so the real stable phase had a few thousand steps more. The last
+/// 500B tokens at constant 2.2e-5 and 7.3e-6 are not part of the WSD.
+struct DeepSeekV3Schedule {
+    static constexpr double tokens_per_step = 15360.0 * 4096.0;
+    static constexpr long long warmup = 2000;
+    static constexpr long long stable = detail::steps_for_tokens(10e12, tokens_per_step) - warmup;  // 156,946
+    static constexpr long long decay = detail::steps_for_tokens(4.3e12, tokens_per_step);          // 68,347
+    static constexpr double final_fraction = 2.2e-5 / 2.2e-4;
+};
+
 template <class... Args>
 struct WSD {
     using slot = slots::schedule;
     using accepted = detail::slot_list<slots::warmup, slots::stable, slots::decay, slots::final_lr>;
     MOONMOE_CHECK_ARGUMENTS("WSD<...>", accepted, Args);
-    // K2: 10T tokens at the peak after warm-up and 5.5T tokens of decay, at 67M tokens per step.
     static constexpr ScheduleConfig value{
-        .warmup = detail::value_of<slots::warmup, 500LL, Args...>,
-        .stable = detail::value_of<slots::stable, 149254LL - 500LL, Args...>,
-        .decay = detail::value_of<slots::decay, 82090LL, Args...>,
-        .final_fraction = detail::value_of<slots::final_lr, 0.1, Args...>,
+        .warmup = detail::value_of<slots::warmup, KimiK2Schedule::warmup, Args...>,
+        .stable = detail::value_of<slots::stable, KimiK2Schedule::stable, Args...>,
+        .decay = detail::value_of<slots::decay, KimiK2Schedule::decay, Args...>,
+        .final_fraction = detail::value_of<slots::final_lr, KimiK2Schedule::final_fraction, Args...>,
     };
 };
+
+// ---- Auxiliary-loss-free balancing (arXiv 2412.19437 §2.1.2): bias_i += gamma * sign(mean load - load_i) ----
+/// gamma, the bias update speed, per optimizer step; BiasUpdateRate<0.0> freezes the correction bias.
+template <auto V> using BiasUpdateRate = Value<slots::bias_update_rate, double(V)>;
+/// DeepSeek-V3's gamma "0.001 for the first 14.3T tokens, and 0.0 for the remaining 500B tokens" (§4.2): the first
+/// value; setting the optimizer's bias_update_rate to 0 for the last phase is the caller's.
+inline constexpr double deepseek_v3_bias_update_rate = 0.001;
 
 struct OptimizerConfig {
     MuonConfig muon;
     AdamWConfig adamw;
     QKClipConfig qk_clip;
     ScheduleConfig schedule;
+    double bias_update_rate;  ///< gamma of the auxiliary-loss-free balancing (0: the correction bias stays)
 };
 
-/// `Optimizer<Muon<...>, QKClip<tau>>`; arguments in any order, each optional (MuonClip as in K2 by default).
+/// `Optimizer<Muon<...>, QKClip<tau>, WSD<...>, BiasUpdateRate<gamma>>`; arguments in any order, each optional
+/// (Kimi K2's recipe by default).
 template <class... Args>
 struct Optimizer {
     using slot = slots::optimizer;
-    using accepted = detail::slot_list<slots::muon, slots::adamw, slots::qk_clip, slots::schedule>;
+    using accepted = detail::slot_list<slots::muon, slots::adamw, slots::qk_clip, slots::schedule,
+                                       slots::bias_update_rate>;
     MOONMOE_CHECK_ARGUMENTS("Optimizer<...>", accepted, Args);
     using muon = detail::pick_t<slots::muon, Muon<>, Args...>;
     using adamw = detail::pick_t<slots::adamw, AdamW<>, Args...>;
     using qk_clip = detail::pick_t<slots::qk_clip, QKClip<100.0>, Args...>;
     using schedule = detail::pick_t<slots::schedule, WSD<>, Args...>;
     using coefficients = typename muon::coefficients;
-    static constexpr OptimizerConfig value{muon::value, adamw::value, qk_clip::value, schedule::value};
+    static constexpr OptimizerConfig value{
+        muon::value, adamw::value, qk_clip::value, schedule::value,
+        detail::value_of<slots::bias_update_rate, deepseek_v3_bias_update_rate, Args...>};
 };
 
 }  // namespace moonmoe

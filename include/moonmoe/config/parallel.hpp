@@ -3,7 +3,7 @@
 //
 // PP pipeline stages (ranks), each holding V virtual stages ("model chunks") for interleaved 1F1B; EP ranks
 // sharing the routed experts of a layer; DP ZeRO-1 data-parallel replicas. Non-expert weights are replicated over
-// the EP ranks, so their data-parallel group is EP x DP and the experts' is DP (spec/parallel.md §1.3).
+// the EP ranks, so their data-parallel group is EP x DP and the experts' is DP.
 // Kimi K2 trained with PP 16 (virtual stages), EP 16 and ZeRO-1 DP (report §2.4.2). The runtimes are in parallel/.
 #pragma once
 

@@ -2,9 +2,13 @@
 //
 // `RoPE<Theta<50000.0>, MaxPositions<131072>, YaRN<Factor<32.0>, OriginalMaxPositions<4096>, BetaFast<1.0>,
 // BetaSlow<1.0>, MScale<1.0>, MScaleAllDim<1.0>>>` is Kimi K2 (the default). The formulas follow Hugging Face
-// `transformers` (spec/kimi_k2.md §3.3, §7): the correction range uses original_max_position_embeddings, the
+// `transformers` (modeling_rope_utils.py `_compute_yarn_parameters`): the correction range uses original_max_position_embeddings, the
 // softmax scale carries get_mscale(factor, mscale_all_dim)^2, and cos/sin carry get_mscale(f, mscale) /
 // get_mscale(f, mscale_all_dim).
+//
+// A value the type leaves open is read from config.json when a checkpoint is loaded: `Theta<Dynamic>`,
+// `Interleave<Dynamic>`, any YaRN number `<Dynamic>` (reals are stored as -1.0), or the whole scaling with
+// `AnyScaling` (plain or YaRN, and every YaRN number, as the file says).
 #pragma once
 
 #include "detail/cmath.hpp"
@@ -18,7 +22,7 @@ struct beta_fast; struct beta_slow; struct mscale; struct mscale_all_dim; struct
 
 template <auto V> using Theta = Value<slots::theta, double(V)>;                       ///< rope_theta
 template <index_t N> using MaxPositions = Value<slots::max_positions, N>;       ///< max_position_embeddings
-template <bool B> using Interleave = Value<slots::interleave, B>;               ///< rope_interleave (HF default true)
+template <auto B> using Interleave = Value<slots::interleave, B>;               ///< rope_interleave (HF default true)
 template <auto V> using Factor = Value<slots::factor, double(V)>;                     ///< rope_scaling.factor
 template <index_t N> using OriginalMaxPositions = Value<slots::original_max_positions, N>;
 template <auto V> using BetaFast = Value<slots::beta_fast, double(V)>;
@@ -34,6 +38,11 @@ struct RopeConfig {
     double factor;
     index_t original_max_positions;
     double beta_fast, beta_slow, mscale, mscale_all_dim;
+    /// Choices the type leaves to config.json (their values above are placeholders until resolve()).
+    struct FromFile {
+        bool interleave = false;
+        bool scaling = false;  ///< AnyScaling: yarn and every YaRN number
+    } from_file{};
 };
 
 template <class... Args>
@@ -42,7 +51,7 @@ struct YaRN {
     using accepted = detail::slot_list<slots::factor, slots::original_max_positions, slots::beta_fast,
                                        slots::beta_slow, slots::mscale, slots::mscale_all_dim>;
     MOONMOE_CHECK_ARGUMENTS("YaRN<...>", accepted, Args);
-    static constexpr bool enabled = true;
+    static constexpr bool enabled = true, dynamic = false;
     static constexpr double factor = detail::value_of<slots::factor, 32.0, Args...>;
     static constexpr index_t original_max_positions =
         detail::value_of<slots::original_max_positions, index_t{4096}, Args...>;
@@ -55,10 +64,20 @@ struct YaRN {
 /// Plain RoPE without position-interpolation scaling.
 struct NoScaling {
     using slot = slots::rope_scaling;
-    static constexpr bool enabled = false;
+    static constexpr bool enabled = false, dynamic = false;
     static constexpr double factor = 1.0;
     static constexpr index_t original_max_positions = 0;
     static constexpr double beta_fast = 0, beta_slow = 0, mscale = 0, mscale_all_dim = 0;
+};
+
+/// The scaling of config.json: plain RoPE or YaRN with the file's numbers.
+struct AnyScaling {
+    using slot = slots::rope_scaling;
+    static constexpr bool enabled = true, dynamic = true;
+    static constexpr double factor = double(Dynamic);
+    static constexpr index_t original_max_positions = Dynamic;
+    static constexpr double beta_fast = double(Dynamic), beta_slow = double(Dynamic), mscale = double(Dynamic),
+                            mscale_all_dim = double(Dynamic);
 };
 
 template <class... Args>
@@ -67,10 +86,11 @@ struct RoPE {
     using accepted = detail::slot_list<slots::theta, slots::max_positions, slots::interleave, slots::rope_scaling>;
     MOONMOE_CHECK_ARGUMENTS("RoPE<...>", accepted, Args);
     using scaling = detail::pick_t<slots::rope_scaling, YaRN<>, Args...>;
+    static constexpr detail::FlagState interleave = detail::flag_state<detail::value_of<slots::interleave, true, Args...>>();
     static constexpr RopeConfig value{
         .theta = detail::value_of<slots::theta, 50000.0, Args...>,
         .max_positions = detail::value_of<slots::max_positions, index_t{131072}, Args...>,
-        .interleave = detail::value_of<slots::interleave, true, Args...>,
+        .interleave = interleave != detail::FlagState::off,
         .yarn = scaling::enabled,
         .factor = scaling::factor,
         .original_max_positions = scaling::original_max_positions,
@@ -78,6 +98,7 @@ struct RoPE {
         .beta_slow = scaling::beta_slow,
         .mscale = scaling::mscale,
         .mscale_all_dim = scaling::mscale_all_dim,
+        .from_file = {.interleave = interleave == detail::FlagState::dynamic, .scaling = scaling::dynamic},
     };
     template <class... New>
     using with = typename detail::replacing<RoPE, New...>::template apply<Args...>;

@@ -1,4 +1,5 @@
-// moonmoe/io/checkpoint_writer.hpp: save f32 tensors as one safetensors file, or as a whole checkpoint directory.
+// moonmoe/io/checkpoint_writer.hpp: save f32 tensors as one safetensors file, or as a whole checkpoint directory
+// (one model.safetensors, or shards with their index).
 //
 // write_checkpoint replaces a directory as a whole or not at all. The new checkpoint is built in a hidden sibling
 // directory with a random name (`.<dir>.tmp-<random>`), every file and that directory are fsync'ed, and one rename
@@ -22,6 +23,8 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -225,25 +228,79 @@ inline void write_tensors(const std::filesystem::path& file, std::span<const Nam
     detail::tensors_writer(file.string(), tensors, store).write(file);
 }
 
-/// Writes a checkpoint directory that Checkpoint and transformers can load: model.safetensors (as write_tensors)
-/// and config.json, the loaded document with quantization_config removed (the weights are no longer FP8, as
-/// DeepSeek's fp8_cast_bf16.py does) and torch_dtype set to the stored type. Creates `dir` and its parents if
-/// needed, and replaces an existing checkpoint there as a whole or not at all (rules at the top of this file).
-inline void write_checkpoint(const std::filesystem::path& dir, const HFConfig& config,
-                             std::span<const NamedTensor> tensors, DType store = DType::f32) {
+
+// Sharded checkpoints: tensors go into shards in the order given, a new shard starting when the next tensor would
+// take the current one past max_shard_bytes, so a tensor larger than that has a shard of its own (huggingface_hub's
+// split_state_dict_into_shards follows the same rule, but files an oversized tensor before the shard being filled).
+// One shard is written as model.safetensors; several as model-00001-of-0000N.safetensors plus
+// model.safetensors.index.json ({"metadata": {"total_parameters", "total_size"}, "weight_map": {tensor: shard}},
+// the index transformers 5 writes). Shards are converted and written one at a time, so the memory beyond the
+// tensors themselves is one shard.
+
+/// 5 GB, huggingface_hub's default shard size (transformers 5 passes 50 GB; the Kimi K2 and DeepSeek-V3
+/// checkpoints use shards of about 5 GB, which tools that copy files one by one handle better).
+inline constexpr std::uint64_t default_max_shard_bytes = 5'000'000'000ull;
+
+namespace detail {
+
+/// The index ranges [first, last) of `tensors` that form each shard.
+inline std::vector<std::pair<std::size_t, std::size_t>> shard_ranges(std::span<const NamedTensor> tensors,
+                                                                     std::size_t element_bytes,
+                                                                     std::uint64_t max_shard_bytes) {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    std::uint64_t current = 0;  // bytes in the last shard
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const std::uint64_t bytes = std::uint64_t(tensors[i].values.size()) * element_bytes;
+        if (out.empty() || current + bytes > max_shard_bytes) out.push_back({i, i}), current = 0;
+        out.back().second = i + 1;
+        current += bytes;
+    }
+    if (out.empty()) out.push_back({0, 0});
+    return out;
+}
+
+inline std::string shard_file_name(std::size_t index, std::size_t count) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+    return name;
+}
+
+}  // namespace detail
+
+/// Writes a checkpoint directory of `tensors` stored as `store` (F32, BF16 or F16) in shards of at most
+/// `max_shard_bytes` (rules at the top of this file), with config.json from `config` (quantization_config
+/// removed, torch_dtype set to the stored type). Creates `dir` and its parents if needed; an existing checkpoint
+/// there is replaced as a whole or not at all, as write_checkpoint does.
+inline void write_sharded_checkpoint(const std::filesystem::path& dir, const HFConfig& config,
+                                     std::span<const NamedTensor> tensors, DType store = DType::f32,
+                                     std::uint64_t max_shard_bytes = default_max_shard_bytes) {
     namespace fs = std::filesystem;
     const std::string where = dir.string();
-    // Everything that can be checked in memory is, before anything on disk changes.
-    const SafetensorsWriter weights = detail::tensors_writer((dir / "model.safetensors").string(), tensors, store);
+    if (max_shard_bytes == 0) throw io_error(where + ": max_shard_bytes must be positive");
+    if (detail::torch_dtype_name(store).empty())
+        throw io_error(where + ": cannot store tensors as " + std::string(dtype_name(store)) + "; use F32, BF16 or F16");
+    const auto ranges = detail::shard_ranges(tensors, dtype_size(store), max_shard_bytes);
+    const bool sharded = ranges.size() > 1;
+
     nlohmann::json json = config.json;
     json.erase("quantization_config");
     json[json.contains("dtype") && !json.contains("torch_dtype") ? "dtype" : "torch_dtype"] =
         std::string(detail::torch_dtype_name(store));
-    std::string text;
+    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    std::uint64_t parameters = 0;
+    for (std::size_t s = 0; s < ranges.size(); ++s)
+        for (std::size_t i = ranges[s].first; i < ranges[s].second; ++i) {
+            parameters += tensors[i].values.size();
+            index["weight_map"][tensors[i].name] = detail::shard_file_name(s, ranges.size());
+        }
+    index["metadata"]["total_parameters"] = parameters;
+    index["metadata"]["total_size"] = parameters * dtype_size(store);
+    std::string config_text, index_text;
     try {
-        text = json.dump(2) + "\n";
+        config_text = json.dump(2) + "\n";
+        index_text = index.dump(2) + "\n";
     } catch (const nlohmann::json::exception& e) {  // a string that is not UTF-8
-        throw io_error((dir / "config.json").string() + ": cannot be written: " + e.what());
+        throw io_error(where + ": config.json or the index cannot be written: " + e.what());
     }
 
     const fs::path target = detail::checkpoint_target(dir, where);
@@ -255,16 +312,24 @@ inline void write_checkpoint(const std::filesystem::path& dir, const HFConfig& c
     const detail::FileDescriptor parent = detail::open_directory(target.parent_path(), where);
     const std::string temp = detail::create_temporary_directory(parent.get(), name, where);
     const fs::path temp_path = target.parent_path() / temp;
+    const auto write_text = [](const fs::path& file, const std::string& text) {
+        const std::span<const std::byte> chunk = std::as_bytes(std::span(text.data(), text.size()));
+        detail::write_file_atomically(file, std::span(&chunk, 1));
+    };
     std::string old;  // where the old checkpoint is after the swap
     try {
         try {
-            weights.write(temp_path / "model.safetensors");
-            const std::span<const std::byte> chunk = std::as_bytes(std::span(text.data(), text.size()));
-            detail::write_file_atomically(temp_path / "config.json", std::span(&chunk, 1));
+            for (std::size_t s = 0; s < ranges.size(); ++s) {
+                const std::string file = sharded ? detail::shard_file_name(s, ranges.size()) : "model.safetensors";
+                const auto part = tensors.subspan(ranges[s].first, ranges[s].second - ranges[s].first);
+                detail::tensors_writer((dir / file).string(), part, store).write(temp_path / file);
+            }
+            if (sharded) write_text(temp_path / "model.safetensors.index.json", index_text);
+            write_text(temp_path / "config.json", config_text);
             for (const std::string& file : companions.value_or(std::vector<std::string>{}))
                 detail::copy_file_synced(target / file, temp_path / file);
             detail::sync_directory(detail::open_directory(temp_path, where).get(), where);
-        } catch (const io_error& e) {  // e names the temporary directory
+        } catch (const io_error& e) {  // e names the temporary directory or the tensor
             throw io_error(where + ": cannot write the new checkpoint; nothing changed: " + e.what());
         }
         old = detail::swap_in_directory(parent.get(), temp, name, companions.has_value(), where);
@@ -286,6 +351,15 @@ inline void write_checkpoint(const std::filesystem::path& dir, const HFConfig& c
             throw io_error(where + ": the new checkpoint is in place, but the old one, moved to " + old_path.string() +
                            ", could not be removed: " + ec.message());
     }
+}
+
+/// Writes a checkpoint directory that Checkpoint and transformers can load: model.safetensors (as write_tensors)
+/// and config.json, the loaded document with quantization_config removed (the weights are no longer FP8, as
+/// DeepSeek's fp8_cast_bf16.py does) and torch_dtype set to the stored type. Creates `dir` and its parents if
+/// needed, and replaces an existing checkpoint there as a whole or not at all (rules at the top of this file).
+inline void write_checkpoint(const std::filesystem::path& dir, const HFConfig& config,
+                             std::span<const NamedTensor> tensors, DType store = DType::f32) {
+    write_sharded_checkpoint(dir, config, tensors, store, std::numeric_limits<std::uint64_t>::max());
 }
 
 }  // namespace moonmoe

@@ -1,22 +1,34 @@
 // moonmoe/io/hf_config.hpp: a Hugging Face `config.json` of a DeepSeek-V3-architecture model, as a ModelConfig.
 //
-// Kimi K2 (model_type "kimi_k2") and DeepSeek-V3 ("deepseek_v3") both declare architectures
-// ["DeepseekV3ForCausalLM"]; anything else is refused by name. Fields and defaults follow transformers'
-// DeepseekV3Config (spec/kimi_k2.md §1): a field that decides a size is required; a field HF defaults is optional
-// with HF's default (scoring_func sigmoid, topk_method noaux_tc, norm_topk_prob true, rope_interleave true,
-// rms_norm_eps 1e-6, moe_layer_freq 1). RoPE is read in both spellings:
+// Kimi K2 (model_type "kimi_k2") and DeepSeek-V3 ("deepseek_v3") declare architectures ["DeepseekV3ForCausalLM"];
+// DeepSeek-V2 and V2-Lite ("deepseek_v2") ["DeepseekV2ForCausalLM"]; anything else is refused by name. Fields and
+// defaults follow transformers' DeepseekV3Config / DeepseekV2Config: a field that decides a size is required; a
+// field HF defaults is optional with HF's default (V3: scoring_func sigmoid, topk_method noaux_tc, norm_topk_prob
+// true, rope_interleave true; V2: topk_method greedy, norm_topk_prob false, first_k_dense_replace 0,
+// routed_scaling_factor 1; both: rms_norm_eps 1e-6, moe_layer_freq 1). RoPE is read in both spellings:
 //   transformers 4.x: "rope_theta": 50000.0, "rope_scaling": {"type" or "rope_type": "yarn", "factor": ..., ...}
 //   transformers 5.x: "rope_parameters": {"rope_type": "yarn" | "default", "rope_theta": ..., "factor": ..., ...}
 // with v5's precedence (a non-empty rope_scaling wins over rope_parameters; a theta inside the dict wins over a
-// top-level rope_theta). Features moonmoe does not model (tied embeddings, attention bias, other activations,
-// MoE only every k-th layer, non-YaRN scaling, untruncated YaRN ranges) are errors, never silently ignored.
+// top-level rope_theta). Features moonmoe does not model (tied embeddings, attention or MLP bias, other
+// activations, MoE only every k-th layer, non-YaRN scaling, untruncated YaRN ranges) are errors, never silently
+// ignored; so are V2 fields that transformers' DeepseekV2 modeling ignores but DeepSeek's own code does not
+// (scoring_func other than softmax, norm_topk_prob true, rope_interleave false).
 //
-// resolve() then merges a file with a model type: a static size must equal the file's, a Dynamic one is taken
-// from it, and every non-size value (eps, RoPE / YaRN, router flags and scale) comes from the file.
+// DeepseekV2ForCausalLM as transformers 5.23 computes it (models/deepseek_v2/modeling_deepseek_v2.py) differs from
+// V3 only in the router: softmax scores, no correction bias, weights never normalised, and group_limited_greedy
+// scores a group by its largest expert score and zeroes the dropped groups' scores (GroupScore<GroupMax>); its RoPE
+// (complex rotation of interleaved pairs) and softmax scale (qk_head_dim^-1/2 mscale(factor, mscale_all_dim)^2)
+// equal V3's with rope_interleave true.
+//
+// resolve() then merges a file with a model type: every value the type fixes must equal the file's (an io_error
+// names the config.json field and both values), and every Dynamic one (sizes, reals, flags, AnyScore,
+// AnyGroupScore, AnyScaling) is taken from it.
 #pragma once
 
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -36,11 +48,15 @@
 
 namespace moonmoe {
 
+/// The transformers model class a config.json is for.
+enum class HFArchitecture { deepseek_v3, deepseek_v2 };
+
 /// What a DeepSeek-V3-architecture config.json says, beyond and including the ModelConfig.
 struct HFConfig {
     std::string source;                      ///< the file (or name) every error message starts with
-    std::vector<std::string> architectures;  ///< contains "DeepseekV3ForCausalLM" (may be empty if absent)
-    std::string model_type;                  ///< "kimi_k2", "deepseek_v3", ...
+    std::vector<std::string> architectures;  ///< contains "DeepseekV3ForCausalLM" or "DeepseekV2ForCausalLM" (or is empty)
+    std::string model_type;                  ///< "kimi_k2", "deepseek_v3", "deepseek_v2", ...
+    HFArchitecture architecture = HFArchitecture::deepseek_v3;
     /// Sizes and numerics as the file states them; parallel, optimizer and backend are AnyDeepSeekV3's defaults.
     ModelConfig model;
     std::string topk_method;                  ///< "noaux_tc" (correction bias), "greedy", "group_limited_greedy"
@@ -141,17 +157,29 @@ inline void read_architecture(const ConfigFields& f, const nlohmann::json& j, HF
             if (!name.is_string()) f.fail("architectures", "must be a list of strings, found " + describe_json(a));
             out.architectures.push_back(name.get<std::string>());
         }
-        for (const auto& name : out.architectures)
-            if (name == "DeepseekV3ForCausalLM") return;
+        for (const auto& name : out.architectures) {
+            if (name == "DeepseekV3ForCausalLM" || name == "DeepseekV2ForCausalLM") {
+                out.architecture = name == "DeepseekV3ForCausalLM" ? HFArchitecture::deepseek_v3 : HFArchitecture::deepseek_v2;
+                return;
+            }
+        }
         throw io_error(out.source + ": architectures is " + a.dump() +
-                       "; moonmoe reads DeepseekV3ForCausalLM checkpoints (Kimi K2, DeepSeek-V3)");
+                       "; moonmoe reads DeepseekV3ForCausalLM (Kimi K2, DeepSeek-V3) and DeepseekV2ForCausalLM "
+                       "(DeepSeek-V2) checkpoints");
+    }
+    if (out.model_type == "deepseek_v2") {
+        out.architecture = HFArchitecture::deepseek_v2;
+        return;
     }
     if (out.model_type != "deepseek_v3" && out.model_type != "kimi_k2")
         throw io_error(out.source + ": no architectures and model_type " + detail::quoted(out.model_type) +
-                       "; moonmoe reads DeepseekV3ForCausalLM checkpoints (model_type deepseek_v3 or kimi_k2)");
+                       "; moonmoe reads DeepseekV3ForCausalLM and DeepseekV2ForCausalLM checkpoints (model_type "
+                       "deepseek_v3, kimi_k2 or deepseek_v2)");
 }
 
-inline void read_unsupported_features(const ConfigFields& f) {
+inline void read_unsupported_features(const ConfigFields& f, HFArchitecture arch) {
+    if (arch == HFArchitecture::deepseek_v2 && f.flag_or("mlp_bias", false))
+        f.fail("mlp_bias", "is true; DeepSeek-V2's MLPs and experts have no bias");
     if (const auto act = f.text_or("hidden_act", "silu"); act != "silu")
         f.fail("hidden_act", "is " + detail::quoted(act) + "; the DeepSeek-V3 MLPs and experts are SwiGLU and need 'silu'");
     if (f.flag_or("attention_bias", false))
@@ -169,6 +197,9 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
     RopeConfig& rope = out.model.rope;
     rope.max_positions = f.size("max_position_embeddings");
     rope.interleave = f.flag_or("rope_interleave", true);
+    if (out.architecture == HFArchitecture::deepseek_v2 && !rope.interleave)
+        f.fail("rope_interleave", "is false; DeepseekV2ForCausalLM always rotates interleaved pairs (transformers' "
+                                  "apply_rotary_emb ignores the field)");
 
     const bool has_scaling = f.has("rope_scaling") && !j["rope_scaling"].empty();
     const char* dict_key = has_scaling ? "rope_scaling" : f.has("rope_parameters") ? "rope_parameters" : nullptr;
@@ -226,26 +257,64 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
 
 inline void read_moe(const ConfigFields& f, HFConfig& out) {
     MoEConfig& moe = out.model.moe;
+    const bool v2 = out.architecture == HFArchitecture::deepseek_v2;
     moe.experts = f.size("n_routed_experts");
     moe.top_k = f.size("num_experts_per_tok");
     moe.shared = f.size("n_shared_experts");
     moe.expert_hidden = f.size("moe_intermediate_size");
-    moe.groups = f.size("n_group");
-    moe.top_groups = f.size("topk_group");
-    moe.routed_scale = f.number("routed_scaling_factor");
-    moe.norm_top_k = f.flag_or("norm_topk_prob", true);
-    const std::string score = f.text_or("scoring_func", "sigmoid");
+    moe.routed_scale = v2 ? f.number_or("routed_scaling_factor", 1.0) : f.number("routed_scaling_factor");
+    moe.norm_top_k = f.flag_or("norm_topk_prob", !v2);
+    const std::string score = f.text_or("scoring_func", v2 ? "softmax" : "sigmoid");
     if (score != "sigmoid" && score != "softmax")
         f.fail("scoring_func", "is " + detail::quoted(score) + "; expected 'sigmoid' or 'softmax'");
     moe.score = score == "sigmoid" ? ScoreFunc::sigmoid : ScoreFunc::softmax;
-    out.topk_method = f.text_or("topk_method", "noaux_tc");
-    if (out.topk_method == "noaux_tc" || out.topk_method == "group_limited_greedy") {
-        moe.correction_bias = out.topk_method == "noaux_tc";
-    } else if (out.topk_method == "greedy") {  // top-k over all experts: no group limit
+    out.topk_method = f.text_or("topk_method", v2 ? "greedy" : "noaux_tc");
+    if (v2) {
+        // transformers' DeepseekV2TopkRouter: softmax, top-k of the scores (group-limited or not), times
+        // routed_scaling_factor; it reads neither scoring_func nor norm_topk_prob. DeepSeek's own V2 code would
+        // normalise (and then not scale) with norm_topk_prob true: such a file means two things, so it is refused.
+        if (moe.score != ScoreFunc::softmax)
+            f.fail("scoring_func", "is " + detail::quoted(score) + "; DeepseekV2ForCausalLM scores experts with softmax");
+        if (moe.norm_top_k)
+            f.fail("norm_topk_prob", "is true; transformers' DeepseekV2ForCausalLM never normalises the top-k weights "
+                                     "(DeepSeek's own V2 code would, and then skip routed_scaling_factor)");
+        if (out.topk_method != "greedy" && out.topk_method != "group_limited_greedy")
+            f.fail("topk_method", "is " + detail::quoted(out.topk_method) +
+                                      "; DeepseekV2ForCausalLM routes by 'greedy' or 'group_limited_greedy'");
         moe.correction_bias = false;
+        moe.group_score = GroupScoreFunc::max;
+    } else {
+        moe.group_score = GroupScoreFunc::top_two_sum;
+        if (out.topk_method != "noaux_tc" && out.topk_method != "group_limited_greedy" && out.topk_method != "greedy")
+            f.fail("topk_method", "is " + detail::quoted(out.topk_method) +
+                                      "; expected 'noaux_tc', 'greedy' or 'group_limited_greedy'");
+        moe.correction_bias = out.topk_method == "noaux_tc";
+    }
+    if (out.topk_method == "greedy") {  // top-k over all experts: no group limit (n_group may be absent or null)
         moe.groups = moe.top_groups = 1;
     } else {
-        f.fail("topk_method", "is " + detail::quoted(out.topk_method) + "; expected 'noaux_tc', 'greedy' or 'group_limited_greedy'");
+        moe.groups = f.size("n_group");
+        moe.top_groups = f.size("topk_group");
+    }
+}
+
+/// Real fields that a model type uses -1.0 for (Dynamic) must not take that value from a file, where it would read
+/// as "not fixed" and pass the rules.
+inline void refuse_dynamic_sentinels(const HFConfig& out) {
+    const ModelConfig& m = out.model;
+    const auto check = [&](double v, const std::string& field) {
+        if (is_dynamic(v)) throw io_error(out.source + ": " + field + " is -1, which is not a valid value");
+    };
+    const std::string dict = out.rope_parameters_format ? "rope_parameters." : "rope_scaling.";
+    check(m.dims.norm_eps, "rms_norm_eps");
+    check(m.moe.routed_scale, "routed_scaling_factor");
+    check(m.rope.theta, "rope_theta");
+    if (m.rope.yarn) {
+        check(m.rope.factor, dict + "factor");
+        check(m.rope.beta_fast, dict + "beta_fast");
+        check(m.rope.beta_slow, dict + "beta_slow");
+        check(m.rope.mscale, dict + "mscale");
+        check(m.rope.mscale_all_dim, dict + "mscale_all_dim");
     }
 }
 
@@ -299,12 +368,15 @@ inline HFConfig parse_hf_config(std::string_view text, std::string source = "con
     const detail::ConfigFields f(j, out.source);
 
     detail::read_architecture(f, j, out);
-    detail::read_unsupported_features(f);
+    detail::read_unsupported_features(f, out.architecture);
     out.model = AnyDeepSeekV3::config;  // parallel, optimizer, backend: defaults; everything else from the file
+    out.model.moe.from_file = {};
+    out.model.rope.from_file = {};
     DimsConfig& dims = out.model.dims;
     dims.hidden = f.size("hidden_size");
     dims.layers = f.size("num_hidden_layers");
-    dims.dense_layers = f.size("first_k_dense_replace");
+    dims.dense_layers = out.architecture == HFArchitecture::deepseek_v2 ? f.size_or("first_k_dense_replace", 0)
+                                                                        : f.size("first_k_dense_replace");
     dims.vocab = f.size("vocab_size");
     dims.dense_hidden = f.size("intermediate_size");
     dims.norm_eps = f.number_or("rms_norm_eps", 1e-6);
@@ -327,6 +399,7 @@ inline HFConfig parse_hf_config(std::string_view text, std::string source = "con
     out.mtp_layers = f.size_or("num_nextn_predict_layers", 0);
     detail::read_quantization(f, j, out);
     detail::read_tokens(f, j, out);
+    detail::refuse_dynamic_sentinels(out);
     try {
         validate(out.model, FieldNames::config_json);
     } catch (const config_error& e) {
@@ -341,23 +414,57 @@ inline HFConfig read_hf_config(const std::filesystem::path& file) {
     return parse_hf_config(detail::read_small_file(file, max_config_bytes), file.string());
 }
 
-/// The configuration of a model type loaded from `file`: static sizes must match the file (io_error naming the
-/// field otherwise), Dynamic ones and all non-size values come from it; the result passes validate()
-/// (config_error, prefixed with the file, otherwise).
+namespace detail {
+
+/// The shortest decimal that reads back as `v` ("2.827", "1e-06", "50000").
+inline std::string format_real(double v) {
+    char buf[32];
+    for (int precision = 6; precision <= 17; ++precision) {
+        std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+        if (std::strtod(buf, nullptr) == v) break;
+    }
+    return buf;
+}
+
+inline const char* score_name(ScoreFunc s) { return s == ScoreFunc::sigmoid ? "Sigmoid" : "Softmax"; }
+inline const char* group_score_name(GroupScoreFunc g) { return g == GroupScoreFunc::max ? "GroupMax" : "TopTwoSum"; }
+
+}  // namespace detail
+
+/// The configuration of a model type loaded from `file`: every value the type fixes must equal the file's (an
+/// io_error names the config.json field, the file's value and the type's argument otherwise); Dynamic ones are
+/// taken from it. The result passes validate() (config_error, prefixed with the file, otherwise).
 inline ModelConfig resolve(const ModelConfig& type_config, const HFConfig& file) {
     if (type_config.attention.kind != AttentionKind::mla)
         throw io_error(file.source + ": the model type has MHA attention, but a DeepseekV3 checkpoint has MLA");
     ModelConfig out = type_config;
     const ModelConfig& f = file.model;
+    const ModelConfig& t = type_config;
+    const auto mismatch = [&](const std::string& field, const std::string& given, const std::string& fixed) {
+        throw io_error(file.source + ": " + field + " is " + given + " but the model type fixes " + fixed);
+    };
     const auto take = [&](index_t& slot, index_t fixed, index_t given, const char* field, const char* argument) {
         if (fixed != Dynamic && fixed != given) {
             const bool null_rank = std::string_view(field) == "q_lora_rank" && given == NoQCompression;
-            throw io_error(file.source + ": " + field + " is " + (null_rank ? "null" : std::to_string(given)) +
-                           " but the model type fixes " + argument + "<" + std::to_string(fixed) + ">");
+            std::string type_argument = argument;  // appended piece by piece: g++ 12 -O3 warns on "<" + string
+            type_argument.append("<").append(std::to_string(fixed)).append(">");
+            mismatch(field, null_rank ? "null" : std::to_string(given), type_argument);
         }
         slot = given;
     };
-    const ModelConfig& t = type_config;
+    const auto take_real = [&](double& slot, double fixed, double given, const std::string& field, const char* argument) {
+        if (!is_dynamic(fixed) && fixed != given)
+            mismatch(field, detail::format_real(given), std::string(argument) + "<" + detail::format_real(fixed) + ">");
+        slot = given;
+    };
+    const auto take_flag = [&](bool& slot, bool from_file, bool fixed, bool given, const std::string& field,
+                               const std::string& given_text, const char* argument) {
+        if (!from_file && fixed != given)
+            mismatch(field, given_text, std::string(argument) + (fixed ? "<true>" : "<false>"));
+        slot = given;
+    };
+    const auto boolean = [](bool b) { return std::string(b ? "true" : "false"); };
+
     take(out.dims.hidden, t.dims.hidden, f.dims.hidden, "hidden_size", "Hidden");
     take(out.dims.layers, t.dims.layers, f.dims.layers, "num_hidden_layers", "Layers");
     take(out.dims.dense_layers, t.dims.dense_layers, f.dims.dense_layers, "first_k_dense_replace", "DenseLayers");
@@ -376,15 +483,57 @@ inline ModelConfig resolve(const ModelConfig& type_config, const HFConfig& file)
     take(out.moe.groups, t.moe.groups, f.moe.groups, "n_group", "Groups");
     take(out.moe.top_groups, t.moe.top_groups, f.moe.top_groups, "topk_group", "TopGroups");
     out.attention.kv_heads = out.attention.heads;
+    take(out.rope.max_positions, t.rope.max_positions, f.rope.max_positions, "max_position_embeddings", "MaxPositions");
+    take_real(out.dims.norm_eps, t.dims.norm_eps, f.dims.norm_eps, "rms_norm_eps", "NormEps");
 
-    out.dims.norm_eps = f.dims.norm_eps;
-    const index_t max_positions = out.rope.max_positions;
-    out.rope = f.rope;
-    take(out.rope.max_positions, max_positions, f.rope.max_positions, "max_position_embeddings", "MaxPositions");
+    // Routing. The file's choices are named by the fields that carry them.
+    const std::string method = detail::quoted(file.topk_method);
+    if (!t.moe.from_file.score && t.moe.score != f.moe.score)
+        mismatch("scoring_func", f.moe.score == ScoreFunc::sigmoid ? "'sigmoid'" : "'softmax'",
+                 std::string("Score<") + detail::score_name(t.moe.score) + ">");
     out.moe.score = f.moe.score;
-    out.moe.correction_bias = f.moe.correction_bias;
-    out.moe.norm_top_k = f.moe.norm_top_k;
-    out.moe.routed_scale = f.moe.routed_scale;
+    take_flag(out.moe.correction_bias, t.moe.from_file.correction_bias, t.moe.correction_bias, f.moe.correction_bias,
+              "topk_method", method + (f.moe.correction_bias ? " (with" : " (without") + " e_score_correction_bias)",
+              "CorrectionBias");
+    take_flag(out.moe.norm_top_k, t.moe.from_file.norm_top_k, t.moe.norm_top_k, f.moe.norm_top_k, "norm_topk_prob",
+              boolean(f.moe.norm_top_k), "NormTopK");
+    take_real(out.moe.routed_scale, t.moe.routed_scale, f.moe.routed_scale, "routed_scaling_factor", "RoutedScale");
+    // How groups are scored matters only where groups limit the choice.
+    const bool group_limited = out.moe.groups > 1 && out.moe.top_groups < out.moe.groups;
+    if (group_limited && !t.moe.from_file.group_score && t.moe.group_score != f.moe.group_score)
+        mismatch("topk_method", method + (f.moe.group_score == GroupScoreFunc::max
+                                              ? " (groups scored by their largest score, DeepseekV2ForCausalLM)"
+                                              : " (groups scored by their two largest scores, DeepseekV3ForCausalLM)"),
+                 std::string("GroupScore<") + detail::group_score_name(t.moe.group_score) + ">");
+    out.moe.group_score = f.moe.group_score;
+
+    // RoPE.
+    take_real(out.rope.theta, t.rope.theta, f.rope.theta, "rope_theta", "Theta");
+    take_flag(out.rope.interleave, t.rope.from_file.interleave, t.rope.interleave, f.rope.interleave,
+              "rope_interleave", boolean(f.rope.interleave), "Interleave");
+    const std::string dict = file.rope_parameters_format ? "rope_parameters." : "rope_scaling.";
+    if (!t.rope.from_file.scaling) {
+        if (t.rope.yarn != f.rope.yarn)
+            mismatch(dict + (file.rope_parameters_format ? "rope_type" : "type"), f.rope.yarn ? "'yarn'" : "'default' (or absent)",
+                     t.rope.yarn ? "YaRN<...>" : "NoScaling");
+        if (f.rope.yarn) {
+            take_real(out.rope.factor, t.rope.factor, f.rope.factor, dict + "factor", "Factor");
+            take(out.rope.original_max_positions, t.rope.original_max_positions, f.rope.original_max_positions,
+                 (dict + "original_max_position_embeddings").c_str(), "OriginalMaxPositions");
+            take_real(out.rope.beta_fast, t.rope.beta_fast, f.rope.beta_fast, dict + "beta_fast", "BetaFast");
+            take_real(out.rope.beta_slow, t.rope.beta_slow, f.rope.beta_slow, dict + "beta_slow", "BetaSlow");
+            take_real(out.rope.mscale, t.rope.mscale, f.rope.mscale, dict + "mscale", "MScale");
+            take_real(out.rope.mscale_all_dim, t.rope.mscale_all_dim, f.rope.mscale_all_dim, dict + "mscale_all_dim",
+                      "MScaleAllDim");
+        }
+    }
+    const index_t max_positions = out.rope.max_positions;
+    const double theta = out.rope.theta;
+    const bool interleave = out.rope.interleave;
+    out.rope = f.rope;  // the scaling numbers (equal to the type's where it fixes them)
+    out.rope.max_positions = max_positions, out.rope.theta = theta, out.rope.interleave = interleave;
+    out.rope.from_file = {};
+    out.moe.from_file = {};
     try {
         validate(out, FieldNames::config_json);
     } catch (const config_error& e) {

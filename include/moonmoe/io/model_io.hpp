@@ -4,6 +4,16 @@
 // error naming the field; Dynamic sizes come from the file), builds the model and reads every parameter with its
 // expected shape (F32, BF16, F16, or F8_E4M3 dequantised with its block scales). A tensor the model does not
 // have is an error too, except the MTP modules DeepSeek-V3 stores as extra layers (HF ignores them as well).
+//
+// save_transformer(dir, model) writes the model back as a checkpoint directory that load_transformer and
+// transformers' DeepseekV3ForCausalLM.from_pretrained read: config.json (the loaded file's, every field kept, or
+// written from the model's configuration for a model built from a type), the weights in safetensors shards with
+// model.safetensors.index.json when there are several (io/checkpoint_writer.hpp). So:
+//
+//     auto model = moonmoe::load_transformer("in");           // or nn::Transformer<> model(MyModel::config);
+//     ... model.train_step(ids, layout); opt.step(); ...       //    nn::init_weights(model, {.seed = 1});
+//     moonmoe::save_transformer("out", model);
+//     auto again = moonmoe::load_transformer("out");           // the same weights, bit for bit (F32)
 #pragma once
 
 #include <cmath>
@@ -15,7 +25,9 @@
 
 #include "../nn/transformer.hpp"
 #include "checkpoint.hpp"
+#include "hf_config_writer.hpp"
 #include "memory_budget.hpp"
+#include "checkpoint_writer.hpp"
 
 namespace moonmoe {
 
@@ -104,7 +116,43 @@ nn::Transformer<B> load_transformer(const std::filesystem::path& dir, const Load
     check_memory_budget(config, ck.config().source, options.memory_limit, options.with_optimizer_state);
     nn::Transformer<B> model(config);
     load_weights(model, ck, options);
+    model.hf_config_json = ck.config().json.dump();
     return model;
+}
+
+/// How save_transformer writes a checkpoint.
+struct SaveOptions {
+    /// F32 (exact), or BF16 / F16 (rounded to nearest even, as torch rounds).
+    DType store = DType::f32;
+    /// Shard size limit: the weights are split into model-0000i-of-0000n.safetensors files of at most this many
+    /// bytes (a larger tensor gets a file of its own) with an index; a model that fits is one model.safetensors.
+    std::uint64_t max_shard_bytes = default_max_shard_bytes;
+    /// config.json's initializer_range for a model built from a type (a loaded file's own value is kept).
+    double initializer_range = 0.02;
+};
+
+/// The config.json a saved `model` gets: the file it was loaded from (after checking that its sizes are the
+/// model's), or one written from its configuration (io/hf_config_writer.hpp).
+template <class B>
+HFConfig saved_hf_config(const nn::Transformer<B>& model, double initializer_range = 0.02) {
+    if (model.hf_config_json.empty()) return hf_config_for(model.config, initializer_range);
+    HFConfig loaded = parse_hf_config(model.hf_config_json, "the config.json the model was loaded from");
+    resolve(model.config, loaded);  // throws naming the field if the model's sizes are not the file's
+    return loaded;
+}
+
+/// Saves `model` as a Hugging Face checkpoint directory `dir` (see the top of this file): config.json, and every
+/// parameter under its HF name in shards. Creates `dir` if needed and replaces an existing checkpoint there as a
+/// whole or not at all (the rules of io/checkpoint_writer.hpp: a directory holding anything but checkpoint and
+/// tokenizer files is refused, and tokenizer files are kept).
+template <class B>
+void save_transformer(const std::filesystem::path& dir, nn::Transformer<B>& model, const SaveOptions& options = {}) {
+    const HFConfig config = saved_hf_config(model, options.initializer_range);
+    std::vector<NamedTensor> tensors;
+    model.visit_params([&](const ParamRef& p) {
+        tensors.push_back({p.name, p.shape, std::span<const float>(p.value, std::size_t(p.numel()))});
+    });
+    write_sharded_checkpoint(dir, config, tensors, options.store, options.max_shard_bytes);
 }
 
 /// Every parameter value (what = values) or gradient (what = gradients) under its HF name, plus `extra` tensors.

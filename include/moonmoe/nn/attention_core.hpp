@@ -1,5 +1,6 @@
 // moonmoe/nn/attention_core.hpp: causal softmax attention of one head over one sequence, forward and backward,
-// shared by MLA and MHA.
+// shared by MLA and MHA. The modules call it once per (sequence, head) of their token layout, so attention never
+// crosses a sequence boundary of a packed batch.
 //
 // scores = scale * sum over parts p of Q_p K_p^T (MLA has two parts, nope and rope, so its keys are never
 // concatenated; MHA has one), P = softmax(scores) over keys j <= i, O = P V. Forward keeps only the per-row
@@ -13,8 +14,15 @@
 
 #include "../backend/backend.hpp"
 #include "../tensor/tensor.hpp"
+#include "layout.hpp"
 
 namespace moonmoe::nn {
+
+/// Where the log-sum-exps of head h of sequence s start in a [tokens * heads] buffer: blocks of length(s) values,
+/// sequence by sequence, head by head within a sequence.
+inline index_t lse_offset(const TokenLayout& layout, index_t heads, index_t s, index_t h) {
+    return layout.begin(s) * heads + h * layout.length(s);
+}
 
 /// One head of one sequence: S rows each. Parts: 1 or 2 (q, k) pairs summed into the scores.
 template <class B = cpu>

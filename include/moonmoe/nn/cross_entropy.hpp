@@ -1,7 +1,10 @@
 // moonmoe/nn/cross_entropy.hpp: mean token cross-entropy over logits, as HF's causal-LM loss computes it.
 //
 // loss = mean over targets != ignore of (logsumexp(z_t) - z_t[target_t]); dlogits = (softmax(z_t) - onehot) / count.
-// causal_targets() gives HF's shift: the target of token i is token i+1 of the same sequence; the last is ignored.
+// causal_targets() gives HF's shift: the target of token i is token i+1 of the same sequence; each sequence's last
+// token has none (in a packed layout no target crosses a boundary). The mean runs over every target of the batch,
+// as transformers computes the loss of a packed batch (DataCollatorWithFlattening); cross_entropy() of one
+// sequence's rows gives that sequence's own loss.
 #pragma once
 
 #include <cmath>
@@ -19,8 +22,8 @@ inline constexpr index_t ignore_index = -100;
 
 inline std::vector<index_t> causal_targets(const index_t* ids, const TokenLayout& layout) {
     std::vector<index_t> targets(static_cast<std::size_t>(layout.tokens()), ignore_index);
-    for (index_t b = 0; b < layout.batch; ++b)
-        for (index_t i = 0; i + 1 < layout.seq; ++i) targets[b * layout.seq + i] = ids[b * layout.seq + i + 1];
+    for (index_t s = 0; s < layout.sequences(); ++s)
+        for (index_t t = layout.begin(s); t + 1 < layout.end(s); ++t) targets[std::size_t(t)] = ids[t + 1];
     return targets;
 }
 

@@ -3,7 +3,9 @@
 //   out = h1 + mlp(post_attention_layernorm(h1))      mlp: dense SwiGLU for the first layers, MoE after
 #pragma once
 
+#include <span>
 #include <string>
+#include <vector>
 
 #include "mha.hpp"
 #include "mla.hpp"
@@ -102,12 +104,27 @@ struct DecoderLayer {
 
     /// Inference on the next tokens of one sequence: absorbed MLA with the latent cache, or MHA with K/V.
     void forward_cached(View<const float, 2, B> h, DecodeCache& cache, View<float, 2, B> out) {
+        DecodeCache* one[1] = {&cache};
+        forward_cached(h, TokenLayout::sequences(1, h.shape[0], cache.length()), one, out);
+    }
+
+    /// Inference on the next tokens of several sequences (sequence s of `layout` continues caches[s]): attention
+    /// per sequence against its own cache, everything else on all rows at once.
+    void forward_cached(View<const float, 2, B> h, const TokenLayout& layout, std::span<DecodeCache* const> caches,
+                        View<float, 2, B> out) {
         const index_t T = h.shape[0];
         Mat a_in({T, hidden}), attn({T, hidden}), h1({T, hidden}), m_in({T, hidden}), m({T, hidden});
         std::vector<float> rstd(static_cast<std::size_t>(T));
         input_layernorm.forward(h, a_in.view(), rstd.data());
-        if (latent) self_attn.forward_absorbed(a_in.view(), cache.latent, attn.view());
-        else mha.forward_cached(a_in.view(), cache.kv, attn.view());
+        if (latent) {
+            std::vector<typename MLA<B>::LatentCache*> latents;
+            for (DecodeCache* c : caches) latents.push_back(&c->latent);
+            self_attn.forward_absorbed(a_in.view(), layout, latents, attn.view());
+        } else {
+            std::vector<typename MHA<B>::KVCache*> kvs;
+            for (DecodeCache* c : caches) kvs.push_back(&c->kv);
+            mha.forward_cached(a_in.view(), layout, kvs, attn.view());
+        }
         add(h, attn.view(), h1.view());
         post_attention_layernorm.forward(h1.view(), m_in.view(), rstd.data());
         if (dense) {

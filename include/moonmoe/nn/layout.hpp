@@ -1,6 +1,12 @@
 // moonmoe/nn/layout.hpp: how the rows of an activation [tokens, features] map to sequences and positions.
+//
+// Rows are packed: sequence s holds rows [offsets[s], offsets[s + 1]) (cu_seqlens in FlashAttention's varlen
+// API), so sequences of different lengths share one batch without padding. Attention never crosses a sequence
+// boundary, a sequence's last token has no target, and positions restart at each sequence's first position.
 #pragma once
 
+#include <initializer_list>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -9,20 +15,93 @@
 
 namespace moonmoe::nn {
 
-/// `batch` sequences of `seq` tokens each, row t = b * seq + i, at position positions[t] (i for training).
-struct TokenLayout {
-    index_t batch = 1, seq = 0;
-    std::vector<index_t> positions;
+class TokenLayout {
+public:
+    TokenLayout() = default;
 
+    /// `batch` sequences of `seq` tokens each: row t = b * seq + i, at position first_position + i.
     static TokenLayout sequences(index_t batch, index_t seq, index_t first_position = 0) {
         if (batch < 1 || seq < 1)
             throw std::invalid_argument("TokenLayout: batch and sequence length must be positive, got " +
                                         std::to_string(batch) + " x " + std::to_string(seq));
-        TokenLayout l{batch, seq, std::vector<index_t>(static_cast<std::size_t>(batch * seq))};
-        for (index_t t = 0; t < batch * seq; ++t) l.positions[t] = first_position + t % seq;
+        return packed(std::vector<index_t>(static_cast<std::size_t>(batch), seq), first_position);
+    }
+
+    /// Sequences of the given lengths, one after another: sequence s at rows [sum of lengths before s, + its
+    /// length), at positions first_position, first_position + 1, ...
+    static TokenLayout packed(std::span<const index_t> lengths, index_t first_position = 0) {
+        std::vector<index_t> offsets{0};
+        offsets.reserve(lengths.size() + 1);
+        for (std::size_t s = 0; s < lengths.size(); ++s) {
+            if (lengths[s] < 1)
+                throw std::invalid_argument("TokenLayout.packed: sequence " + std::to_string(s) + " has length " +
+                                            std::to_string(lengths[s]) + "; every length must be positive");
+            offsets.push_back(offsets.back() + lengths[s]);
+        }
+        return from_offsets(std::move(offsets), first_position);
+    }
+    static TokenLayout packed(std::initializer_list<index_t> lengths, index_t first_position = 0) {
+        return packed(std::span<const index_t>(lengths.begin(), lengths.size()), first_position);
+    }
+
+    /// From cumulative offsets [0, end of sequence 0, end of sequence 1, ..., tokens] (cu_seqlens), strictly
+    /// increasing.
+    static TokenLayout from_offsets(std::vector<index_t> offsets, index_t first_position = 0) {
+        if (offsets.size() < 2 || offsets.front() != 0)
+            throw std::invalid_argument("TokenLayout: offsets must start at 0 and hold at least one sequence (got " +
+                                        std::to_string(offsets.size()) + " offsets" +
+                                        (offsets.empty() ? "" : ", the first " + std::to_string(offsets.front())) + ")");
+        TokenLayout l;
+        for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
+            if (offsets[s + 1] <= offsets[s])
+                throw std::invalid_argument("TokenLayout: offsets must increase strictly; sequence " + std::to_string(s) +
+                                            " runs from " + std::to_string(offsets[s]) + " to " +
+                                            std::to_string(offsets[s + 1]));
+        l.positions.resize(static_cast<std::size_t>(offsets.back()));
+        for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
+            for (index_t t = offsets[s]; t < offsets[s + 1]; ++t) l.positions[std::size_t(t)] = first_position + t - offsets[s];
+        l.offsets_ = std::move(offsets);
         return l;
     }
-    index_t tokens() const { return batch * seq; }
+
+    index_t sequences() const { return offsets_.empty() ? 0 : index_t(offsets_.size()) - 1; }
+    index_t tokens() const { return offsets_.empty() ? 0 : offsets_.back(); }
+    index_t begin(index_t s) const { return offsets_[std::size_t(s)]; }  ///< first row of sequence s
+    index_t end(index_t s) const { return offsets_[std::size_t(s) + 1]; }
+    index_t length(index_t s) const { return end(s) - begin(s); }
+    const std::vector<index_t>& offsets() const { return offsets_; }
+    /// True when every sequence has the same length (what sequences() builds).
+    bool uniform() const {
+        for (index_t s = 1; s < sequences(); ++s)
+            if (length(s) != length(0)) return false;
+        return true;
+    }
+
+    /// Throws unless the layout covers exactly `rows` rows, each with a position; `what` names the caller.
+    void check_rows(index_t rows, const char* what) const {
+        if (tokens() != rows || index_t(positions.size()) != rows)
+            throw std::invalid_argument(std::string(what) + ": the token layout covers " + std::to_string(tokens()) +
+                                        " rows with " + std::to_string(positions.size()) + " positions, the input has " +
+                                        std::to_string(rows) + " rows");
+    }
+
+    /// Throws unless the rows of sequence s sit at positions cached, cached + 1, ...: the next tokens of a sequence
+    /// with `cached` tokens in its decoding cache.
+    void check_continues(index_t s, index_t cached, const char* what) const {
+        for (index_t t = begin(s); t < end(s); ++t)
+            if (positions[std::size_t(t)] != cached + t - begin(s))
+                throw std::invalid_argument(std::string(what) + ": token " + std::to_string(t - begin(s)) + " of sequence " +
+                                            std::to_string(s) + " is at position " + std::to_string(positions[std::size_t(t)]) +
+                                            ", but its cache holds " + std::to_string(cached) + " tokens, so it belongs at " +
+                                            std::to_string(cached + t - begin(s)));
+    }
+
+    /// Position of each row, used by RoPE. Restarts at each sequence for training; decoding sets it to where each
+    /// token lands in its sequence's cache.
+    std::vector<index_t> positions;
+
+private:
+    std::vector<index_t> offsets_;
 };
 
 }  // namespace moonmoe::nn

@@ -3,12 +3,15 @@
 //
 //   q = q_proj(x) [T, heads * d], k = k_proj(x), v = v_proj(x) [T, kv_heads * d]; RoPE on the last rope_dim of
 //   each q and k head; head h attends with key/value head h / (heads / kv_heads); out = o_proj(o).
-// Same contracts as MLA: the per-head maximum scaled logit for QK-Clip, log-sum-exp kept for backward, and a
-// K/V cache for incremental decoding.
+// Same contracts as MLA: attention per sequence of the token layout (packed sequences never see each other), the
+// per-head maximum scaled logit for QK-Clip, log-sum-exp kept for backward, and a K/V cache per sequence for
+// incremental decoding of several sequences at once.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "../config/model_config.hpp"
@@ -41,7 +44,7 @@ struct MHA {
 
     struct Cache {
         Mat x, q, k, v, o;
-        std::vector<float> lse;
+        std::vector<float> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
         TokenLayout layout;
     };
     struct KVCache {
@@ -88,53 +91,55 @@ struct MHA {
         rope.apply(rope_part(k, cfg.kv_heads), positions);
     }
 
+    /// Query head h of sequence b with its key/value head.
     HeadViews<B> head(const Cache& c, index_t b, index_t h) const {
-        const index_t S = c.layout.seq, g = h / group();
+        const index_t t0 = c.layout.begin(b), S = c.layout.length(b), g = h / group();
         HeadViews<B> hv;
-        hv.q[0] = cols(c.q, b * S, S, h * d(), d());
-        hv.k[0] = cols(c.k, b * S, S, g * d(), d());
-        hv.v = cols(c.v, b * S, S, g * cfg.v_dim, cfg.v_dim);
+        hv.q[0] = cols(c.q, t0, S, h * d(), d());
+        hv.k[0] = cols(c.k, t0, S, g * d(), d());
+        hv.v = cols(c.v, t0, S, g * cfg.v_dim, cfg.v_dim);
         return hv;
     }
 
+    /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward.
     void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
-        const index_t T = x.shape[0], S = layout.seq, H = cfg.heads;
-        if (T != layout.tokens()) throw_shape_mismatch("MHA.forward: x against the token layout", x.shape, Shape<2>{layout.tokens(), hidden});
+        const index_t T = x.shape[0], H = cfg.heads, N = layout.sequences();
+        layout.check_rows(T, "MHA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.x = Mat({T, hidden});
         Ops::copy(x, c.x.view());
         project(x, layout.positions.data(), c.q, c.k, c.v);
         c.o = Mat({T, H * cfg.v_dim});
-        c.lse.assign(static_cast<std::size_t>(layout.batch * H * S), 0.0f);
-        std::vector<float> task_max(static_cast<std::size_t>(layout.batch * H), -INFINITY);
-        Ops::for_each(layout.batch * H, [&](index_t task) {
+        c.lse.assign(static_cast<std::size_t>(T * H), 0.0f);
+        std::vector<float> task_max(static_cast<std::size_t>(N * H), -INFINITY);
+        Ops::for_each(N * H, [&](index_t task) {
             const index_t b = task / H, h = task % H;
             task_max[task] = attention_head_forward<B>(head(c, b, h), softmax_scale,
-                                                       cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim),
-                                                       c.lse.data() + task * S);
+                                                       cols(c.o, layout.begin(b), layout.length(b), h * cfg.v_dim, cfg.v_dim),
+                                                       c.lse.data() + lse_offset(layout, H, b, h));
         });
-        for (index_t task = 0; task < layout.batch * H; ++task)
+        for (index_t task = 0; task < N * H; ++task)
             max_logit_per_head[task % H] = std::max(max_logit_per_head[task % H], task_max[task]);
         o_proj.forward(c.o.view(), out);
     }
 
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false) {
         const TokenLayout& layout = c.layout;
-        const index_t T = layout.tokens(), S = layout.seq, G = cfg.kv_heads;
+        const index_t T = layout.tokens(), G = cfg.kv_heads;
         Mat d_o({T, cfg.heads * cfg.v_dim}), dq(c.q.shape()), dk(c.k.shape()), dv(c.v.shape());
         o_proj.backward(c.o.view(), dout, d_o.view());
         // one task per (sequence, key/value head): the query heads of a group add into the same dK, dV in order
-        Ops::for_each(layout.batch * G, [&](index_t task) {
-            const index_t b = task / G, g = task % G;
+        Ops::for_each(layout.sequences() * G, [&](index_t task) {
+            const index_t b = task / G, g = task % G, t0 = layout.begin(b), S = layout.length(b);
             for (index_t i = 0; i < group(); ++i) {
                 const index_t h = g * group() + i;
-                View<float, 2, B> dq_h[1] = {cols(dq, b * S, S, h * d(), d())};
-                View<float, 2, B> dk_g[1] = {cols(dk, b * S, S, g * d(), d())};
-                attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim),
-                                           c.lse.data() + (b * cfg.heads + h) * S,
-                                           cols(d_o, b * S, S, h * cfg.v_dim, cfg.v_dim), dq_h, dk_g,
-                                           cols(dv, b * S, S, g * cfg.v_dim, cfg.v_dim), i > 0);
+                View<float, 2, B> dq_h[1] = {cols(dq, t0, S, h * d(), d())};
+                View<float, 2, B> dk_g[1] = {cols(dk, t0, S, g * d(), d())};
+                attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, t0, S, h * cfg.v_dim, cfg.v_dim),
+                                           c.lse.data() + lse_offset(layout, cfg.heads, b, h),
+                                           cols(d_o, t0, S, h * cfg.v_dim, cfg.v_dim), dq_h, dk_g,
+                                           cols(dv, t0, S, g * cfg.v_dim, cfg.v_dim), i > 0);
             }
         });
         rope.apply(rope_part(dq, cfg.heads), layout.positions.data(), true);
@@ -147,28 +152,48 @@ struct MHA {
 
     /// The next n tokens of one sequence against everything cached so far (causal); appends them to the cache.
     void forward_cached(View<const float, 2, B> x, KVCache& cache, View<float, 2, B> out) const {
-        const index_t n = x.shape[0], start = cache.length, H = cfg.heads;
-        if (start + n > cache.capacity())
-            throw std::length_error("MHA KV cache: " + std::to_string(start + n) + " tokens exceed its capacity of " +
-                                    std::to_string(cache.capacity()));
-        std::vector<index_t> positions(static_cast<std::size_t>(n));
-        for (index_t i = 0; i < n; ++i) positions[i] = start + i;
+        KVCache* one[1] = {&cache};
+        forward_cached(x, TokenLayout::sequences(1, x.shape[0], cache.length), one, out);
+    }
+
+    /// Several sequences at once: the rows of sequence s of `layout` are its next tokens, at positions
+    /// caches[s]->length, ...; each attends to its own cache and, causally, to itself, then is appended to it.
+    void forward_cached(View<const float, 2, B> x, const TokenLayout& layout, std::span<KVCache* const> caches,
+                        View<float, 2, B> out) const {
+        using backend::Trans;
+        const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads;
+        layout.check_rows(T, "MHA.forward_cached");
+        if (index_t(caches.size()) != N)
+            throw std::invalid_argument("MHA.forward_cached: " + std::to_string(caches.size()) + " K/V caches for " +
+                                        std::to_string(N) + " sequences");
+        for (index_t s = 0; s < N; ++s) {
+            const KVCache& cache = *caches[std::size_t(s)];
+            if (cache.length + layout.length(s) > cache.capacity())
+                throw std::length_error("MHA K/V cache of sequence " + std::to_string(s) + ": " +
+                                        std::to_string(cache.length + layout.length(s)) +
+                                        " tokens exceed its capacity of " + std::to_string(cache.capacity()));
+            layout.check_continues(s, cache.length, "MHA.forward_cached");
+        }
         Mat q, k, v;
-        project(x, positions.data(), q, k, v);
-        Ops::copy(k.view(), cols(cache.k, start, n, 0, k.size(1)));
-        Ops::copy(v.view(), cols(cache.v, start, n, 0, v.size(1)));
-        cache.length = start + n;
-        const index_t L = cache.length;
-        Mat o({n, H * cfg.v_dim});
-        Ops::for_each(H, [&](index_t h) {
-            using backend::Trans;
-            const index_t g = h / group();
+        project(x, layout.positions.data(), q, k, v);
+        for (index_t s = 0; s < N; ++s) {
+            KVCache& cache = *caches[std::size_t(s)];
+            const index_t t0 = layout.begin(s), n = layout.length(s);
+            Ops::copy(cols(std::as_const(k), t0, n, 0, k.size(1)), cols(cache.k, cache.length, n, 0, k.size(1)));
+            Ops::copy(cols(std::as_const(v), t0, n, 0, v.size(1)), cols(cache.v, cache.length, n, 0, v.size(1)));
+            cache.length += n;
+        }
+        Mat o({T, H * cfg.v_dim});
+        Ops::for_each(N * H, [&](index_t task) {
+            const index_t s = task / H, h = task % H, g = h / group(), t0 = layout.begin(s), n = layout.length(s);
+            const KVCache& cache = *caches[std::size_t(s)];
+            const index_t L = cache.length;
             Mat scores({n, L});
-            Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, 0, n, h * d(), d()), cols(cache.k, 0, L, g * d(), d()),
+            Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, t0, n, h * d(), d()), cols(cache.k, 0, L, g * d(), d()),
                       0.0f, scores.view());
-            Ops::softmax_rows(scores.view(), start);
+            Ops::softmax_rows(scores.view(), L - n);
             Ops::gemm(Trans::no, Trans::no, 1.0f, scores.view(), cols(cache.v, 0, L, g * cfg.v_dim, cfg.v_dim), 0.0f,
-                      cols(o, 0, n, h * cfg.v_dim, cfg.v_dim));
+                      cols(o, t0, n, h * cfg.v_dim, cfg.v_dim));
         });
         o_proj.forward(o.view(), out);
     }

@@ -5,6 +5,8 @@
 //   kv = kv_b_proj(kv_a_layernorm(c))                              -> per head [k_nope | v]
 //   RoPE on q_pe and k_pe; scores = softmax_scale * (q_nope.k_nope + q_pe.k_pe), causal; o = softmax(scores) v
 //   out = o_proj(o)
+// Attention runs per sequence of the token layout (packed sequences never see each other); the projections run on
+// every row of the batch at once.
 // Scores are two GEMMs per head (nope and rope parts; attention_core.hpp), so k is never materialised. Backward
 // keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
 // (no S x S tensor survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
@@ -13,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "../config/model_config.hpp"
@@ -49,7 +53,8 @@ struct MLA {
 
     struct Cache {
         Mat x, cq, cqn, c, cn, q, kv, kpe, o;
-        std::vector<float> cq_rstd, c_rstd, lse;
+        std::vector<float> cq_rstd, c_rstd;
+        std::vector<float> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
         TokenLayout layout;
     };
 
@@ -128,8 +133,8 @@ struct MLA {
 
     /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward.
     void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
-        const index_t T = x.shape[0], S = layout.seq, H = cfg.heads;
-        if (T != layout.tokens()) throw_shape_mismatch("MLA.forward: x against the token layout", x.shape, Shape<2>{layout.tokens(), hidden});
+        const index_t T = x.shape[0], H = cfg.heads, N = layout.sequences();
+        layout.check_rows(T, "MLA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.x = Mat({T, hidden});
@@ -139,29 +144,29 @@ struct MLA {
         c.kv = Mat({T, H * kv_width()});
         kv_b_proj.forward(c.cn.view(), c.kv.view());
         c.o = Mat({T, H * cfg.v_dim});
-        c.lse.assign(static_cast<std::size_t>(layout.batch * H * S), 0.0f);
-        std::vector<float> task_max(static_cast<std::size_t>(layout.batch * H), -INFINITY);
-        Ops::for_each(layout.batch * H, [&](index_t task) {
+        c.lse.assign(static_cast<std::size_t>(T * H), 0.0f);
+        std::vector<float> task_max(static_cast<std::size_t>(N * H), -INFINITY);
+        Ops::for_each(N * H, [&](index_t task) {
             const index_t b = task / H, h = task % H;
             task_max[task] = attention_head_forward<B>(head(c, b, h), softmax_scale,
-                                                       cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim),
-                                                       c.lse.data() + task * S);
+                                                       cols(c.o, layout.begin(b), layout.length(b), h * cfg.v_dim, cfg.v_dim),
+                                                       c.lse.data() + lse_offset(layout, H, b, h));
         });
-        for (index_t task = 0; task < layout.batch * H; ++task)
+        for (index_t task = 0; task < N * H; ++task)
             max_logit_per_head[task % H] = std::max(max_logit_per_head[task % H], task_max[task]);
         o_proj.forward(c.o.view(), out);
     }
 
     /// Head h of sequence b: two parts, (q_nope, k_nope) and (q_pe, the shared k_pe), and its values.
     HeadViews<B> head(const Cache& c, index_t b, index_t h) const {
-        const index_t S = c.layout.seq;
+        const index_t t0 = c.layout.begin(b), S = c.layout.length(b);
         HeadViews<B> hv;
         hv.parts = 2;
-        hv.q[0] = cols(c.q, b * S, S, h * dqk(), cfg.nope_dim);
-        hv.k[0] = cols(c.kv, b * S, S, h * kv_width(), cfg.nope_dim);
-        hv.q[1] = cols(c.q, b * S, S, h * dqk() + cfg.nope_dim, cfg.rope_dim);
-        hv.k[1] = cols(c.kpe, b * S, S, 0, cfg.rope_dim);
-        hv.v = cols(c.kv, b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim);
+        hv.q[0] = cols(c.q, t0, S, h * dqk(), cfg.nope_dim);
+        hv.k[0] = cols(c.kv, t0, S, h * kv_width(), cfg.nope_dim);
+        hv.q[1] = cols(c.q, t0, S, h * dqk() + cfg.nope_dim, cfg.rope_dim);
+        hv.k[1] = cols(c.kpe, t0, S, 0, cfg.rope_dim);
+        hv.v = cols(c.kv, t0, S, h * kv_width() + cfg.nope_dim, cfg.v_dim);
         return hv;
     }
 
@@ -169,19 +174,19 @@ struct MLA {
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false) {
         using backend::Trans;
         const TokenLayout& layout = c.layout;
-        const index_t T = layout.tokens(), S = layout.seq, H = cfg.heads, R = cfg.rope_dim;
+        const index_t T = layout.tokens(), H = cfg.heads, R = cfg.rope_dim;
         Mat d_o({T, H * cfg.v_dim});
         o_proj.backward(c.o.view(), dout, d_o.view());
         Mat dq({T, H * dqk()}), dkv({T, H * kv_width()}), dkpe_heads({T, H * R});
-        Ops::for_each(layout.batch * H, [&](index_t task) {
-            const index_t b = task / H, h = task % H;
-            View<float, 2, B> dq_parts[2] = {cols(dq, b * S, S, h * dqk(), cfg.nope_dim),
-                                             cols(dq, b * S, S, h * dqk() + cfg.nope_dim, R)};
-            View<float, 2, B> dk_parts[2] = {cols(dkv, b * S, S, h * kv_width(), cfg.nope_dim),
-                                             cols(dkpe_heads, b * S, S, h * R, R)};  // summed over heads below
-            attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, b * S, S, h * cfg.v_dim, cfg.v_dim),
-                                       c.lse.data() + task * S, cols(d_o, b * S, S, h * cfg.v_dim, cfg.v_dim),
-                                       dq_parts, dk_parts, cols(dkv, b * S, S, h * kv_width() + cfg.nope_dim, cfg.v_dim),
+        Ops::for_each(layout.sequences() * H, [&](index_t task) {
+            const index_t b = task / H, h = task % H, t0 = layout.begin(b), S = layout.length(b);
+            View<float, 2, B> dq_parts[2] = {cols(dq, t0, S, h * dqk(), cfg.nope_dim),
+                                             cols(dq, t0, S, h * dqk() + cfg.nope_dim, R)};
+            View<float, 2, B> dk_parts[2] = {cols(dkv, t0, S, h * kv_width(), cfg.nope_dim),
+                                             cols(dkpe_heads, t0, S, h * R, R)};  // summed over heads below
+            attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, t0, S, h * cfg.v_dim, cfg.v_dim),
+                                       c.lse.data() + lse_offset(layout, H, b, h), cols(d_o, t0, S, h * cfg.v_dim, cfg.v_dim),
+                                       dq_parts, dk_parts, cols(dkv, t0, S, h * kv_width() + cfg.nope_dim, cfg.v_dim),
                                        false);
         });
         // the shared key: sum over heads in order, then undo RoPE
@@ -225,40 +230,61 @@ struct MLA {
     };
 
     /// Attends `x` [n, hidden] (the next n tokens of one sequence, at positions cache.length ...) to everything
-    /// cached so far and to itself, causally; appends the n tokens to the cache. q_nope is absorbed into the
-    /// latent space (q_lat = q_nope W_UK) and the output leaves it through W_UV, so keys and values are never formed.
+    /// cached so far and to itself, causally; appends the n tokens to the cache.
     void forward_absorbed(View<const float, 2, B> x, LatentCache& cache, View<float, 2, B> out) const {
+        LatentCache* one[1] = {&cache};
+        forward_absorbed(x, TokenLayout::sequences(1, x.shape[0], cache.length), one, out);
+    }
+
+    /// Several sequences at once: the rows of sequence s of `layout` are its next tokens, at positions
+    /// caches[s]->length, ... (layout.positions must say so). Each attends to its own cache and, causally, to
+    /// itself, then is appended to it; caches may hold different lengths. The projections run on all rows together;
+    /// q_nope is absorbed into the latent space (q_lat = q_nope W_UK) and the output leaves it through W_UV, so
+    /// keys and values are never formed.
+    void forward_absorbed(View<const float, 2, B> x, const TokenLayout& layout, std::span<LatentCache* const> caches,
+                          View<float, 2, B> out) const {
         using backend::Trans;
-        const index_t n = x.shape[0], H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim, start = cache.length;
-        if (start + n > cache.capacity())
-            throw std::length_error("MLA latent cache: " + std::to_string(start + n) + " tokens exceed its capacity of " +
-                                    std::to_string(cache.capacity()));
-        std::vector<index_t> positions(static_cast<std::size_t>(n));
-        for (index_t i = 0; i < n; ++i) positions[i] = start + i;
-        Mat q, cn, kpe;
-        project_q(x, positions.data(), q, nullptr);
-        project_latent(x, positions.data(), cn, kpe, nullptr);
-        for (index_t i = 0; i < n; ++i) {
-            for (index_t j = 0; j < r; ++j) cache.kv(start + i, j) = cn(i, j);
-            for (index_t j = 0; j < R; ++j) cache.pe(start + i, j) = kpe(i, j);
+        const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim;
+        layout.check_rows(T, "MLA.forward_absorbed");
+        if (index_t(caches.size()) != N)
+            throw std::invalid_argument("MLA.forward_absorbed: " + std::to_string(caches.size()) + " latent caches for " +
+                                        std::to_string(N) + " sequences");
+        for (index_t s = 0; s < N; ++s) {
+            const LatentCache& cache = *caches[std::size_t(s)];
+            if (cache.length + layout.length(s) > cache.capacity())
+                throw std::length_error("MLA latent cache of sequence " + std::to_string(s) + ": " +
+                                        std::to_string(cache.length + layout.length(s)) +
+                                        " tokens exceed its capacity of " + std::to_string(cache.capacity()));
+            layout.check_continues(s, cache.length, "MLA.forward_absorbed");
         }
-        cache.length = start + n;
-        const index_t L = cache.length;
-        Mat o({n, H * cfg.v_dim});
+        Mat q, cn, kpe;
+        project_q(x, layout.positions.data(), q, nullptr);
+        project_latent(x, layout.positions.data(), cn, kpe, nullptr);
+        for (index_t s = 0; s < N; ++s) {
+            LatentCache& cache = *caches[std::size_t(s)];
+            const index_t t0 = layout.begin(s), n = layout.length(s);
+            Ops::copy(cols(std::as_const(cn), t0, n, 0, r), cols(cache.kv, cache.length, n, 0, r));
+            Ops::copy(cols(std::as_const(kpe), t0, n, 0, R), cols(cache.pe, cache.length, n, 0, R));
+            cache.length += n;
+        }
+        Mat o({T, H * cfg.v_dim});
         const Mat& Wkvb = kv_b_proj.weight.value;
-        Ops::for_each(H, [&](index_t h) {
+        Ops::for_each(N * H, [&](index_t task) {
+            const index_t s = task / H, h = task % H, t0 = layout.begin(s), n = layout.length(s);
+            const LatentCache& cache = *caches[std::size_t(s)];
+            const index_t L = cache.length;
             Mat q_lat({n, r}), scores({n, L}), o_lat({n, r});
             // q_lat = q_nope W_UK[h], W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]
-            Ops::gemm(Trans::no, Trans::no, 1.0f, cols(q, 0, n, h * dqk(), cfg.nope_dim),
+            Ops::gemm(Trans::no, Trans::no, 1.0f, cols(q, t0, n, h * dqk(), cfg.nope_dim),
                       cols(Wkvb, h * kv_width(), cfg.nope_dim, 0, r), 0.0f, q_lat.view());
             Ops::gemm(Trans::no, Trans::yes, softmax_scale, q_lat.view(), cols(cache.kv, 0, L, 0, r), 0.0f, scores.view());
-            Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, 0, n, h * dqk() + cfg.nope_dim, R),
+            Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, t0, n, h * dqk() + cfg.nope_dim, R),
                       cols(cache.pe, 0, L, 0, R), 1.0f, scores.view());
-            Ops::softmax_rows(scores.view(), start);
+            Ops::softmax_rows(scores.view(), L - n);
             Ops::gemm(Trans::no, Trans::no, 1.0f, scores.view(), cols(cache.kv, 0, L, 0, r), 0.0f, o_lat.view());
             // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
             Ops::gemm(Trans::no, Trans::yes, 1.0f, o_lat.view(), cols(Wkvb, h * kv_width() + cfg.nope_dim, cfg.v_dim, 0, r),
-                      0.0f, cols(o, 0, n, h * cfg.v_dim, cfg.v_dim));
+                      0.0f, cols(o, t0, n, h * cfg.v_dim, cfg.v_dim));
         });
         o_proj.forward(o.view(), out);
     }

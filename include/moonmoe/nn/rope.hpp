@@ -1,5 +1,7 @@
 // moonmoe/nn/rope.hpp: rotary position embedding with YaRN, exactly as HF transformers computes it for
-// DeepseekV3 (spec/kimi_k2.md §3.4, §7), in f32.
+// DeepseekV3 (transformers 5.23 modeling_deepseek_v3.py, modeling_rope_utils.py; YaRN: arXiv 2309.00071), in f32.
+// DeepseekV2 rotates the same interleaved pairs as complex numbers and keeps them interleaved
+// (modeling_deepseek_v2.py apply_rotary_emb); q.k and every gradient are the same, so one rotation serves both.
 //
 // inv_freq[i] = extrapolated base^(-2i/d) blended with interpolated base^(-2i/d)/factor by the YaRN ramp over the
 // correction range [low, high] (from original_max_position_embeddings). With rope_interleave (the HF default for

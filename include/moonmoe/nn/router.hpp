@@ -1,10 +1,13 @@
-// moonmoe/nn/router.hpp: the MoE gate as HF DeepseekV3 computes it (spec/kimi_k2.md §4), in f32, with backward.
+// moonmoe/nn/router.hpp: the MoE gate as HF DeepseekV3 (and DeepseekV2) computes it, in f32, with backward.
 //
 //   s = sigmoid(u W^T)  (or softmax)           scores, [tokens, experts]
 //   choice = s + e_score_correction_bias        used only to select
 //   groups: keep the TopGroups groups with the largest sum of their top-2 choices; others' choices become -inf
-//           (transformers 5.23 modeling_deepseek_v3.py:151; older HF code and spec/kimi_k2.md §4 say 0.0, which
-//           differs only when every kept choice is negative)
+//           (transformers 5.23 modeling_deepseek_v3.py:151; older HF code says 0.0, which differs only when every
+//           kept choice is negative). GroupScore<GroupMax> (DeepSeek-V2's group_limited_greedy, transformers 5.23
+//           modeling_deepseek_v2.py DeepseekV2TopkRouter): a group's score is its largest score, and the dropped
+//           groups' scores become 0.0, as there (softmax scores are positive, so they are never chosen over a
+//           kept expert unless softmax underflows to 0)
 //   idx = top-k(choice); w = s[idx]; w /= sum(w) + 1e-20 (NormTopK); w *= RoutedScale
 // The gradient reaches W and u through the unbiased scores s of the chosen experts (selection is discrete).
 // The correction bias gets no gradient; update_bias() moves it by gamma * sign(mean load - load), from the tokens
@@ -88,16 +91,22 @@ struct Router {
                 for (index_t e = 0; e < E; ++e) choice[e] += b[e];
             if (G > 1 && cfg.top_groups < G) {
                 std::vector<float> group_score(static_cast<std::size_t>(G));
-                for (index_t g = 0; g < G; ++g) {  // sum of the group's two largest choices
+                const bool group_max = cfg.group_score == GroupScoreFunc::max;
+                for (index_t g = 0; g < G; ++g) {  // the group's largest choice, or the sum of its two largest
                     std::vector<float> v(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
-                    std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-                    group_score[g] = v[0] + v[1];
+                    if (group_max) {
+                        group_score[g] = *std::max_element(v.begin(), v.end());
+                    } else {
+                        std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+                        group_score[g] = v[0] + v[1];
+                    }
                 }
                 std::vector<index_t> order = Ops::top_k(group_score.data(), G, cfg.top_groups);
                 std::vector<bool> keep(static_cast<std::size_t>(G), false);
                 for (index_t g : order) keep[g] = true;
+                const float dropped = group_max ? 0.0f : -INFINITY;
                 for (index_t e = 0; e < E; ++e)
-                    if (!keep[e / per_group]) choice[e] = -INFINITY;
+                    if (!keep[e / per_group]) choice[e] = dropped;
             }
             std::vector<index_t> chosen = fixed_selection
                                               ? std::vector<index_t>(fixed_selection->begin() + t * K,
@@ -120,25 +129,26 @@ struct Router {
     /// with respect to the scores for backward. f_i = E / (K T) * #tokens choosing i, P_i = mean_t s_i / sum_j s_j.
     float balance_loss(Cache& c, const TokenLayout& layout) {
         if (balance_alpha == 0.0f) return 0.0f;
-        const index_t E = cfg.experts, K = cfg.top_k, S = layout.seq;
+        const index_t E = cfg.experts, K = cfg.top_k, batch = layout.sequences();
         c.aux_grad = Mat({layout.tokens(), E});
         double loss = 0.0;
-        for (index_t b = 0; b < layout.batch; ++b) {
+        for (index_t b = 0; b < batch; ++b) {
+            const index_t S = layout.length(b);
             std::vector<double> f(static_cast<std::size_t>(E), 0.0);
-            for (index_t t = b * S; t < (b + 1) * S; ++t)
+            for (index_t t = layout.begin(b); t < layout.end(b); ++t)
                 for (index_t j = 0; j < K; ++j) f[c.routing.idx[t * K + j]] += double(E) / double(K * S);
-            for (index_t t = b * S; t < (b + 1) * S; ++t) {
+            for (index_t t = layout.begin(b); t < layout.end(b); ++t) {
                 const float* s = c.scores.data() + t * E;
                 double z = 0.0, fs = 0.0;
                 for (index_t e = 0; e < E; ++e) z += s[e], fs += f[e] * s[e];
                 for (index_t e = 0; e < E; ++e) {
                     loss += f[e] * s[e] / z / double(S);
                     // d/ds_e of sum_i f_i s_i / z = (f_e - fs / z) / z
-                    c.aux_grad(t, e) = float(balance_alpha * (f[e] - fs / z) / z / double(S) / double(layout.batch));
+                    c.aux_grad(t, e) = float(balance_alpha * (f[e] - fs / z) / z / double(S) / double(batch));
                 }
             }
         }
-        return float(balance_alpha * loss / double(layout.batch));
+        return float(balance_alpha * loss / double(batch));
     }
 
     /// dweight [T * K]: gradient of the loss with respect to Routing::weight. Accumulates dW; du += ...

@@ -2,6 +2,8 @@
 // (the first DenseLayers dense, MoE after), the final norm and an untied lm_head.
 #pragma once
 
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,12 +19,19 @@ struct Transformer {
     using Mat = Tensor<float, 2, B>;
 
     ModelConfig config{};
+    /// The config.json text this model was loaded from (load_transformer), so that save_transformer writes its
+    /// fields back, those moonmoe does not model included; empty for a model built from a configuration.
+    std::string hf_config_json;
     Embedding<B> embed_tokens;
     std::vector<DecoderLayer<B>> layers;
     RMSNorm<B> norm;
     Linear<B> lm_head;
 
+    /// What backward needs of one forward. backward consumes it (frees the activations and marks it consumed), so
+    /// each forward allows one backward; a second backward on the same cache is refused, naming the fix.
     struct Cache {
+        enum class State { empty, forwarded, consumed };
+        State state = State::empty;
         std::vector<index_t> ids;
         TokenLayout layout;
         std::vector<typename DecoderLayer<B>::Cache> layers;
@@ -31,7 +40,8 @@ struct Transformer {
         std::vector<float> rstd;
     };
 
-    /// Inference state of one sequence: a latent (MLA) or K/V (MHA) cache per layer.
+    /// Inference state of one sequence: a latent (MLA) or K/V (MHA) cache per layer. Several states decode
+    /// together through decode(ids, counts, states).
     struct DecodeState {
         std::vector<typename DecoderLayer<B>::DecodeCache> caches;
         index_t length() const { return caches.empty() ? 0 : caches[0].length(); }
@@ -50,6 +60,7 @@ struct Transformer {
     /// logits [tokens, vocab] of `ids` laid out as `layout`; keeps what backward needs.
     Mat forward(const index_t* ids, const TokenLayout& layout, Cache& c) {
         const index_t T = layout.tokens(), H = config.dims.hidden;
+        c.state = Cache::State::empty;  // until this forward completes
         c.ids.assign(ids, ids + T);
         c.layout = layout;
         Mat h({T, H}), next({T, H});
@@ -65,12 +76,27 @@ struct Transformer {
         c.h_last = std::move(h);
         Mat logits({T, config.dims.vocab});
         lm_head.forward(c.h_normed.view(), logits.view());
+        c.state = Cache::State::forwarded;
         return logits;
     }
 
-    /// Accumulates every parameter gradient from the gradient of the loss with respect to the logits.
+    /// Accumulates (+=) every parameter gradient from the gradient of the loss with respect to the logits
+    /// [tokens, vocab] of the forward that filled `c`, then releases the cache: one backward per forward.
     void backward(View<const float, 2, B> dlogits, Cache& c) {
+        if (c.state != Cache::State::forwarded)
+            throw std::logic_error(
+                c.state == Cache::State::consumed
+                    ? "Transformer::backward: this cache's backward has already run; backward consumes (and frees) the "
+                      "activations its forward stored, so each forward allows one backward. Run forward again to fill "
+                      "the cache before another backward (gradients accumulate, so forward + backward per micro-batch "
+                      "sums them)"
+                    : "Transformer::backward: the cache holds no forward (or its forward threw); run forward(ids, "
+                      "layout, cache) before backward");
         const index_t T = c.layout.tokens(), H = config.dims.hidden;
+        if (dlogits.shape[0] != T || dlogits.shape[1] != config.dims.vocab)
+            throw shape_error("Transformer::backward: dlogits is " + shape_string(dlogits.shape) +
+                              ", the forward's logits are [" + std::to_string(T) + ", " +
+                              std::to_string(config.dims.vocab) + "]");
         Mat dn({T, H}), dh({T, H}), dprev({T, H});
         lm_head.backward(c.h_normed.view(), dlogits, dn.view());
         norm.backward(c.h_last.view(), c.rstd.data(), dn.view(), dh.view());
@@ -80,9 +106,14 @@ struct Transformer {
         }
         embed_tokens.backward(c.ids.data(), dh.view());
         c = Cache{};
+        c.state = Cache::State::consumed;
     }
 
-    /// Forward + cross-entropy on the causal targets + backward: HF's loss with labels = input_ids.
+    /// Forward + cross-entropy on the causal targets + backward: HF's loss with labels = input_ids; returns the
+    /// mean loss over the batch's targets. Gradients accumulate (+=) into the parameters' grad: the optimizer's
+    /// step() consumes them and sets them to zero (optim/optimizer.hpp), so the usual loop is train_step, step,
+    /// and several train_steps before one step() sum the micro-batches' gradients. A caller without an optimizer
+    /// calls zero_grad() between batches.
     float train_step(const index_t* ids, const TokenLayout& layout) {
         Cache c;
         Mat logits = forward(ids, layout, c);
@@ -101,18 +132,48 @@ struct Transformer {
 
     /// Logits [n, vocab] of the next n tokens of the sequence in `state` (absorbed MLA with its latent cache).
     Mat decode(const index_t* ids, index_t n, DecodeState& state) {
-        const index_t H = config.dims.hidden;
-        Mat h({n, H}), next({n, H});
+        DecodeState* one[1] = {&state};
+        const index_t counts[1] = {n};
+        return decode(ids, counts, one);
+    }
+
+    /// Several sequences at once, each continuing its own state (their caches may hold different lengths):
+    /// counts[s] next tokens of sequence s, the ids of all sequences one after another. Returns logits
+    /// [sum of counts, vocab], rows in the same order. Attention runs per sequence against its own cache; the
+    /// projections, experts and lm_head on all rows together. Each sequence gets the logits it would get decoded
+    /// alone, up to the rounding of GEMMs over a different number of rows.
+    Mat decode(const index_t* ids, std::span<const index_t> counts, std::span<DecodeState* const> states) {
+        if (counts.size() != states.size())
+            throw std::invalid_argument("Transformer.decode: " + std::to_string(counts.size()) + " token counts for " +
+                                        std::to_string(states.size()) + " decode states");
+        TokenLayout layout = TokenLayout::packed(counts);
+        std::vector<std::vector<typename DecoderLayer<B>::DecodeCache*>> caches(layers.size());
+        for (std::size_t s = 0; s < states.size(); ++s) {
+            if (states[s]->caches.size() != layers.size())
+                throw std::invalid_argument("Transformer.decode: decode state " + std::to_string(s) + " has " +
+                                            std::to_string(states[s]->caches.size()) + " layer caches, the model " +
+                                            std::to_string(layers.size()) + " layers (make it with start_decoding)");
+            const index_t first = layout.begin(index_t(s)), cached = states[s]->length();
+            for (index_t t = first; t < layout.end(index_t(s)); ++t) layout.positions[std::size_t(t)] = cached + t - first;
+            for (std::size_t l = 0; l < layers.size(); ++l) caches[l].push_back(&states[s]->caches[l]);
+        }
+        const index_t T = layout.tokens(), H = config.dims.hidden;
+        Mat h({T, H}), next({T, H});
         embed_tokens.forward(ids, h.view());
         for (std::size_t l = 0; l < layers.size(); ++l) {
-            layers[l].forward_cached(h.view(), state.caches[l], next.view());
+            layers[l].forward_cached(h.view(), layout, caches[l], next.view());
             std::swap(h, next);
         }
-        std::vector<float> rstd(static_cast<std::size_t>(n));
+        std::vector<float> rstd(static_cast<std::size_t>(T));
         norm.forward(h.view(), next.view(), rstd.data());
-        Mat logits({n, config.dims.vocab});
+        Mat logits({T, config.dims.vocab});
         lm_head.forward(next.view(), logits.view());
         return logits;
+    }
+    Mat decode(const index_t* ids, std::span<const index_t> counts, std::span<DecodeState> states) {
+        std::vector<DecodeState*> pointers;
+        for (DecodeState& s : states) pointers.push_back(&s);
+        return decode(ids, counts, std::span<DecodeState* const>(pointers));
     }
 
     void zero_grad() {

@@ -8,7 +8,12 @@
 //   2. applies the learning-rate schedule and updates every parameter (Muon, AdamW);
 //   3. moves the router biases by the balancing rule, from the tokens the training forwards routed;
 //   4. QK-Clip, the last thing that changes a weight: with `remeasure`, measure and clip until a measured forward
-//      of the weights the step leaves has every head at or below tau.
+//      of the weights the step leaves has every head at or below tau;
+//   5. sets the gradients it stepped with to zero (zero_grads_after_step), so the next train_step starts afresh.
+//
+// The training loop is therefore `loss = model.train_step(ids, layout); opt.step();`. To accumulate micro-batches,
+// run train_step (or forward + backward) once per micro-batch, then step() once: each backward adds (+=) its
+// gradient, and only step() clears them.
 #pragma once
 
 #include <algorithm>
@@ -119,7 +124,12 @@ public:
 
     OptimizerConfig config = Config::value;
     Products products = Products::symmetric;  ///< Newton-Schulz products (general: for measurement)
-    float bias_update_rate = 0.0f;            ///< gamma of the auxiliary-loss-free balancing (0: bias frozen)
+    /// gamma of the auxiliary-loss-free balancing (0: bias frozen); the configuration's BiasUpdateRate
+    float bias_update_rate = float(Config::value.bias_update_rate);
+    /// step() ends by setting every gradient it steps with to zero, a skipped step's too (Route::none
+    /// parameters' are left alone). false leaves them to the caller, who then zeroes them (model.zero_grad())
+    /// before the next accumulation.
+    bool zero_grads_after_step = true;
 
     explicit Optimizer(nn::Transformer<B>& model, Router route = {}) : model_(model) {
         const bool muon = config.muon.enabled;
@@ -154,8 +164,8 @@ public:
         return {config.muon.learning_rate * f, config.adamw.learning_rate * f};
     }
 
-    /// One optimizer step from the accumulated gradients (the order is in the header comment). Gradients are left
-    /// as they are: zero them (model.zero_grad()) before the next accumulation.
+    /// One optimizer step from the accumulated gradients (the order is in the header comment); the gradients are
+    /// zero afterwards (unless zero_grads_after_step is false), ready for the next accumulation.
     ///
     /// Non-finite gradients: if any stepped gradient holds a NaN or an infinity, nothing is changed and the report
     /// says so (skipped_nonfinite, nonfinite_param). The forwards' statistics (maxima, router loads) are dropped
@@ -182,6 +192,7 @@ public:
             reset_max_logits();
             for (auto& layer : model_.layers)
                 if (!layer.dense) layer.moe.gate.reset_load();
+            if (zero_grads_after_step) zero_stepped_gradients();
             return r;
         }
         r.step = ++step_;
@@ -203,6 +214,7 @@ public:
         if (config.qk_clip.enabled && remeasure) clip_until_at_most_tau(remeasure, rounds, r);
         else if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip);
         else reset_max_logits();
+        if (zero_grads_after_step) zero_stepped_gradients();
         return r;
     }
 
@@ -215,7 +227,7 @@ private:
         NSWorkspace<float, B> ns;
         Tensor<float, 2, B> u, o;
     };
-    /// A piece of one slot's gradient for the non-finite scan.
+    /// A piece of one stepped slot's gradient: the unit of the non-finite scan and of zeroing.
     struct ScanBlock {
         std::size_t slot;
         index_t offset, length;
@@ -236,6 +248,15 @@ private:
             while (b.slot < seen && !first.compare_exchange_weak(seen, b.slot, std::memory_order_relaxed)) {}
         });
         return first.load() < slots_.size() ? &slots_[first.load()] : nullptr;
+    }
+
+    /// Sets the gradient of every slot routed to Muon or AdamW to zero, one parallel loop over their blocks.
+    void zero_stepped_gradients() {
+        backend::Ops<B>::for_each(index_t(scan_.size()), [&](index_t k) {
+            const ScanBlock& b = scan_[std::size_t(k)];
+            float* g = slots_[b.slot].param.grad + b.offset;
+            std::fill(g, g + b.length, 0.0f);
+        });
     }
 
     void clip_until_at_most_tau(const std::function<void()>& remeasure, int rounds, StepReport& r) {

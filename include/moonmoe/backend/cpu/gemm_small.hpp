@@ -7,29 +7,68 @@
 // 16 AVX-512 accumulators, W is streamed once per k-chunk and the X chunk stays in L2 (k-chunks of 2048: 32 rows x
 // 8 KB). Threads split the rows of W, so every output is computed by one thread in one order: results do not
 // depend on the thread count.
+//
+// The kernel is compiled with a function target attribute and taken when the running CPU has AVX-512
+// (cpu_features.hpp), whatever the build's -m flags: a portable build (no -march) gets it on AVX-512 machines and
+// Eigen's GEMM elsewhere. Built with -mavx512f (e.g. -march=native on such a machine) the check is compiled away.
 #pragma once
 
 #include <algorithm>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "../../tensor/tensor.hpp"
+#include "cpu_features.hpp"
 #include "threads.hpp"
+
+// The AVX-512 kernel exists where the compiler can target it per function: GCC and Clang on x86. nvcc's host pass
+// sees only the portable path.
+#if MOONMOE_CPU_X86_DISPATCH && !defined(__CUDACC__)
+#define MOONMOE_SMALL_GEMM_AVX512 1
+#include <immintrin.h>
+#define MOONMOE_TARGET_AVX512 __attribute__((target("avx512f")))
+#else
+#define MOONMOE_SMALL_GEMM_AVX512 0
+#endif
 
 namespace moonmoe::backend::cpu_detail {
 
 /// The fast path applies up to this many rows of X (beyond it a packing GEMM reuses W enough to win).
 inline constexpr index_t small_gemm_rows = 64;
 
-#if defined(__AVX512F__)
-inline constexpr bool have_small_gemm = true;
+/// Whether gemm_small_nt may be called: the running CPU has AVX-512 (or the build requires it anyway).
+inline bool small_gemm_available() noexcept {
+#if MOONMOE_SMALL_GEMM_AVX512 && defined(__AVX512F__)
+    return true;
+#elif MOONMOE_SMALL_GEMM_AVX512
+    return cpu_features().avx512f;
+#else
+    return false;
+#endif
+}
+
+/// `if (have_small_gemm && ...)`: small_gemm_available() where a bool is expected (the CPU is queried on first use,
+/// never during static initialisation, so one process always takes the same path).
+struct SmallGemmAvailable {
+    explicit operator bool() const noexcept { return small_gemm_available(); }
+};
+inline constexpr SmallGemmAvailable have_small_gemm{};
+
+#if MOONMOE_SMALL_GEMM_AVX512
+/// The sum of the 16 lanes, halves first, then quarters, then pairs: the order of GCC's _mm512_reduce_add_ps, spelt
+/// out because GCC 12's reads an undefined register (_mm256_undefined_pd), which -Wall reports as uninitialised in
+/// every program built without -mavx512f; and so that GCC and Clang builds sum in one order.
+MOONMOE_TARGET_AVX512 inline float reduce_add(__m512 v) {
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    float h[8], q[4];
+    for (int i = 0; i < 8; ++i) h[i] = t[i] + t[i + 8];
+    for (int i = 0; i < 4; ++i) q[i] = h[i] + h[i + 4];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
 
 /// out[i][j] = sum over [k0, k1) of x_i . w_j for MR rows of x and NR rows of w.
 template <int MR, int NR>
-inline void dot_tile(const float* x, index_t ldx, const float* w, index_t ldw, index_t k0, index_t k1,
-                     float (&out)[4][4]) {
+MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const float* w, index_t ldw, index_t k0,
+                                           index_t k1, float (&out)[4][4]) {
     __m512 acc[MR][NR];
     for (int i = 0; i < MR; ++i)
         for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -52,13 +91,13 @@ inline void dot_tile(const float* x, index_t ldx, const float* w, index_t ldw, i
         }
     }
     for (int i = 0; i < MR; ++i)
-        for (int j = 0; j < NR; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < NR; ++j) out[i][j] = reduce_add(acc[i][j]);
 }
 
 /// dot_tile for a tile of mr x nr (1..4 each) chosen at run time.
 template <int MR>
-inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const float* w, index_t ldw, index_t k0, index_t k1,
-                          float (&out)[4][4]) {
+MOONMOE_TARGET_AVX512 inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const float* w, index_t ldw,
+                                                index_t k0, index_t k1, float (&out)[4][4]) {
     switch (nr) {
         case 1: dot_tile<MR, 1>(x, ldx, w, ldw, k0, k1, out); break;
         case 2: dot_tile<MR, 2>(x, ldx, w, ldw, k0, k1, out); break;
@@ -66,8 +105,8 @@ inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const float* 
         default: dot_tile<MR, 4>(x, ldx, w, ldw, k0, k1, out); break;
     }
 }
-inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, const float* w, index_t ldw, index_t k0,
-                         index_t k1, float (&out)[4][4]) {
+MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, const float* w,
+                                               index_t ldw, index_t k0, index_t k1, float (&out)[4][4]) {
     switch (mr) {
         case 1: dot_tile_rows<1>(nr, x, ldx, w, ldw, k0, k1, out); break;
         case 2: dot_tile_rows<2>(nr, x, ldx, w, ldw, k0, k1, out); break;
@@ -76,35 +115,44 @@ inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, co
     }
 }
 
+/// Columns [j0, j0 + nr) of C, all m rows, over k in [k0, k1): written when `first`, else accumulated.
+MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float, 2> X, View<const float, 2> W,
+                                                   float beta, View<float, 2> C, index_t j0, index_t nr, index_t k0,
+                                                   index_t k1, bool first) {
+    const index_t m = X.shape[0];
+    for (index_t i0 = 0; i0 < m; i0 += 4) {
+        const index_t mr = std::min<index_t>(4, m - i0);
+        float out[4][4];
+        dot_tile_any(mr, nr, X.data + i0 * X.strides[0], X.strides[0], W.data + j0 * W.strides[0], W.strides[0], k0,
+                     k1, out);
+        for (index_t i = 0; i < mr; ++i) {
+            float* c = C.data + (i0 + i) * C.strides[0] + j0;
+            for (index_t j = 0; j < nr; ++j) {
+                const float v = alpha * out[i][j];
+                if (!first) c[j] += v;
+                else c[j] = beta == 0.0f ? v : beta * c[j] + v;
+            }
+        }
+    }
+}
+
 /// C [m, n] = alpha X [m, k] W [n, k]^T + beta C, m <= small_gemm_rows, rows of every operand contiguous.
+/// Call only when small_gemm_available().
 inline void gemm_small_nt(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
-    const index_t m = X.shape[0], n = W.shape[0], k = X.shape[1];
+    const index_t n = W.shape[0], k = X.shape[1];
     constexpr index_t kc = 2048;
     const index_t blocks = (n + 3) / 4;
     for (index_t k0 = 0; k0 < k; k0 += kc) {
         const index_t k1 = std::min(k, k0 + kc);
         const bool first = k0 == 0;
         parallel_for(blocks, [&](index_t b) {
-            const index_t j0 = 4 * b, nr = std::min<index_t>(4, n - j0);
-            for (index_t i0 = 0; i0 < m; i0 += 4) {
-                const index_t mr = std::min<index_t>(4, m - i0);
-                float out[4][4];
-                dot_tile_any(mr, nr, X.data + i0 * X.strides[0], X.strides[0], W.data + j0 * W.strides[0], W.strides[0],
-                             k0, k1, out);
-                for (index_t i = 0; i < mr; ++i) {
-                    float* c = C.data + (i0 + i) * C.strides[0] + j0;
-                    for (index_t j = 0; j < nr; ++j) {
-                        const float v = alpha * out[i][j];
-                        if (!first) c[j] += v;
-                        else c[j] = beta == 0.0f ? v : beta * c[j] + v;
-                    }
-                }
-            }
+            const index_t j0 = 4 * b;
+            gemm_small_block(alpha, X, W, beta, C, j0, std::min<index_t>(4, n - j0), k0, k1, first);
         });
     }
 }
+#undef MOONMOE_TARGET_AVX512
 #else
-inline constexpr bool have_small_gemm = false;
 inline void gemm_small_nt(float, View<const float, 2>, View<const float, 2>, float, View<float, 2>) {}
 #endif
 

@@ -1,0 +1,57 @@
+// moonmoe/backend/cpu/cpu_features.hpp: the vector instructions of the CPU this process runs on, detected once at
+// run time, so that a binary built for any x86-64 CPU can still take an AVX-512 kernel where the CPU has one.
+//
+// An instruction set counts only if the CPU has it (CPUID) and the operating system saves its registers on a
+// context switch (OSXSAVE, then XGETBV's XCR0): AVX needs the SSE and AVX state (XCR0 bits 1-2), AVX-512 also the
+// opmask and the upper ZMM state (bits 5-7). Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 1,
+// sections 14.3 (AVX) and 15.2 (AVX-512).
+//
+// Kernels chosen from these flags are compiled with function target attributes (gemm_small.hpp), not with the
+// compiler's -m flags, so the rest of the program keeps the instruction set the build chose. On one machine the
+// choice never changes, so results stay bitwise repeatable there.
+#pragma once
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define MOONMOE_CPU_X86_DISPATCH 1
+#include <cpuid.h>
+#else
+#define MOONMOE_CPU_X86_DISPATCH 0
+#endif
+
+namespace moonmoe::backend::cpu_detail {
+
+/// What the running CPU and operating system support (all false off x86 or with other compilers).
+struct CpuFeatures {
+    bool avx2 = false;
+    bool fma = false;
+    bool avx512f = false;
+};
+
+/// Queries CPUID and XCR0 (a few hundred cycles); cpu_features() caches the answer.
+inline CpuFeatures detect_cpu_features() noexcept {
+    CpuFeatures f;
+#if MOONMOE_CPU_X86_DISPATCH
+    if (__get_cpuid_max(0, nullptr) < 7) return f;
+    unsigned r[4] = {};  // eax, ebx, ecx, edx
+    __cpuid_count(1, 0, r[0], r[1], r[2], r[3]);
+    const bool osxsave = (r[2] >> 27) & 1u, avx = (r[2] >> 28) & 1u, fma = (r[2] >> 12) & 1u;
+    if (!osxsave || !avx) return f;
+    unsigned xcr0 = 0;  // low half of XCR0; _xgetbv would need -mxsave
+    __asm__ volatile("xgetbv" : "=a"(xcr0) : "c"(0u) : "edx");
+    const bool ymm_state = (xcr0 & 0x06u) == 0x06u;  // SSE + AVX state
+    const bool zmm_state = (xcr0 & 0xe6u) == 0xe6u;  // + opmask, ZMM0-15 upper halves, ZMM16-31
+    __cpuid_count(7, 0, r[0], r[1], r[2], r[3]);
+    f.fma = ymm_state && fma;
+    f.avx2 = ymm_state && ((r[1] >> 5) & 1u);
+    f.avx512f = zmm_state && ((r[1] >> 16) & 1u);
+#endif
+    return f;
+}
+
+/// The running CPU's features, detected on first use (thread-safe) and fixed for the life of the process.
+inline const CpuFeatures& cpu_features() noexcept {
+    static const CpuFeatures features = detect_cpu_features();
+    return features;
+}
+
+}  // namespace moonmoe::backend::cpu_detail
