@@ -203,7 +203,7 @@ def select_experts(scores: torch.Tensor, bias: torch.Tensor | None, n_group: int
 
 
 def expected_yarn(cfg: DeepseekV3Config):
-    """spec/kimi_k2.md §7 written out independently of transformers."""
+    """YaRN (arXiv 2309.00071) as transformers' _compute_yarn_parameters computes it, written out independently."""
     rp = cfg.rope_parameters
     dim, base, factor = cfg.qk_rope_head_dim, rp["rope_theta"], rp["factor"]
     lorig = rp["original_max_position_embeddings"]

@@ -1,5 +1,5 @@
-// Compile-time pins: the accounting of both presets is a constant expression equal to spec/kimi_k2.md §6, and the
-// spelling of DESIGN.md §1 compiles as written.
+// Compile-time pins: the accounting of both presets is a constant expression equal to the exact counts of the
+// released checkpoints, and the README's spelling compiles as written.
 #include <moonmoe/config.hpp>
 
 namespace mm = moonmoe;
@@ -31,6 +31,6 @@ static_assert(mm::DeepSeekV3::parameters().routed_experts == 653'908'770'816);
 static_assert(mm::KimiK2::memory_per_rank(64).moe_layers == 4);
 static_assert(mm::KimiK2::flops_per_token(4096).forward_backward == 3 * mm::KimiK2::flops_per_token(4096).forward);
 
-// The latent KV cache of K2: 576 values per token per layer (spec/kimi_k2.md §3.2).
+// The latent KV cache of K2: 576 values per token per layer (kv_lora_rank 512 + qk_rope_head_dim 64).
 static_assert(mm::KimiK2::config.attention.kv_rank + mm::KimiK2::config.attention.rope_dim == 576);
 static_assert(mm::KimiK2::config.attention.qk_head_dim() == 192);

@@ -1,4 +1,4 @@
-// YaRN numbers against spec/kimi_k2.md §3.3 and §7 (HF `_compute_yarn_parameters`), and the constexpr math they
+// YaRN numbers against HF `_compute_yarn_parameters`, and the constexpr math they
 // rest on against libm.
 #include <doctest/doctest.h>
 

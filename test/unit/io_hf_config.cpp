@@ -1,4 +1,4 @@
-// io/hf_config.hpp: config.json of Kimi-K2-Instruct and DeepSeek-V3 (values of spec/kimi_k2.md §1, written in the
+// io/hf_config.hpp: config.json of Kimi-K2-Instruct and DeepSeek-V3 (the released values, written in the
 // transformers 4.x layout of the released files) equal the presets field by field; the transformers 5 layout
 // (rope_parameters) reads the same; the generated tiny configs resolve against TinyK2 / TinyV3; every refusal
 // names the file and the field.
@@ -19,7 +19,7 @@ using nlohmann::json;
 
 namespace {
 
-// moonshotai/Kimi-K2-Instruct config.json (key order and auto_map as released; values spec/kimi_k2.md §1).
+// moonshotai/Kimi-K2-Instruct config.json (key order and auto_map as released).
 const char* const kimi_k2_config = R"({
   "architectures": ["DeepseekV3ForCausalLM"],
   "attention_bias": false,
@@ -85,7 +85,7 @@ const char* const kimi_k2_config = R"({
   "vocab_size": 163840
 })";
 
-// deepseek-ai/DeepSeek-V3 config.json (values spec/kimi_k2.md §1).
+// deepseek-ai/DeepSeek-V3 config.json.
 const char* const deepseek_v3_config = R"({
   "architectures": ["DeepseekV3ForCausalLM"],
   "attention_bias": false,

@@ -1,4 +1,4 @@
-// Bitwise repeatability (DESIGN.md §4): for a fixed thread count the same seed gives the same bits, run after run,
+// Bitwise repeatability: for a fixed thread count the same seed gives the same bits, run after run,
 // whatever the timing (another thread competing for the cores) and wherever the buffers lie in memory (which
 // differs between runs and processes): primitive by primitive, and over a multi-step MuonClip training run.
 #include <doctest/doctest.h>

@@ -2,7 +2,7 @@
 //
 // Decoding is element-exact: F16 / BF16 / F8 widen exactly (tensor/dtype.hpp, torch's conversions); F64 and the
 // 64-bit integers round to nearest as static_cast<float> does. FP8 weights of DeepSeek-V3 / Kimi K2 checkpoints are
-// dequantised as their reference does (DeepSeek-V3 inference/kernel.py `weight_dequant`, spec/kimi_k2.md §5):
+// dequantised as their reference does (DeepSeek-V3 inference/kernel.py `weight_dequant`):
 //   W[i, j] = float(W8[i, j]) * scale_inv[i / B0, j / B1]      (one f32 product, no other rounding)
 // with scale_inv of shape [ceil(rows / B0), ceil(cols / B1)] and B = quantization_config.weight_block_size.
 #pragma once

@@ -1,4 +1,4 @@
-// moonmoe/nn/mla.hpp: Multi-head Latent Attention (spec/kimi_k2.md §3), training (naive) form.
+// moonmoe/nn/mla.hpp: Multi-head Latent Attention (DeepSeek-V2, arXiv 2405.04434, §2.1; transformers' DeepseekV3Attention), training (naive) form.
 //
 //   q  = q_b_proj(q_a_layernorm(q_a_proj(x)))  [or q_proj(x)]     -> per head [nope | rope]
 //   ckv = kv_a_proj_with_mqa(x) = [c (kv_rank) | k_pe (rope, one head shared by all)]

@@ -9,7 +9,7 @@
 
 namespace moonmoe {
 
-/// Tells the optimizer what a parameter is (DESIGN.md §3): Muon takes matrices and expert matrices, AdamW the
+/// Tells the optimizer what a parameter is: Muon takes matrices and expert matrices, AdamW the
 /// rest; the router bias has no gradient and moves by the load-balancing rule.
 enum class ParamKind { matrix, expert_matrix, embedding, output_head, vector, router_bias };
 

@@ -1,5 +1,5 @@
-// moonmoe/optim/newton_schulz.hpp: the Newton-Schulz orthogonalisation at the heart of Muon (spec/muonclip.md §1,
-// §7, §9), with the coefficient schedule as a policy (config/optimizer.hpp: KellerQuintic, PolarExpress,
+// moonmoe/optim/newton_schulz.hpp: the Newton-Schulz orthogonalisation at the heart of Muon (Keller Jordan's
+// quintic; Polar Express, arXiv 2505.16932), with the coefficient schedule as a policy (config/optimizer.hpp: KellerQuintic, PolarExpress,
 // YouQuintic, or your own struct with a `table` of (a, b, c) and `cycle`).
 //
 //   X = G / max(||G||_F * safety + add_eps, clamp_eps), transposed first if G is tall (so X X^T is the small Gram)

@@ -35,7 +35,7 @@ namespace moonmoe::optim {
 
 enum class Route { muon, adamw, none };
 
-/// The default routing (DESIGN.md §3): Muon takes 2-D hidden matrices, AdamW the rest, nothing the router bias.
+/// The default routing: Muon takes 2-D hidden matrices, AdamW the rest, nothing the router bias.
 inline Route route_by_kind(const ParamRef& p, bool muon_enabled) {
     switch (p.kind) {
     case ParamKind::matrix:

@@ -1,4 +1,4 @@
-// moonmoe/optim/qk_clip.hpp: QK-Clip (Kimi K2 report, Algorithm 1; spec/muonclip.md §5), applied after the
+// moonmoe/optim/qk_clip.hpp: QK-Clip (Kimi K2 technical report, §2.1 and Algorithm 1), applied after the
 // optimizer step to the query / key weights of every head whose maximum scaled logit S since the last step
 // exceeds tau:
 //   gamma = tau / S
