@@ -200,7 +200,13 @@ int main(int argc, char** argv) {
     bool layer = true;
     index_t tokens = 256;
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--accounting-only")) {
+        if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+            std::printf("usage: %s [--tokens N | --accounting-only]\n"
+                        "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
+                        "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n",
+                        argv[0]);
+            return 0;
+        } else if (!std::strcmp(argv[i], "--accounting-only")) {
             layer = false;
         } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
             tokens = std::atol(argv[++i]);
