@@ -37,14 +37,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             }
             moonmoe_fuzz::fuzz_require(valid, "a configuration resolve() returns passes validate()");
             // What load_transformer does next, before allocating: every parameter tensor's size from the fields.
+            bool fits = false;
             moonmoe_fuzz::expect_documented_errors([&] {
                 (void)check_memory_budget(*resolved, file.source, /*limit=*/double(1 << 30), /*optimizer=*/true);
+                fits = true;
             });
-            // What RoPE and attention compute in their constructors, from the file's numbers alone.
-            const index_t rope_dim = resolved->attention.rope_dim;
-            if (resolved->rope.yarn) (void)yarn_correction_range(resolved->rope, rope_dim);
-            (void)rope_attention_factor(resolved->rope);
-            (void)softmax_scale(resolved->rope, resolved->attention.qk_head_dim());
+            // What RoPE and attention compute in their constructors, from the file's numbers alone, for a model
+            // that load_transformer would go on to build (one within the budget).
+            if (fits) {
+                const index_t rope_dim = resolved->attention.rope_dim;
+                if (resolved->rope.yarn) (void)yarn_correction_range(resolved->rope, rope_dim);
+                (void)rope_attention_factor(resolved->rope);
+                (void)softmax_scale(resolved->rope, resolved->attention.qk_head_dim());
+            }
         }
         moonmoe_fuzz::expect_documented_errors([&] { (void)resolve(KimiK2::config, file); });
     });
