@@ -66,7 +66,7 @@ struct MoEConfig {
     bool norm_top_k;
     double routed_scale;    ///< Dynamic (-1.0): from config.json
     GroupScoreFunc group_score;
-    /// Choices the type leaves to config.json (their values above are placeholders until resolve()).
+    /// Which of the values above the type leaves open: resolve() replaces each of them with config.json's value.
     struct FromFile {
         bool score = false, correction_bias = false, norm_top_k = false, group_score = false;
     } from_file{};

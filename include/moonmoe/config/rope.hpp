@@ -38,7 +38,7 @@ struct RopeConfig {
     double factor;
     index_t original_max_positions;
     double beta_fast, beta_slow, mscale, mscale_all_dim;
-    /// Choices the type leaves to config.json (their values above are placeholders until resolve()).
+    /// Which of the values above the type leaves open: resolve() replaces each of them with config.json's value.
     struct FromFile {
         bool interleave = false;
         bool scaling = false;  ///< AnyScaling: yarn and every YaRN number
