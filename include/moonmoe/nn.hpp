@@ -1,7 +1,6 @@
 // moonmoe/nn.hpp: every module of the nn layer (generic over the backend; include a backend header too).
 #pragma once
 
-#include "nn/activations.hpp"
 #include "nn/attention_core.hpp"
 #include "nn/cross_entropy.hpp"
 #include "nn/decoder_layer.hpp"

@@ -76,10 +76,10 @@ TEST_CASE("gemm, few rows times a big weight (the unpacked path): every row / co
         }
 }
 
-TEST_CASE("gemm_batched equals one gemm per matrix") {
+TEST_CASE("gemm_strided_batched equals one gemm per matrix") {
     const index_t count = 5, m = 7, n = 4, k = 9;
     Mat A = random_matrix(count * m, k, 6), B = random_matrix(count * n, k, 7), C({count * m, n});
-    Ops::gemm_batched(count, Trans::no, Trans::yes, 1.0f, View<const float, 2>(A.data(), {m, k}), m * k,
+    Ops::gemm_strided_batched(count, Trans::no, Trans::yes, 1.0f, View<const float, 2>(A.data(), {m, k}), m * k,
                       View<const float, 2>(B.data(), {n, k}), n * k, 0.0f, View<float, 2>(C.data(), {m, n}), m * n);
     for (index_t c = 0; c < count; ++c)
         for (index_t i = 0; i < m; ++i)

@@ -1,34 +1,39 @@
-// moonmoe/backend/backend.hpp: the primitives every backend provides, as primary templates that only fail.
+// moonmoe/backend/backend.hpp: the backend contract, every primitive a backend provides, by family:
 //
-// Each backend specialises these in its own folder (backend/cpu/, backend/cuda/). Using a backend whose header
-// was not included stops at a static_assert that names the header, instead of at a link error.
+//   memory.hpp     Memory<B>        allocation, copies, the explicit to_host / to_device crossings
+//   blas.hpp       BlasOps<B>       gemm, linear, syrk, strided-batched and grouped (per-expert) GEMMs
+//   map.hpp        MapOps<B>        element-wise maps over the functors of functors.hpp, fill, copy, transpose
+//   rows.hpp       RowOps<B>        RMSNorm, cross-entropy, per-row reductions, embedding rows
+//   attention.hpp  AttentionOps<B>  RoPE, causal attention forward / backward with per-head maximum logits
+//   routing.hpp    RoutingOps<B>    router selection, dispatch plan, gather, combine, sorted scatter-add
+//   optim.hpp      OptimOps<B>      reductions, finite checks, QK-Clip row scaling
+//   random.hpp     RandomOps<B>     counter-based fills, the same numbers on every backend
+//
+// Each family is a class template whose primary definition only fails (a static_assert naming the header to
+// include); backend/cpu/ and backend/cuda/ specialise every family in a file of the same name. Ops<B> gathers the
+// families, so module code calls `Ops::gemm`, `Ops::map`, `Ops::rmsnorm_forward` and so on. Module code (nn/,
+// optim/) calls only these primitives: it never indexes tensor data (View::operator() compiles only for host-visible
+// backends) and never calls a primitive from inside a parallel loop.
 #pragma once
 
-#include <cstddef>
-
-#include "../config/backend.hpp"
+#include "../tensor/tensor.hpp"
+#include "attention.hpp"
+#include "blas.hpp"
+#include "functors.hpp"
+#include "map.hpp"
+#include "memory.hpp"
+#include "optim.hpp"
+#include "random.hpp"
+#include "routing.hpp"
+#include "rows.hpp"
 
 namespace moonmoe::backend {
 
+/// The host loops the modules used before the contract; removed once every module calls named primitives.
 template <class B>
-inline constexpr bool missing_backend = false;
+struct HostLoops {};
 
-/// Whether a GEMM operand is used as stored or transposed.
-enum class Trans : bool { no = false, yes = true };
-
-/// Memory: allocate(bytes) (64-byte aligned, zeroed) / release(pointer), copies between host and backend.
 template <class B>
-struct Memory {
-    static_assert(missing_backend<B>, "moonmoe: no memory primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
-};
-
-/// Compute primitives: gemm (plain, transposed, batched), parallel loops for element-wise and row kernels,
-/// softmax, top-k, gather / scatter-add, RNG.
-template <class B>
-struct Ops {
-    static_assert(missing_backend<B>, "moonmoe: no compute primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
-};
+struct Ops : BlasOps<B>, MapOps<B>, RowOps<B>, AttentionOps<B>, RoutingOps<B>, OptimOps<B>, RandomOps<B>, HostLoops<B> {};
 
 }  // namespace moonmoe::backend

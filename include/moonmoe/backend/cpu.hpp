@@ -1,6 +1,14 @@
-// moonmoe/backend/cpu.hpp: Backend<cpu>, on Eigen (optionally BLAS through EIGEN_USE_BLAS) and OpenMP.
+// moonmoe/backend/cpu.hpp: Backend<cpu>, on Eigen (optionally BLAS through EIGEN_USE_BLAS) and a thread pool.
 #pragma once
 
+#include "backend.hpp"
+#include "cpu/attention.hpp"
+#include "cpu/blas.hpp"
+#include "cpu/host_loops.hpp"
+#include "cpu/map.hpp"
 #include "cpu/memory.hpp"
-#include "cpu/ops.hpp"
+#include "cpu/optim.hpp"
+#include "cpu/random.hpp"
+#include "cpu/routing.hpp"
+#include "cpu/rows.hpp"
 #include "cpu/threads.hpp"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "../config/moe.hpp"
-#include "activations.hpp"
+#include "../backend/functors.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
 

@@ -4,7 +4,7 @@
 // Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM).
 #pragma once
 
-#include "activations.hpp"
+#include "../backend/functors.hpp"
 #include "linear.hpp"
 
 namespace moonmoe::nn {

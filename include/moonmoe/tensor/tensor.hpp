@@ -2,7 +2,8 @@
 // (non-owning, strided), the common currency of every op.
 //
 // Memory lives where backend B puts it (host memory for cpu). A View never owns; a Tensor converts to a View of
-// its whole extent. Element access through operator() is for host backends; device code takes raw pointers.
+// its whole extent. Element access (operator()) compiles only for host-visible backends (backend/memory.hpp): module
+// code calls backend primitives instead, and device code takes raw pointers.
 #pragma once
 
 #include <cstring>
@@ -10,7 +11,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../backend/backend.hpp"
+#include "../backend/memory.hpp"
 #include "../config/macros.hpp"
 #include "shape.hpp"
 
@@ -40,7 +41,7 @@ struct View {
     bool rows_contiguous() const { return strides[Rank - 1] == 1; }
 
     template <class... I>
-        requires(sizeof...(I) == Rank)
+        requires(sizeof...(I) == Rank && backend::host_visible<B>)
     T& operator()(I... i) const {
         const index_t idx[] = {index_t(i)...};
         index_t off = 0;
@@ -128,10 +129,10 @@ public:
     operator View<const T, Rank, B>() const { return view(); }
 
     template <class... I>
-        requires(sizeof...(I) == Rank)
+        requires(sizeof...(I) == Rank && backend::host_visible<B>)
     T& operator()(I... i) { return view()(i...); }
     template <class... I>
-        requires(sizeof...(I) == Rank)
+        requires(sizeof...(I) == Rank && backend::host_visible<B>)
     const T& operator()(I... i) const { return view()(i...); }
 
     template <int R2>

@@ -21,7 +21,7 @@
 #include <new>
 #include <optional>
 
-#include "../backend.hpp"
+#include "../memory.hpp"
 
 namespace moonmoe::backend {
 
@@ -144,6 +144,9 @@ struct Memory<cpu> {
     static void fill_zero(void* p, std::size_t bytes) {
         if (bytes) std::memset(p, 0, bytes);
     }
+    /// The host and the CPU backend share memory: the crossings are copies.
+    static void to_host(void* host_dst, const void* src, std::size_t bytes) { copy(host_dst, src, bytes); }
+    static void to_device(void* dst, const void* host_src, std::size_t bytes) { copy(dst, host_src, bytes); }
 };
 
 }  // namespace moonmoe::backend

@@ -1,32 +1,22 @@
-// moonmoe/backend/cpu/ops.hpp: the compute primitives of Backend<cpu>, on Eigen.
+// moonmoe/backend/cpu/blas.hpp: BlasOps<cpu> (backend/blas.hpp), on Eigen.
 //
-// Matrices are row-major views whose rows are contiguous (row pitch = strides[0]), so a head's slice of a
-// [tokens, heads * dim] activation is a matrix without a copy. GEMM goes to Eigen's GEBP kernel (or to BLAS when
-// built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); everything
-// else is a row-parallel loop (threads.hpp).
-//
-// For a fixed thread count every result is a function of the inputs alone: not of the timing, nor of where the
-// buffers lie in memory (which differs between runs and with thread timing). GEMMs are split into panels by shape
-// and thread count, each panel one single-threaded Eigen product; the row loops compute each row the same way on
-// any thread; the exponential, whose scalar and vector code round differently, always takes the vector path.
+// GEMM goes to Eigen's GEBP kernel (or to BLAS when built with EIGEN_USE_BLAS), except X W^T with few rows of X,
+// which skips packing (gemm_small.hpp). For a fixed thread count every result is a function of the inputs alone:
+// GEMMs are split into panels by shape and thread count, each panel one single-threaded Eigen product.
 #pragma once
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <span>
 #include <vector>
-#include <cstdint>
-#include <cstring>
 
 #include "../../tensor/tensor.hpp"
-#include "../backend.hpp"
+#include "../blas.hpp"
 #include "gemm_small.hpp"
-#include "memory.hpp"
 #include "threads.hpp"
 
 namespace moonmoe::backend {
@@ -50,17 +40,6 @@ MutMap<T> as_matrix(View<T, 2> v) {
 inline void require_rows(const char* op, const char* name, index_t stride) {
     if (stride != 1)
         throw shape_error(std::string(op) + ": " + name + " must have contiguous rows (unit column stride)");
-}
-
-// splitmix64: a counter-based generator, so element i gets the same number whatever the thread split.
-inline std::uint64_t mix(std::uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-inline double uniform01(std::uint64_t seed, std::uint64_t i) {  // in (0, 1)
-    return (double(mix(seed * 0x100000001B3ull + i) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 /// How Ops::gemm splits C [m, n] = op(A) op(B) over `threads` threads: into `chunks` panels of `width` columns
@@ -110,7 +89,7 @@ void gemm_panel(Trans ta, Trans tb, T alpha, View<const T, 2> A, View<const T, 2
 }  // namespace cpu_detail
 
 template <>
-struct Ops<cpu> {
+struct BlasOps<cpu> {
     /// C = alpha * op(A) op(B) + beta * C, op = transpose when asked, T = float or double. Shapes are checked
     /// and named on mismatch.
     template <class T = float>
@@ -196,86 +175,9 @@ struct Ops<cpu> {
         c.template triangularView<Eigen::StrictlyUpper>() = c.transpose();
     }
 
-    /// dst = src (same shape, any row pitch)
-    template <class T = float>
-    static void copy(View<const std::type_identity_t<T>, 2> src, View<std::type_identity_t<T>, 2> dst) {
-        if (src.shape != dst.shape) throw_shape_mismatch("copy", src.shape, dst.shape);
-        const index_t cols = src.shape[1];
-        cpu_detail::parallel_for(src.shape[0], [&](index_t i) {
-            std::memcpy(dst.data + i * dst.strides[0], src.data + i * src.strides[0], std::size_t(cols) * sizeof(T));
-        });
-    }
-
-    /// dst[:] = value, rows in parallel (also how fresh pages get faulted in by every thread)
-    static void fill(View<float, 2> dst, float value) {
-        const index_t cols = dst.shape[1];
-        cpu_detail::parallel_for(dst.shape[0], [&](index_t i) {
-            float* row = dst.data + i * dst.strides[0];
-            for (index_t j = 0; j < cols; ++j) row[j] = value;
-        });
-    }
-
-    /// x[j] = exp(x[j] - shift) for j < n (vectorised).
-    ///
-    /// On a Map, Eigen computes the elements before the first 64-byte boundary and after the last whole packet
-    /// with std::exp and the rest with its vectorised exp, and the two differ in the last bit: which elements got
-    /// which depended on the buffer's address. Attention's score rows live in per-call heap buffers, whose
-    /// addresses depend on what ran before and, at 2 threads, on which thread freed what when, so training runs
-    /// at 2 threads differed between processes within a few steps. Here every element goes through the
-    /// vectorised exp, the last partial packet padded in a small buffer: each result depends on its input alone.
-    static void exp_shifted(float* x, index_t n, float shift) {
-        namespace ei = Eigen::internal;
-        using Packet = ei::packet_traits<float>::type;
-        constexpr index_t width = ei::packet_traits<float>::size;
-        const Packet s = ei::pset1<Packet>(shift);
-        index_t j = 0;
-        for (; j + width <= n; j += width) ei::pstoreu(x + j, ei::pexp(ei::psub(ei::ploadu<Packet>(x + j), s)));
-        if (j < n) {
-            float tail[width];
-            std::fill(tail, tail + width, shift);
-            std::memcpy(tail, x + j, std::size_t(n - j) * sizeof(float));
-            ei::pstoreu(tail, ei::pexp(ei::psub(ei::ploadu<Packet>(tail), s)));
-            std::memcpy(x + j, tail, std::size_t(n - j) * sizeof(float));
-        }
-    }
-
-    /// Softmax of each row in place: exponentials in f32 (Eigen's vectorised exp), their sum in double. With
-    /// causal_first >= 0 row i sees only columns t <= causal_first + i (the rest become 0): causal attention whose
-    /// row 0 sits at key position causal_first. Writes each row's log-sum-exp to lse (if given); returns the largest
-    /// visible input value.
-    static float softmax_rows(View<float, 2> s, index_t causal_first = -1, float* lse = nullptr) {
-        const index_t n = s.shape[0], L = s.shape[1];
-        float max_value = -INFINITY;
-        for (index_t i = 0; i < n; ++i) {
-            float* row = s.data + i * s.strides[0];
-            const index_t last = causal_first < 0 ? L - 1 : std::min(causal_first + i, L - 1);
-            Eigen::Map<Eigen::ArrayXf> visible(row, last + 1);
-            const float m = visible.maxCoeff();
-            exp_shifted(row, last + 1, m);
-            const double sum = visible.template cast<double>().sum();
-            const float log_sum = m + float(std::log(sum));
-            visible *= float(1.0 / sum);
-            for (index_t t = last + 1; t < L; ++t) row[t] = 0.0f;
-            if (lse) lse[i] = log_sum;
-            max_value = std::max(max_value, m);
-        }
-        return max_value;
-    }
-
-    /// Indices of the k largest of v[0..n), largest first; ties go to the lower index.
-    static std::vector<index_t> top_k(const float* v, index_t n, index_t k) {
-        if (k < 0 || k > n) throw std::invalid_argument("top_k: k = " + std::to_string(k) + " of " + std::to_string(n));
-        std::vector<index_t> order(static_cast<std::size_t>(n));
-        std::iota(order.begin(), order.end(), index_t{0});
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [v](index_t a, index_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-        order.resize(static_cast<std::size_t>(k));
-        return order;
-    }
-
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
     /// between matrices; the batch runs in parallel, each GEMM on one thread.
-    static void gemm_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2> A, index_t stride_a,
+    static void gemm_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2> A, index_t stride_a,
                              View<const float, 2> B, index_t stride_b, float beta, View<float, 2> C, index_t stride_c) {
         cpu_detail::parallel_for(count, [&](index_t i) {
             View<const float, 2> a(A.data + i * stride_a, A.shape, A.strides), b(B.data + i * stride_b, B.shape, B.strides);
@@ -283,57 +185,50 @@ struct Ops<cpu> {
         });
     }
 
-    /// out[i, :] = in[index[i], :]
-    static void gather_rows(View<const float, 2> in, const index_t* index, View<float, 2> out) {
-        if (in.shape[1] != out.shape[1]) throw_shape_mismatch("gather_rows", out.shape, in.shape);
-        const index_t cols = in.shape[1];
-        cpu_detail::parallel_for(out.shape[0], [&](index_t i) {
-            const float* src = in.data + index[i] * in.strides[0];
-            float* dst = out.data + i * out.strides[0];
-            for (index_t j = 0; j < cols; ++j) dst[j] = src[j];
-        });
-    }
 
-    /// out[index[i], :] += scale[i] * in[i, :] (scale may be null = 1), in order of i: repeatable sums.
-    static void scatter_add_rows(View<const float, 2> in, const index_t* index, const float* scale,
-                                 View<float, 2> out) {
-        if (in.shape[1] != out.shape[1]) throw_shape_mismatch("scatter_add_rows", in.shape, out.shape);
-        const index_t cols = in.shape[1];
-        for (index_t i = 0; i < in.shape[0]; ++i) {
-            const float* src = in.data + i * in.strides[0];
-            float* dst = out.data + index[i] * out.strides[0];
-            const float s = scale ? scale[i] : 1.0f;
-            for (index_t j = 0; j < cols; ++j) dst[j] += s * src[j];
+    /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]); W [groups, ., .].
+    /// The groups run one after the other, each GEMM on every thread (a segment is usually hundreds of rows).
+    static void gemm_grouped(Trans tw, float alpha, View<const float, 2> X, View<const float, 3> W, float beta,
+                             View<float, 2> Y, std::span<const index_t> offsets) {
+        check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
+        if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
+        for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
+            const index_t lo = offsets[g], n = offsets[g + 1] - lo;
+            if (n == 0) continue;
+            gemm<float>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
         }
     }
 
-    /// Calls f(i) for i in [0, n) in parallel; the element-wise / row kernel launcher.
-    template <class F>
-    static void for_each(index_t n, F&& f) {
-        cpu_detail::parallel_for(n, std::forward<F>(f));
-    }
-
-    /// Fills `out` with U(lo, hi) from a counter-based generator: element i depends only on (seed, i).
-    static void fill_uniform(View<float, 2> out, float lo, float hi, std::uint64_t seed) {
-        const index_t cols = out.shape[1];
-        cpu_detail::parallel_for(out.shape[0], [&](index_t r) {
-            for (index_t j = 0; j < cols; ++j)
-                out.data[r * out.strides[0] + j] =
-                    lo + (hi - lo) * float(cpu_detail::uniform01(seed, std::uint64_t(r * cols + j)));
-        });
-    }
-
-    /// Fills `out` with N(mean, std^2) from a counter-based generator: element i depends only on (seed, i).
-    static void fill_normal(View<float, 2> out, float mean, float stddev, std::uint64_t seed) {
-        const index_t cols = out.shape[1];
-        cpu_detail::parallel_for(out.shape[0], [&](index_t r) {
-            for (index_t j = 0; j < cols; ++j) {
-                const std::uint64_t i = std::uint64_t(r * cols + j);
-                const double u1 = cpu_detail::uniform01(seed, 2 * i), u2 = cpu_detail::uniform01(seed, 2 * i + 1);
-                const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-                out.data[r * out.strides[0] + j] = float(mean + stddev * z);
+    /// dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g for every group g: dY [rows, n], X [rows, k], dW [groups, n, k].
+    static void gemm_grouped_weight_grad(float alpha, View<const float, 2> dY, View<const float, 2> X, float beta,
+                                         View<float, 3> dW, std::span<const index_t> offsets) {
+        check_groups("gemm_grouped_weight_grad", dW.shape[0], offsets, X.shape[0]);
+        if (dY.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped_weight_grad: dY against X rows", dY.shape, X.shape);
+        for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
+            const index_t lo = offsets[g], n = offsets[g + 1] - lo;
+            if (n == 0) {
+                if (beta != 1.0f) scale_in_place(dW[g], beta);
+                continue;
             }
-        });
+            gemm<float>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
+        }
+    }
+
+private:
+    static void scale_in_place(View<float, 2> m, float beta) {
+        for (index_t i = 0; i < m.shape[0]; ++i)
+            for (index_t j = 0; j < m.shape[1]; ++j) m.data[i * m.strides[0] + j] *= beta;
+    }
+    static void check_groups(const char* op, index_t groups, std::span<const index_t> offsets, index_t rows) {
+        if (index_t(offsets.size()) != groups + 1)
+            throw shape_error(std::string(op) + ": " + std::to_string(offsets.size()) + " offsets for " +
+                              std::to_string(groups) + " groups (expected groups + 1)");
+        if (offsets.front() != 0 || offsets.back() != rows)
+            throw shape_error(std::string(op) + ": offsets run from " + std::to_string(offsets.front()) + " to " +
+                              std::to_string(offsets.back()) + ", the rows from 0 to " + std::to_string(rows));
+        for (std::size_t g = 0; g + 1 < offsets.size(); ++g)
+            if (offsets[g + 1] < offsets[g])
+                throw shape_error(std::string(op) + ": offsets decrease at group " + std::to_string(g));
     }
 };
 

@@ -1,0 +1,109 @@
+// moonmoe/backend/functors.hpp: the element-wise math of the modules and optimizers, written once as named
+// functors that run on the host and on the device (MOONMOE_HD), for MapOps::map / map_indexed (backend/map.hpp).
+//
+// A functor holds plain values (scalars, and device pointers where it reads per-row data); it is copied to the
+// device, so it never captures by reference. operator() takes the elements of the views passed to map, in order,
+// by reference (outputs) or by value (inputs); map_indexed passes the row and column first.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "../config/macros.hpp"
+#include "../tensor/shape.hpp"
+
+namespace moonmoe::fn {
+
+MOONMOE_HD inline float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+/// silu(z) = z * sigmoid(z)
+MOONMOE_HD inline float silu(float z) { return z * sigmoid(z); }
+
+/// d silu / dz = s (1 + z (1 - s)), s = sigmoid(z)
+MOONMOE_HD inline float silu_grad(float z) {
+    const float s = sigmoid(z);
+    return s * (1.0f + z * (1.0f - s));
+}
+
+// ---- generic ----
+
+/// x = value
+template <class T>
+struct SetTo {
+    T value;
+    MOONMOE_HD void operator()(T& x) const { x = value; }
+};
+
+/// x *= factor
+template <class T>
+struct ScaleBy {
+    T factor;
+    MOONMOE_HD void operator()(T& x) const { x *= factor; }
+};
+
+/// y = alpha x + beta y
+template <class T>
+struct Axpby {
+    T alpha, beta;
+    MOONMOE_HD void operator()(T& y, T x) const { y = alpha * x + beta * y; }
+};
+
+/// y += x
+template <class T>
+struct AddTo {
+    MOONMOE_HD void operator()(T& y, T x) const { y += x; }
+};
+
+/// y = x, converting the element type (f32 master weights to a bf16 or f64 working copy, and back)
+struct Convert {
+    template <class To, class From>
+    MOONMOE_HD void operator()(To& y, From x) const { y = To(x); }
+};
+
+// ---- SwiGLU ----
+
+/// a = silu(g) * u
+struct SwiGLUForward {
+    MOONMOE_HD void operator()(float& a, float g, float u) const { a = silu(g) * u; }
+};
+
+/// From da and the kept (g, u): g becomes dg = da u silu'(g), u becomes du = da silu(g) (the cache is spent).
+struct SwiGLUBackward {
+    MOONMOE_HD void operator()(float& g_to_dg, float& u_to_du, float da) const {
+        const float g = g_to_dg, u = u_to_du;
+        g_to_dg = da * u * silu_grad(g);
+        u_to_du = da * silu(g);
+    }
+};
+
+// ---- optimizers ----
+
+/// Muon's momentum (torch.optim.Muon): m.lerp_(g, 1 - beta); u = g.lerp(m, beta) with Nesterov, else m.
+struct MuonMomentum {
+    float beta;
+    bool nesterov;
+    MOONMOE_HD void operator()(float& m, float& u, float g) const {
+        m += (1.0f - beta) * (g - m);
+        u = nesterov ? g + beta * (m - g) : m;
+    }
+};
+
+/// W = W * decay - step * O: decoupled weight decay, then the orthogonalised update.
+struct DecayAndStep {
+    float decay, step;
+    MOONMOE_HD void operator()(float& w, float o) const { w = w * decay - step * o; }
+};
+
+/// One AdamW element (torch.optim.AdamW): W *= decay; m.lerp_(g, 1 - b1); v = b2 v + (1 - b2) g^2;
+/// W -= step * m / (sqrt(v) / root2 + eps), with step = lr / (1 - b1^t) and root2 = sqrt(1 - b2^t).
+struct AdamWUpdate {
+    float decay, b1, b2, step, root2, eps;
+    MOONMOE_HD void operator()(float& w, float& m, float& v, float g) const {
+        w *= decay;
+        m += (1.0f - b1) * (g - m);
+        v = v * b2 + (1.0f - b2) * g * g;
+        w -= step * m / (sqrtf(v) / root2 + eps);
+    }
+};
+
+}  // namespace moonmoe::fn

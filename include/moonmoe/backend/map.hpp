@@ -1,0 +1,24 @@
+// moonmoe/backend/map.hpp: element-wise work over named functors (backend/functors.hpp), copies and fills.
+//
+// MapOps<B>:
+//   map(f, v0, v1, ...)          f(v0[i, j], v1[i, j], ...) for every element of equally shaped 2-D views (any
+//                                element types; rows contiguous, any row pitch); a non-const view's element is
+//                                passed by reference, a const one's by value
+//   map_indexed(f, v0, ...)      f(i, j, v0[i, j], ...): for functors that read per-row or per-column data
+//   fill<T>(dst, value)          dst[:] = value
+//   copy<T>(src, dst)            same shape, any row pitches
+//   transpose<T>(src, dst)       dst [n, m] = src [m, n]^T
+// Each element is computed on its own, so results never depend on the thread or block split.
+#pragma once
+
+#include "memory.hpp"
+
+namespace moonmoe::backend {
+
+template <class B>
+struct MapOps {
+    static_assert(missing_backend<B>, "moonmoe: no element-wise primitives for this backend; include "
+                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+};
+
+}  // namespace moonmoe::backend
