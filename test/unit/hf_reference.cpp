@@ -37,7 +37,9 @@ void check_against_transformers(const std::string& name) {
     // router choices (as sets: HF's top-k is unsorted) and weights, per MoE layer
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         if (model.layers[l].dense) continue;
-        const nn::Routing& r = cache.layers[l].moe.router.routing;
+        const nn::Routing<>& routing = cache.layers[l].moe.router.routing;
+        const struct { index_t tokens, k; std::vector<index_t> idx; std::vector<float> weight; } r{
+            routing.tokens, routing.k, to_host(routing.idx), to_host(routing.weight)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
         const std::vector<float> w = ref.f32("topk_weight." + std::to_string(l));
         for (index_t t = 0; t < r.tokens; ++t) {

@@ -120,19 +120,18 @@ TEST_CASE("Router backward, with the sequence-wise balance loss") {
         auto loss = [&](nn::Router<>::Cache& c) {  // <weights, r> + balance loss
             router.forward(u.view(), c);
             double l = router.balance_loss(c, layout);
-            for (std::size_t i = 0; i < c.routing.weight.size(); ++i) l += double(c.routing.weight[i]) * r.data()[i];
+            for (index_t i = 0; i < c.routing.weight.numel(); ++i) l += double(c.routing.weight.data()[i]) * r.data()[i];
             return l;
         };
         nn::Router<>::Cache cache;
         loss(cache);
-        const std::vector<index_t> chosen = cache.routing.idx;
-        std::vector<float> dweight(r.data(), r.data() + r.numel());
+        const std::vector<index_t> chosen = to_host(cache.routing.idx);
         Mat du(u.shape());
-        router.backward(dweight, cache, du.view());
+        router.backward(r.view(), cache, du.view());
         check_module_gradients(router, u.data(), du.data(), u.numel(), [&] {
             nn::Router<>::Cache c;
             const double l = loss(c);
-            REQUIRE(c.routing.idx == chosen);  // a step too large to keep the same experts would void the check
+            REQUIRE(to_host(c.routing.idx) == chosen);  // a step too large to keep the same experts would void the check
             return l;
         }, 1e-2, 1e-3);
     }
@@ -149,7 +148,7 @@ TEST_CASE("MoE backward: routed experts grouped by expert, shared expert, router
         Mat y({12, cfg.dims.hidden}), dx(x.shape());
         const Mat r = random_matrix(12, cfg.dims.hidden, 7);
         moe.forward(x.view(), y.view(), cache);
-        const std::vector<index_t> chosen = cache.router.routing.idx;
+        const std::vector<index_t> chosen = to_host(cache.router.routing.idx);
         moe.backward(r.view(), cache, dx.view());
         moe.gate.fixed_selection = &chosen;
         check_module_gradients(moe, x.data(), dx.data(), x.numel(), [&] {
@@ -172,7 +171,7 @@ TEST_CASE("decoder layers (dense and MoE) backward") {
         std::vector<index_t> chosen;
         check(layer, x, 64, [&](Mat& in, Mat& out) { layer.forward(in.view(), layout, out.view(), cache); },
               [&](const Mat& dy, Mat& dx) {
-                  if (!layer.dense) chosen = cache.moe.router.routing.idx, layer.moe.gate.fixed_selection = &chosen;
+                  if (!layer.dense) chosen = to_host(cache.moe.router.routing.idx), layer.moe.gate.fixed_selection = &chosen;
                   layer.backward(dy.view(), cache, dx.view());
               });
     }
@@ -189,7 +188,7 @@ TEST_CASE("whole model with cross-entropy backward") {
     std::vector<std::vector<index_t>> chosen(model.layers.size());
     for (std::size_t l = 0; l < model.layers.size(); ++l)
         if (!model.layers[l].dense)
-            chosen[l] = cache.layers[l].moe.router.routing.idx, model.layers[l].moe.gate.fixed_selection = &chosen[l];
+            chosen[l] = to_host(cache.layers[l].moe.router.routing.idx), model.layers[l].moe.gate.fixed_selection = &chosen[l];
     Mat dlogits(logits.shape());
     nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view());
     model.backward(dlogits.view(), cache);
@@ -227,18 +226,18 @@ TEST_CASE("a training step is bitwise repeatable for a fixed thread count") {
 
 TEST_CASE("auxiliary-loss-free balancing: bias += gamma * sign(mean load - load), then the counts restart") {
     nn::Router<> router(TinyK2::config.moe, 64);
-    router.load = {10, 2, 4, 4, 0, 8, 3, 1};  // 32 assignments over 8 experts: mean 4
+    router.load = to_device<cpu>(std::vector<index_t>{10, 2, 4, 4, 0, 8, 3, 1});  // 32 assignments over 8 experts: mean 4
     router.update_bias(0.001f);
     const float* b = router.bias.value.data();
     const float expected[] = {-0.001f, 0.001f, 0.0f, 0.0f, 0.001f, -0.001f, 0.001f, 0.001f};
     for (int e = 0; e < 8; ++e) CHECK(b[e] == expected[e]);
-    for (index_t l : router.load) CHECK(l == 0);
+    for (index_t l : to_host(router.load)) CHECK(l == 0);
     // the bias only selects: it never reaches the routing weights
     Mat u = random_matrix(6, 64, 40);
     nn::Router<>::Cache c1, c2;
     router.forward(u.view(), c1);
     for (int e = 0; e < 8; ++e) router.bias.value.data()[e] += 10.0f;  // a uniform shift changes no choice
     router.forward(u.view(), c2);
-    CHECK(c1.routing.idx == c2.routing.idx);
-    CHECK(c1.routing.weight == c2.routing.weight);
+    CHECK(to_host(c1.routing.idx) == to_host(c2.routing.idx));
+    CHECK(to_host(c1.routing.weight) == to_host(c2.routing.weight));
 }

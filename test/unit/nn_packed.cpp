@@ -50,7 +50,8 @@ void check_packed_against_transformers(const std::string& name) {
     }
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // router choices, as sets
         if (model.layers[l].dense) continue;
-        const nn::Routing& r = cache.layers[l].moe.router.routing;
+        const nn::Routing<>& routing = cache.layers[l].moe.router.routing;
+        const struct { index_t tokens, k; std::vector<index_t> idx; } r{routing.tokens, routing.k, to_host(routing.idx)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
         REQUIRE(r.tokens == layout.tokens());
         for (index_t t = 0; t < r.tokens; ++t)

@@ -132,7 +132,7 @@ TEST_CASE("a NaN or an infinity in one gradient element skips the whole step, bi
         CHECK(a.remeasures == remeasures);                         // no QK-Clip
         for (auto& layer : a.model.layers)
             if (!layer.dense)  // the skipped step's routing statistics are dropped, not carried into the next update
-                for (index_t l : layer.moe.gate.load) CHECK(l == 0);
+                for (index_t l : to_host(layer.moe.gate.load)) CHECK(l == 0);
     }
     CHECK(a.opt.skipped_nonfinite_steps() == static_cast<long long>(cases.size()));
     // two bad parameters: the report names the first in visit order, whatever the threads found first
@@ -162,12 +162,13 @@ TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's
     for (auto& layer : b.model.layers) {
         if (layer.dense) continue;
         const auto& g = layer.moe.gate;
-        loads.push_back(g.load);
-        CHECK(std::accumulate(g.load.begin(), g.load.end(), index_t{0}) == 12 * 2);  // 12 tokens, top-2
+        const std::vector<index_t> load = to_host(g.load);
+        loads.push_back(load);
+        CHECK(std::accumulate(load.begin(), load.end(), index_t{0}) == 12 * 2);  // 12 tokens, top-2
         std::vector<float> bias(g.bias.value.data(), g.bias.value.data() + g.experts());
         const double mean = 12.0 * 2 / double(g.experts());
         for (index_t e = 0; e < g.experts(); ++e) {
-            const double diff = mean - double(g.load[std::size_t(e)]);
+            const double diff = mean - double(load[std::size_t(e)]);
             bias[std::size_t(e)] += b.opt.bias_update_rate * float((diff > 0) - (diff < 0));
         }
         expected.push_back(bias);
@@ -180,7 +181,7 @@ TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's
         if (layer.dense) continue;
         const auto& g = layer.moe.gate;
         CHECK(std::memcmp(g.bias.value.data(), expected[m].data(), expected[m].size() * sizeof(float)) == 0);
-        for (index_t l : g.load) CHECK(l == 0);  // the re-measure forwards left the counts alone
+        for (index_t l : to_host(g.load)) CHECK(l == 0);  // the re-measure forwards left the counts alone
         CHECK(g.count_load);                     // and counting is back on for the next training forward
         ++m;
     }
@@ -192,7 +193,7 @@ TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's
     }
     for (auto& layer : b.model.layers)
         if (!layer.dense)
-            for (index_t l : layer.moe.gate.load) CHECK(l == 0);
+            for (index_t l : to_host(layer.moe.gate.load)) CHECK(l == 0);
     CHECK_THROWS_WITH_AS(b.opt.step([] {}, 0), doctest::Contains("rounds must be at least 1"), std::invalid_argument);
 }
 

@@ -25,6 +25,26 @@ MOONMOE_HD inline float silu_grad(float z) {
     return s * (1.0f + z * (1.0f - s));
 }
 
+// ---- routing ----
+
+/// The auxiliary-loss-free balancing step on one expert's bias: b += gamma * sign(mean - load).
+struct LoadBalanceStep {
+    float gamma;
+    double mean;  ///< the mean load over the experts
+    MOONMOE_HD void operator()(float& b, index_t load) const {
+        const double diff = mean - double(load);
+        b += gamma * float((diff > 0) - (diff < 0));
+    }
+};
+
+/// Row i of a dispatch buffer times its pair's routing weight: x *= weight[row_slot[i]] (map_indexed; weight and
+/// row_slot are backend pointers, the [T, K] routing weights and the plan's row_slot).
+struct ScaleByPairWeight {
+    const float* weight;
+    const index_t* row_slot;
+    MOONMOE_HD void operator()(index_t i, index_t, float& x) const { x *= weight[row_slot[i]]; }
+};
+
 // ---- generic ----
 
 /// x = value

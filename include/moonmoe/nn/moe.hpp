@@ -1,23 +1,61 @@
-// moonmoe/nn/moe.hpp: the Mixture-of-Experts block: router, routed SwiGLU experts computed grouped by expert,
-// and the shared expert.
+// moonmoe/nn/moe.hpp: the Mixture-of-Experts block: router, routed SwiGLU experts computed as grouped GEMMs over
+// the pairs sorted by expert, and the shared expert.
 //
-// Forward, per expert e in order: gather the rows of the tokens routed to e, one GEMM each for gate and up, SwiGLU,
-// one GEMM for down, then a weighted scatter-add into the output; the shared expert sees every token and is added
-// last (HF: routed sum, then + shared_experts(u)). Backward keeps the router cache and, per expert, the token
-// list with gate(x) and up(x); x is re-gathered from the router's copy of u. The routing weight's gradient is
-// dy.y_e = (dy W_down) . a, so expert outputs need not be kept.
+// Forward: permute -> grouped GEMM -> combine. A dispatch plan sorts the (token, expert) pairs stably by expert
+// (RoutingOps::dispatch_plan); each pair's token row is gathered once into one buffer [pairs, hidden]; gate and up
+// run as grouped GEMMs over the experts' segments of that buffer, SwiGLU as a map, down as a grouped GEMM; combine
+// sums each token's expert outputs, weighted by its routing weights, in ascending expert order (no atomics: the
+// same sums on every thread count). The shared expert sees every token and is added last (HF: routed sum, then +
+// shared_experts(u)). Backward mirrors it and keeps the router cache, the plan and the pairs' gate(x) and up(x);
+// x is re-gathered from the router's copy of u. The routing weight's gradient is dy . y_e = (dy W_down) . a per
+// pair, so expert outputs need not be kept.
 //
-// An instance may hold a contiguous range of the experts (one expert-parallel rank); tokens routed elsewhere
-// contribute nothing here and are counted in `skipped_assignments`.
+// The experts' weights are stacked, [experts here, I, H] for gate and up and [experts here, H, I] for down;
+// visit_params hands out one matrix per expert with its HF name, so io and the optimizers see HF's layout.
+// An instance may hold a contiguous range of the experts (one expert-parallel rank): the plan then has one segment
+// per local expert, and tokens routed elsewhere contribute nothing here and are counted in `skipped_assignments`.
 #pragma once
 
 #include <chrono>
+#include <string>
 #include <vector>
 
+#include "../tensor/transfer.hpp"
 #include "router.hpp"
 #include "swiglu.hpp"
 
 namespace moonmoe::nn {
+
+/// The routed experts of one rank, stacked: expert e's SwiGLU is down_proj[e] (silu(gate_proj[e] x) * up_proj[e] x),
+/// gate_proj and up_proj [count, inner, hidden], down_proj [count, hidden, inner].
+template <class B = cpu>
+struct StackedExperts {
+    Param<3, B> gate_proj, up_proj, down_proj;
+
+    StackedExperts() = default;
+    StackedExperts(index_t count, index_t hidden, index_t inner)
+        : gate_proj({count, inner, hidden}, ParamKind::expert_matrix),
+          up_proj({count, inner, hidden}, ParamKind::expert_matrix),
+          down_proj({count, hidden, inner}, ParamKind::expert_matrix) {}
+
+    index_t size() const { return gate_proj.value.size(0); }
+
+    /// One ParamRef per expert and matrix, pointing into the stacks, named prefix.<first + e>.gate_proj.weight etc.
+    void visit_params(const std::string& prefix, index_t first, const ParamVisitor& f) {
+        for (index_t e = 0; e < size(); ++e) {
+            const std::string name = prefix + "." + std::to_string(first + e);
+            visit_matrix(name + ".gate_proj.weight", gate_proj, e, f);
+            visit_matrix(name + ".up_proj.weight", up_proj, e, f);
+            visit_matrix(name + ".down_proj.weight", down_proj, e, f);
+        }
+    }
+
+private:
+    static void visit_matrix(const std::string& name, Param<3, B>& p, index_t e, const ParamVisitor& f) {
+        const index_t rows = p.value.size(1), cols = p.value.size(2), offset = e * rows * cols;
+        f(ParamRef{name, p.kind, {rows, cols}, p.value.data() + offset, p.grad.data() + offset});
+    }
+};
 
 template <class B = cpu>
 struct MoE {
@@ -28,24 +66,27 @@ struct MoE {
     index_t hidden = 0;
     index_t first_expert = 0;  ///< experts [first_expert, first_expert + experts.size()) live here
     Router<B> gate;
-    std::vector<SwiGLU<B>> experts;
+    StackedExperts<B> experts;
     SwiGLU<B> shared_experts;
     index_t skipped_assignments = 0;  ///< (token, expert) pairs of the last forward whose expert lives elsewhere
 
     /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
-    /// the part of `experts` spent moving rows: sorting pairs by expert, gathering inputs, scattering outputs.
+    /// the part of `experts` spent moving rows: the dispatch plan, gathering inputs, combining outputs.
     struct Times {
         double router = 0, experts = 0, shared = 0, dispatch = 0;
     } times;
 
-    struct ExpertCache {
-        std::vector<index_t> tokens;  ///< rows routed to this expert, ascending
-        std::vector<index_t> slots;   ///< t * K + j of each row, to find its routing weight
-        Mat g, u;
+    /// The pairs of this rank's experts sorted by expert (RoutingOps::dispatch_plan).
+    struct Plan {
+        std::vector<index_t> offsets;   ///< on the host: expert e's rows are [offsets[e], offsets[e + 1])
+        Tensor<index_t, 1, B> row_slot;  ///< [T * K]: the pair (t * K + j) of each row; rows from pairs() on unused
+        Tensor<index_t, 2, B> slot_row;  ///< [T, K]: the row of each pair, -1 when its expert lives elsewhere
+        index_t pairs() const { return offsets.empty() ? 0 : offsets.back(); }
     };
     struct Cache {
         typename Router<B>::Cache router;
-        std::vector<ExpertCache> experts;
+        Plan plan;
+        Mat g, u;  ///< gate(x) and up(x) of every row [pairs, expert_hidden]
         typename SwiGLU<B>::Cache shared;
     };
 
@@ -55,55 +96,38 @@ struct MoE {
 
     MoE() = default;
     MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1)
-        : cfg(c), hidden(hidden_), first_expert(first), gate(c, hidden_) {
-        const index_t n = count < 0 ? c.experts - first : count;
-        experts.reserve(static_cast<std::size_t>(n));
-        for (index_t e = 0; e < n; ++e) experts.emplace_back(hidden_, c.expert_hidden, ParamKind::expert_matrix);
+        : cfg(c), hidden(hidden_), first_expert(first), gate(c, hidden_),
+          experts(count < 0 ? c.experts - first : count, hidden_, c.expert_hidden) {
         if (c.shared > 0) shared_experts = SwiGLU<B>(hidden_, c.shared * c.expert_hidden);
     }
 
     /// y = moe(u); keeps what backward needs.
     void forward(View<const float, 2, B> u, View<float, 2, B> y, Cache& c) {
+        using backend::Trans;
         using clock = std::chrono::steady_clock;
-        const index_t T = u.shape[0], K = cfg.top_k;
+        const index_t K = cfg.top_k, I = cfg.expert_hidden;
         const auto t0 = clock::now();
         gate.forward(u, c.router);
         times.router += seconds(t0);
         const auto t1 = clock::now();
-        const Routing& r = c.router.routing;
-        const index_t local = index_t(experts.size());
-        c.experts.clear();
-        c.experts.resize(static_cast<std::size_t>(local));
-        skipped_assignments = 0;
-        for (index_t t = 0; t < T; ++t)
-            for (index_t j = 0; j < K; ++j) {
-                const index_t e = r.idx[t * K + j] - first_expert;
-                if (e < 0 || e >= local) { ++skipped_assignments; continue; }
-                c.experts[e].tokens.push_back(t);
-                c.experts[e].slots.push_back(t * K + j);
-            }
-        Ops::for_each(T, [&, y](index_t t) { for (index_t j = 0; j < hidden; ++j) y(t, j) = 0.0f; });
-        times.dispatch += seconds(t1);  // sorting the pairs by expert
-        for (index_t e = 0; e < local; ++e) {
-            ExpertCache& ec = c.experts[e];
-            const index_t n = index_t(ec.tokens.size());
-            if (n == 0) continue;
-            const auto gather_start = clock::now();
-            Mat x({n, hidden}), a({n, cfg.expert_hidden}), out({n, hidden});
-            Ops::gather_rows(c.router.u.view(), ec.tokens.data(), x.view());
-            times.dispatch += seconds(gather_start);
-            ec.g = Mat({n, cfg.expert_hidden});
-            ec.u = Mat({n, cfg.expert_hidden});
-            experts[e].gate_proj.forward(x.view(), ec.g.view());
-            experts[e].up_proj.forward(x.view(), ec.u.view());
-            SwiGLU<B>::activate(ec.g.view(), ec.u.view(), a.view());
-            experts[e].down_proj.forward(a.view(), out.view());
-            const auto scatter_start = clock::now();
-            std::vector<float> w(static_cast<std::size_t>(n));
-            for (index_t i = 0; i < n; ++i) w[i] = r.weight[ec.slots[i]];
-            Ops::scatter_add_rows(out.view(), ec.tokens.data(), w.data(), y);
-            times.dispatch += seconds(scatter_start);
-        }
+        c.plan = make_plan(c.router.routing);
+        const Plan& p = c.plan;
+        const index_t P = p.pairs();
+        Mat x({P, hidden});
+        Ops::gather_pairs(c.router.u.view(), p.row_slot.view(), K, x.view());
+        times.dispatch += seconds(t1);  // the plan and the gather
+        c.g = Mat({P, I});
+        c.u = Mat({P, I});
+        Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), experts.gate_proj.value.view(), 0.0f, c.g.view(), p.offsets);
+        Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), experts.up_proj.value.view(), 0.0f, c.u.view(), p.offsets);
+        x = Mat{};
+        Mat a({P, I}), out({P, hidden});
+        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view());
+        Ops::gemm_grouped(Trans::yes, 1.0f, a.view(), experts.down_proj.value.view(), 0.0f, out.view(), p.offsets);
+        const auto combine_start = clock::now();
+        Ops::fill(y, 0.0f);
+        Ops::combine(out.view(), p.slot_row.view(), c.router.routing.weight.view(), y);
+        times.dispatch += seconds(combine_start);
         times.experts += seconds(t1);
         const auto t2 = clock::now();
         if (cfg.shared > 0) shared_experts.forward(u, y, c.shared, true);
@@ -112,59 +136,73 @@ struct MoE {
 
     /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds when accumulate_du).
     void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du, bool accumulate_du = false) {
-        using backend::Trans;
         using clock = std::chrono::steady_clock;
-        const index_t T = dy.shape[0], I = cfg.expert_hidden;
-        if (!accumulate_du) Ops::for_each(T, [&, du](index_t t) { for (index_t j = 0; j < hidden; ++j) du(t, j) = 0.0f; });
+        if (!accumulate_du) Ops::fill(du, 0.0f);
         const auto t0 = clock::now();
         if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true);
         times.shared += seconds(t0);
         const auto t1 = clock::now();
-        const Routing& r = c.router.routing;
-        std::vector<float> dweight(r.weight.size(), 0.0f);
-        for (index_t e = 0; e < index_t(experts.size()); ++e) {
-            ExpertCache& ec = c.experts[e];
-            const index_t n = index_t(ec.tokens.size());
-            if (n == 0) continue;
-            SwiGLU<B>& ex = experts[e];
-            const auto gather_start = clock::now();
-            Mat x({n, hidden}), dye({n, hidden}), t({n, I}), a({n, I}), dx({n, hidden});
-            Ops::gather_rows(c.router.u.view(), ec.tokens.data(), x.view());
-            Ops::gather_rows(dy, ec.tokens.data(), dye.view());
-            times.dispatch += seconds(gather_start);
-            SwiGLU<B>::activate(ec.g.view(), ec.u.view(), a.view());
-            Ops::gemm(Trans::no, Trans::no, 1.0f, dye.view(), ex.down_proj.weight.value.view(), 0.0f, t.view());
-            Ops::for_each(n, [&](index_t i) {
-                const float w = r.weight[ec.slots[i]];
-                double dot = 0.0;
-                for (index_t j = 0; j < I; ++j) {
-                    dot += double(t(i, j)) * a(i, j);
-                    const float da = w * t(i, j), g = ec.g(i, j), u = ec.u(i, j);
-                    ec.g(i, j) = da * u * fn::silu_grad(g);  // dg
-                    ec.u(i, j) = da * fn::silu(g);           // du
-                }
-                dweight[ec.slots[i]] = float(dot);
-                for (index_t j = 0; j < hidden; ++j) dye(i, j) *= w;
-            });
-            Ops::gemm(Trans::yes, Trans::no, 1.0f, dye.view(), a.view(), 1.0f, ex.down_proj.weight.grad.view());
-            ex.gate_proj.backward(x.view(), ec.g.view(), dx.view());
-            ex.up_proj.backward(x.view(), ec.u.view(), dx.view(), true);
-            const auto scatter_start = clock::now();
-            Ops::scatter_add_rows(dx.view(), ec.tokens.data(), nullptr, du);
-            times.dispatch += seconds(scatter_start);
-        }
+        const Routing<B>& r = c.router.routing;
+        Mat dweight({r.tokens, r.k});  // pairs routed elsewhere get their gradient on their own rank
+        if (c.plan.pairs() > 0) experts_backward(dy, c, dweight.view(), du);
         times.experts += seconds(t1);
         const auto t2 = clock::now();
-        gate.backward(dweight, c.router, du);
+        gate.backward(dweight.view(), c.router, du);
         times.router += seconds(t2);
         c = Cache{};
     }
 
     void visit_params(const std::string& name, const ParamVisitor& f) {
         gate.visit_params(name + ".gate", f);
-        for (index_t e = 0; e < index_t(experts.size()); ++e)
-            experts[e].visit_params(name + ".experts." + std::to_string(first_expert + e), f);
+        experts.visit_params(name + ".experts", first_expert, f);
         if (cfg.shared > 0) shared_experts.visit_params(name + ".shared_experts", f);
+    }
+
+private:
+    /// The dispatch plan of this rank's experts; sets skipped_assignments.
+    Plan make_plan(const Routing<B>& r) {
+        Plan p;
+        Tensor<index_t, 1, B> offsets({experts.size() + 1});
+        p.row_slot = Tensor<index_t, 1, B>({r.tokens * r.k});
+        p.slot_row = Tensor<index_t, 2, B>({r.tokens, r.k});
+        Ops::dispatch_plan(r.idx.view(), first_expert, offsets.view(), p.row_slot.view(), p.slot_row.view());
+        // The segment offsets on the host: the grouped GEMMs run one GEMM per expert of its row count, and the
+        // pair count sizes the dispatch buffers.
+        p.offsets = to_host(offsets);
+        skipped_assignments = r.tokens * r.k - p.pairs();
+        return p;
+    }
+
+    /// The routed experts' backward over the plan's rows: weight gradients, dweight [T, K] of this rank's pairs,
+    /// du += each token's dx summed in ascending expert order.
+    void experts_backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> dweight, View<float, 2, B> du) {
+        using backend::Trans;
+        using clock = std::chrono::steady_clock;
+        const Plan& p = c.plan;
+        const index_t P = p.pairs(), K = cfg.top_k, I = cfg.expert_hidden;
+        const auto gather_start = clock::now();
+        Mat x({P, hidden}), dye({P, hidden});
+        Ops::gather_pairs(c.router.u.view(), p.row_slot.view(), K, x.view());
+        Ops::gather_pairs(dy, p.row_slot.view(), K, dye.view());
+        times.dispatch += seconds(gather_start);
+        Mat a({P, I}), da({P, I});
+        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view());
+        // da = w (dy W_down); the unweighted product dotted with a is the routing weight's gradient dy . y_e
+        Ops::gemm_grouped(Trans::no, 1.0f, dye.view(), experts.down_proj.value.view(), 0.0f, da.view(), p.offsets);
+        Ops::pair_dot(da.view(), a.view(), p.row_slot.view(), dweight);
+        const fn::ScaleByPairWeight by_weight{c.router.routing.weight.data(), p.row_slot.data()};
+        Ops::map_indexed(by_weight, da.view());
+        Ops::map(fn::SwiGLUBackward{}, c.g.view(), c.u.view(), View<const float, 2, B>(da.view()));  // -> dg, du
+        Ops::map_indexed(by_weight, dye.view());
+        Ops::gemm_grouped_weight_grad(1.0f, dye.view(), a.view(), 1.0f, experts.down_proj.grad.view(), p.offsets);
+        Mat dx({P, hidden});
+        Ops::gemm_grouped_weight_grad(1.0f, c.g.view(), x.view(), 1.0f, experts.gate_proj.grad.view(), p.offsets);
+        Ops::gemm_grouped(Trans::no, 1.0f, c.g.view(), experts.gate_proj.value.view(), 0.0f, dx.view(), p.offsets);
+        Ops::gemm_grouped_weight_grad(1.0f, c.u.view(), x.view(), 1.0f, experts.up_proj.grad.view(), p.offsets);
+        Ops::gemm_grouped(Trans::no, 1.0f, c.u.view(), experts.up_proj.value.view(), 1.0f, dx.view(), p.offsets);
+        const auto scatter_start = clock::now();
+        Ops::combine(dx.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
+        times.dispatch += seconds(scatter_start);
     }
 };
 

@@ -26,11 +26,7 @@ struct SwiGLU {
 
     /// a = silu(g) * u into a (same shape as g).
     static void activate(View<const float, 2, B> g, View<const float, 2, B> u, View<float, 2, B> a) {
-        const index_t n = g.shape[1];
-        Ops::for_each(g.shape[0], [=](index_t r) {
-            for (index_t j = 0; j < n; ++j)
-                a.data[r * a.strides[0] + j] = fn::silu(g.data[r * g.strides[0] + j]) * u.data[r * u.strides[0] + j];
-        });
+        Ops::map(fn::SwiGLUForward{}, a, g, u);
     }
 
     /// y = mlp(x) (y += mlp(x) when accumulate).
@@ -55,13 +51,7 @@ struct SwiGLU {
         activate(cache.g.view(), cache.u.view(), a.view());
         down_proj.backward(a.view(), dy, da.view());
         // da -> dg = da * u * silu'(g) (into g), du = da * silu(g) (into u): the cache is spent here.
-        Ops::for_each(rows, [&](index_t r) {
-            for (index_t j = 0; j < n; ++j) {
-                const float g = cache.g(r, j), u = cache.u(r, j), d = da(r, j);
-                cache.g(r, j) = d * u * fn::silu_grad(g);
-                cache.u(r, j) = d * fn::silu(g);
-            }
-        });
+        Ops::map(fn::SwiGLUBackward{}, cache.g.view(), cache.u.view(), View<const float, 2, B>(da.view()));
         gate_proj.backward(cache.x.view(), cache.g.view(), dx, accumulate_dx);
         up_proj.backward(cache.x.view(), cache.u.view(), dx, true);
         cache = Cache{};

@@ -67,17 +67,6 @@ struct HostLoops<cpu> {
         return max_value;
     }
 
-    /// Indices of the k largest of v[0..n), largest first; ties go to the lower index.
-    static std::vector<index_t> top_k(const float* v, index_t n, index_t k) {
-        if (k < 0 || k > n) throw std::invalid_argument("top_k: k = " + std::to_string(k) + " of " + std::to_string(n));
-        std::vector<index_t> order(static_cast<std::size_t>(n));
-        std::iota(order.begin(), order.end(), index_t{0});
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [v](index_t a, index_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-        order.resize(static_cast<std::size_t>(k));
-        return order;
-    }
-
     /// out[i, :] = in[index[i], :]
     static void gather_rows(View<const float, 2> in, const index_t* index, View<float, 2> out) {
         if (in.shape[1] != out.shape[1]) throw_shape_mismatch("gather_rows", out.shape, in.shape);
