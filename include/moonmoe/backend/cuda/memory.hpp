@@ -246,13 +246,14 @@ struct Memory<cuda> {
         return p;
     }
     /// Back to the pool, ordered after the work queued so far on the current stream. Work on other streams that
-    /// still reads the block must have been ordered before this (an event, or the same stream).
+    /// still reads the block must have been ordered before this (an event, or the same stream). Called from
+    /// Tensor's destructor: a failure here (a broken context) ends the program with the cuda_error's message.
     static void release(void* p) {
         if (!p) return;
         stats().remove(sizes().remove(p));
         const cudaError_t e = cudaFreeAsync(p, current_stream());
         // A tensor with static storage may be released after the runtime has shut down: nothing left to free.
-        if (e != cudaErrorCudartUnloading) MOONMOE_CUDA_CHECK(e);
+        if (e != cudaErrorCudartUnloading) cuda_detail::check(e, "cudaFreeAsync(p, current_stream())", __FILE__, __LINE__);
     }
     static void copy(void* dst, const void* src, std::size_t bytes) {
         if (bytes) MOONMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, current_stream()));
