@@ -21,7 +21,7 @@ decltype(auto) element(const View<T, 2>& v, index_t i, index_t j) {
     else return (v.data[i * v.strides[0] + j * v.strides[1]]);
 }
 template <class First, class... Rest>
-void require_same_shapes(const char* op, const First& first, const Rest&... rest) {
+void require_same_shapes([[maybe_unused]] const char* op, const First& first, const Rest&... rest) {
     ((rest.shape == first.shape ? void() : throw_shape_mismatch(op, first.shape, rest.shape)), ...);
 }
 /// Calls body(i, j_begin, j_end) over [rows, cols] in pieces of whole rows, or of column blocks when rows are few.
