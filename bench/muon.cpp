@@ -20,7 +20,7 @@ void muon(benchmark::State& state, index_t rows, index_t cols) {
     std::vector<float> momentum(static_cast<std::size_t>(rows * cols), 0.0f);
     moonmoe::optim::NSWorkspace<float> ws;
     measure(state, {moonmoe::optim::newton_schulz_flops(rows, cols, cfg.ns_steps, Products::general)}, [&] {
-        moonmoe::optim::muon_step<moonmoe::KellerQuintic>(cfg, 0.02, w.view(), moonmoe::View<const float, 2>(g.view()), momentum.data(), ws, u, o);
+        moonmoe::optim::muon_step<moonmoe::KellerQuintic>(cfg, 0.02, w.view(), moonmoe::View<const float, 2>(g.view()), moonmoe::View<float, 2>(momentum.data(), {rows, cols}), ws, u, o);
     });
 }
 

@@ -114,7 +114,8 @@ TEST_CASE("Muon matches torch.optim.Muon: tall, wide, square and per-expert matr
                 const std::string s = std::to_string(t);
                 const std::vector<float> before = w, grad = ref.f32(std::string(param) + ".grad." + s);
                 optim::muon_step<KellerQuintic>(cfg, 0.02, View<float, 2>(w.data(), shape),
-                                                View<const float, 2>(grad.data(), shape), momentum.data(), ws, u, o);
+                                                View<const float, 2>(grad.data(), shape), View<float, 2>(momentum.data(), shape),
+                                                ws, u, o);
                 const std::vector<float> f64_result = ref.f32(std::string(c.name) + "." + param + ".after64." + s);
                 const std::vector<float> torch_result = ref.f32(std::string(c.name) + "." + param + ".after." + s);
                 double update = 0.0;

@@ -28,7 +28,10 @@ std::vector<float> snapshot(nn::Transformer<>& model, Opt& opt) {
     std::vector<float> all;
     model.visit_params([&](const ParamRef& p) { all.insert(all.end(), p.value, p.value + p.numel()); });
     for (auto& s : opt.slots())
-        for (const auto* v : {&s.momentum, &s.exp_avg, &s.exp_avg_sq}) all.insert(all.end(), v->begin(), v->end());
+        for (const auto* t : {&s.momentum, &s.exp_avg, &s.exp_avg_sq}) {
+            const std::vector<float> v = to_host(*t);
+            all.insert(all.end(), v.begin(), v.end());
+        }
     return all;
 }
 
@@ -77,7 +80,7 @@ TEST_CASE("non-finite scan: a NaN or an infinity anywhere in a block is found; h
     for (index_t n : {1, 7, 255, 256, 257, 1000, 4096}) {
         std::vector<float> x(static_cast<std::size_t>(n));
         for (index_t i = 0; i < n; ++i) x[std::size_t(i)] = float(i % 3 == 0 ? 3.0e38 : i % 3 == 1 ? 1e-42 : -0.0);
-        CHECK(optim::detail::all_finite(x.data(), n));
+        CHECK(backend::cpu_detail::all_finite(x.data(), n));
         for (index_t at : {index_t(0), n / 2, n - 1})
             for (float bad : {NAN, INFINITY, -INFINITY, -std::numeric_limits<float>::quiet_NaN()}) {
                 CAPTURE(n);
@@ -85,7 +88,7 @@ TEST_CASE("non-finite scan: a NaN or an infinity anywhere in a block is found; h
                 CAPTURE(bad);
                 const float keep = x[std::size_t(at)];
                 x[std::size_t(at)] = bad;
-                CHECK_FALSE(optim::detail::all_finite(x.data(), n));
+                CHECK_FALSE(backend::cpu_detail::all_finite(x.data(), n));
                 x[std::size_t(at)] = keep;
             }
     }

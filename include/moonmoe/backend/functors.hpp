@@ -126,4 +126,20 @@ struct AdamWUpdate {
     }
 };
 
+/// inv = 1 / max(sqrt(sq) * safety + add_eps, clamp_eps): Newton-Schulz's scale of G from its squared Frobenius
+/// norm (in double), so that X = inv G has every singular value at most 1.
+template <class T>
+struct InverseNorm {
+    double safety, add_eps, clamp_eps;
+    MOONMOE_HD void operator()(T& inv, double sq) const {
+        const double d = sqrt(sq) * safety + add_eps;
+        inv = T(1.0 / (d < clamp_eps ? clamp_eps : d));  // std::max(d, clamp_eps), NaN kept as std::max keeps it
+    }
+};
+
+/// out = a + b: the residual adds of the decoder layer.
+struct Sum {
+    MOONMOE_HD void operator()(float& out, float a, float b) const { out = a + b; }
+};
+
 }  // namespace moonmoe::fn

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../optim/optimizer.hpp"
+#include "../tensor/transfer.hpp"
 #include "checkpoint.hpp"
 
 namespace moonmoe {
@@ -21,10 +22,11 @@ void save_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
     w.metadata("format", "pt");
     w.metadata("step", std::to_string(opt.steps()));
     for (auto& s : opt.slots()) {
-        if (!s.momentum.empty()) w.add_f32(s.param.name + ".momentum", s.param.shape, s.momentum);
+        // The state lives on the optimizer's backend: to_host is the io crossing.
+        if (!s.momentum.empty()) w.add_f32(s.param.name + ".momentum", s.param.shape, to_host(s.momentum));
         if (!s.exp_avg.empty()) {
-            w.add_f32(s.param.name + ".exp_avg", s.param.shape, s.exp_avg);
-            w.add_f32(s.param.name + ".exp_avg_sq", s.param.shape, s.exp_avg_sq);
+            w.add_f32(s.param.name + ".exp_avg", s.param.shape, to_host(s.exp_avg));
+            w.add_f32(s.param.name + ".exp_avg_sq", s.param.shape, to_host(s.exp_avg_sq));
         }
     }
     w.write(file);
@@ -37,13 +39,14 @@ void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
     const auto step = meta.find("step");
     if (step == meta.end()) throw io_error(file.string() + ": no \"step\" in the metadata; not an optimizer state");
     std::set<std::string> expected;
-    auto read = [&](const std::string& name, const std::vector<index_t>& shape, std::vector<float>& out) {
+    auto read = [&](const std::string& name, const std::vector<index_t>& shape, Tensor<float, 1, B>& out) {
         expected.insert(name);
         const TensorRecord& r = f.at(name);
         if (r.dtype != DType::f32 || r.shape != shape)
             throw io_error(file.string() + ": " + detail::quoted(name) + " is " + std::string(dtype_name(r.dtype)) + " " +
                            detail::format_shape(r.shape) + ", expected F32 " + detail::format_shape(shape));
-        to_f32(r, out);
+        const std::vector<float> values = to_f32(r);
+        copy_to_device(std::span<const float>(values), out.view());  // the io crossing onto the optimizer's backend
     };
     for (auto& s : opt.slots()) {
         if (!s.momentum.empty()) read(s.param.name + ".momentum", s.param.shape, s.momentum);

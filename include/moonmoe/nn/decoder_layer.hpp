@@ -49,9 +49,9 @@ struct DecoderLayer {
         else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count);
     }
 
+    /// out = a + b: a residual add.
     static void add(View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) {
-        const index_t n = a.shape[1];
-        Ops::for_each(a.shape[0], [=](index_t t) { for (index_t j = 0; j < n; ++j) out(t, j) = a(t, j) + b(t, j); });
+        Ops::map(fn::Sum{}, out, a, b);
     }
 
     void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {

@@ -12,6 +12,7 @@
 // of the layers both have). Same seed, same weights, bit for bit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string_view>
 
@@ -48,7 +49,10 @@ template <class B>
 void init_weights(Transformer<B>& model, const InitOptions& options = {}) {
     using Ops = backend::Ops<B>;
     model.visit_params([&](const ParamRef& p) {
-        const View<float, 2, B> all(p.value, {1, p.numel()});
+        // The values as [numel / last extent, last extent]: rows for the threads; element k of the generator is the
+        // k-th in row-major order whatever the 2-D shape, so the values are those of the flat tensor.
+        const index_t last = p.shape.empty() ? 1 : std::max<index_t>(p.shape.back(), 1);
+        const View<float, 2, B> all(p.value, {p.numel() / last, last});
         switch (p.kind) {
         case ParamKind::vector: Ops::fill(all, 1.0f); break;
         case ParamKind::router_bias: Ops::fill(all, 0.0f); break;

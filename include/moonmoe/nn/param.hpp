@@ -37,12 +37,17 @@ struct Param {
 };
 
 /// What visit_params hands out: the HF name, the kind, the shape, and flat pointers to value and gradient.
+///
+/// value and grad point into the memory of the model's backend: host memory for Backend<cpu>, device memory for
+/// Backend<cuda>. Only the host-visible backend lets the host dereference them; io (checkpoints, optimizer state)
+/// moves their data with Memory<B>::to_host / to_device, and optim/ only wraps them in backend views for the
+/// primitives (it never reads or writes them on the host).
 struct ParamRef {
     std::string name;
     ParamKind kind;
     std::vector<index_t> shape;
-    float* value;
-    float* grad;  ///< null for the router bias
+    float* value;  ///< backend memory (see above)
+    float* grad;   ///< backend memory; null for the router bias
     index_t numel() const {
         const auto n = checked_product(shape);
         if (!n) throw shape_error("parameter '" + name + "': shape " + shape_string(shape) + " overflows");

@@ -176,10 +176,13 @@ struct Transformer {
         return decode(ids, counts, std::span<DecodeState* const>(pointers));
     }
 
+    /// Sets every gradient to zero (one primitive call over all of them).
     void zero_grad() {
-        visit_params([](const ParamRef& p) {
-            if (p.grad) std::fill(p.grad, p.grad + p.numel(), 0.0f);
+        std::vector<View<float, 1, B>> grads;
+        visit_params([&](const ParamRef& p) {
+            if (p.grad) grads.push_back(View<float, 1, B>(p.grad, {p.numel()}));
         });
+        Ops::zero_all(grads);
     }
 
     /// Every parameter under its Hugging Face checkpoint name.

@@ -5,35 +5,23 @@
 //   W -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)          (t = this step, from 1)
 #pragma once
 
-#include <algorithm>
 #include <cmath>
-
-#include <Eigen/Core>
 
 #include "../backend/backend.hpp"
 #include "../config/optimizer.hpp"
 
 namespace moonmoe::optim {
 
+/// One step on the n elements of a parameter: w, g, m (exp_avg) and v (exp_avg_sq) point into the memory of
+/// backend B (host memory for cpu, device memory for cuda) and are never read on the host here.
 template <class B = cpu>
 void adamw_step(const AdamWConfig& c, double lr, long long t, float* w, const float* g, float* m, float* v,
                 index_t n) {
     const double bias1 = 1.0 - std::pow(c.beta1, double(t)), bias2 = 1.0 - std::pow(c.beta2, double(t));
-    const float decay = float(1.0 - lr * c.weight_decay), step = float(lr / bias1);
-    const float b1 = float(c.beta1), b2 = float(c.beta2), eps = float(c.eps), root2 = float(std::sqrt(bias2));
-    // Blocks of 16k elements over the threads; each block as Eigen array expressions, so the square root and the
-    // division vectorise (a scalar loop calling std::sqrt does not, since sqrtf may set errno). Per element the
-    // operations and their order are those of the formula above.
-    constexpr index_t block = 16384;
-    backend::Ops<B>::for_each((n + block - 1) / block, [&](index_t k) {
-        const index_t lo = k * block, len = std::min(block, n - lo);
-        Eigen::Map<Eigen::ArrayXf> W(w + lo, len), M(m + lo, len), V(v + lo, len);
-        const Eigen::Map<const Eigen::ArrayXf> G(g + lo, len);
-        W *= decay;
-        M += (1.0f - b1) * (G - M);  // exp_avg.lerp_(g, 1 - b1)
-        V = V * b2 + (1.0f - b2) * G * G;
-        W -= step * M / (V.sqrt() / root2 + eps);
-    });
+    const fn::AdamWUpdate f{.decay = float(1.0 - lr * c.weight_decay), .b1 = float(c.beta1), .b2 = float(c.beta2),
+                            .step = float(lr / bias1), .root2 = float(std::sqrt(bias2)), .eps = float(c.eps)};
+    backend::Ops<B>::adamw_update(f, View<float, 1, B>(w, {n}), View<const float, 1, B>(g, {n}),
+                                  View<float, 1, B>(m, {n}), View<float, 1, B>(v, {n}));
 }
 
 }  // namespace moonmoe::optim

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "newton_schulz.hpp"
 
@@ -22,29 +21,21 @@ inline double muon_update_scale(const MuonConfig& c, index_t rows, index_t cols)
     return std::sqrt(std::max(1.0, double(rows) / double(cols)));
 }
 
-/// Updates W [rows, cols] in place from its gradient; momentum has rows * cols entries.
+/// Updates W [rows, cols] in place from its gradient; momentum (W's shape) is the Muon state, on the backend.
 template <class Coeffs = KellerQuintic, class B = cpu>
-void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const float, 2, B> grad, float* momentum,
-               NSWorkspace<float, B>& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o,
+void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const float, 2, B> grad,
+               View<float, 2, B> momentum, NSWorkspace<float, B>& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o,
                Products products = Products::symmetric) {
-    const index_t rows = W.shape[0], cols = W.shape[1];
+    using Ops = backend::Ops<B>;
     if (grad.shape != W.shape) throw_shape_mismatch("muon_step: gradient against weight", grad.shape, W.shape);
+    if (momentum.shape != W.shape) throw_shape_mismatch("muon_step: momentum against weight", momentum.shape, W.shape);
     if (u.shape() != W.shape) u = Tensor<float, 2, B>(W.shape), o = Tensor<float, 2, B>(W.shape);
-    const float beta = float(c.momentum);
-    backend::Ops<B>::for_each(rows, [&](index_t i) {
-        for (index_t j = 0; j < cols; ++j) {
-            const float g = grad(i, j);
-            float& m = momentum[i * cols + j];
-            m += (1.0f - beta) * (g - m);                        // m.lerp_(g, 1 - beta)
-            u(i, j) = c.nesterov ? g + beta * (m - g) : m;       // g.lerp(m, beta)
-        }
-    });
+    // m.lerp_(g, 1 - beta); u = g.lerp(m, beta) with Nesterov, else m
+    Ops::map(fn::MuonMomentum{float(c.momentum), c.nesterov}, momentum, u.view(), grad);
     newton_schulz<Coeffs, float, B>(u.view(), o.view(), c.ns_steps, ws, products);
     const float decay = float(1.0 - lr * c.weight_decay);
-    const float step = float(lr * muon_update_scale(c, rows, cols));
-    backend::Ops<B>::for_each(rows, [&](index_t i) {
-        for (index_t j = 0; j < cols; ++j) W(i, j) = W(i, j) * decay - step * o(i, j);
-    });
+    const float step = float(lr * muon_update_scale(c, W.shape[0], W.shape[1]));
+    Ops::map(fn::DecayAndStep{decay, step}, W, View<const float, 2, B>(o.view()));
 }
 
 }  // namespace moonmoe::optim

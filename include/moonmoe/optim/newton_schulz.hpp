@@ -9,9 +9,8 @@
 // Per iteration on n x m (n <= m): general 4 n^2 m + 2 n^3 FLOPs, symmetric 3 n^2 m + n^3.
 #pragma once
 
-#include <cmath>
 #include <type_traits>
-#include <vector>
+#include <utility>
 
 #include "../backend/backend.hpp"
 #include "../config/optimizer.hpp"
@@ -45,10 +44,12 @@ constexpr double newton_schulz_flops(index_t rows, index_t cols, int steps, Prod
     return steps * (p == Products::symmetric ? 3 * n * n * m + n * n * n : 4 * n * n * m + 2 * n * n * n);
 }
 
-/// Scratch for one matrix shape, reused across calls (Muon keeps one per shape).
+/// Scratch for one matrix shape, reused across calls (Muon keeps one per shape); all of it on the backend.
 template <class T, class B = cpu>
 struct NSWorkspace {
     Tensor<T, 2, B> x, x_next, a, b;
+    Tensor<double, 1, B> sum_squares{Shape<1>{1}};  ///< ||G||_F^2
+    Tensor<T, 1, B> inverse_norm{Shape<1>{1}};       ///< the factor of X = G / norm
     void fit(index_t n, index_t m) {
         if (x.size(0) == n && x.size(1) == m) return;
         x = Tensor<T, 2, B>({n, m}), x_next = Tensor<T, 2, B>({n, m});
@@ -67,15 +68,12 @@ void newton_schulz(std::type_identity_t<View<const T, 2, B>> G, View<T, 2, B> ou
     const bool tall = rows > cols;
     const index_t n = tall ? cols : rows, m = tall ? rows : cols;
     ws.fit(n, m);
-    // X = G (or G^T) / norm, norm in double
-    double sq = 0.0;
-    for (index_t i = 0; i < rows; ++i)
-        for (index_t j = 0; j < cols; ++j) sq += double(G(i, j)) * double(G(i, j));
-    const double denominator = std::max(std::sqrt(sq) * detail::norm_safety<Coeffs>() + detail::norm_add_eps<Coeffs>(), clamp_eps);
-    const T inv = T(1.0 / denominator);
-    Ops::for_each(n, [&](index_t i) {
-        for (index_t j = 0; j < m; ++j) ws.x(i, j) = (tall ? G(j, i) : G(i, j)) * inv;
-    });
+    // X = G (or G^T) / norm, the norm in double and the factor computed on the backend
+    Ops::template sum_squares<T>(G, ws.sum_squares.view());
+    Ops::map(fn::InverseNorm<T>{detail::norm_safety<Coeffs>(), detail::norm_add_eps<Coeffs>(), clamp_eps},
+             ws.inverse_norm.template reshape<2>({1, 1}),
+             View<const double, 2, B>(ws.sum_squares.template reshape<2>({1, 1})));
+    Ops::template scaled_copy<T>(tall ? Trans::yes : Trans::no, G, ws.inverse_norm.view(), ws.x.view());
     for (int it = 0; it < steps; ++it) {
         const NSCoefficients k = detail::coefficients<Coeffs>(it);
         if (products == Products::symmetric) {
@@ -85,16 +83,13 @@ void newton_schulz(std::type_identity_t<View<const T, 2, B>> G, View<T, 2, B> ou
             Ops::template gemm<T>(Trans::no, Trans::yes, T(1), ws.x.view(), ws.x.view(), T(0), ws.a.view());
             Ops::template gemm<T>(Trans::no, Trans::no, T(k.c), ws.a.view(), ws.a.view(), T(0), ws.b.view());
         }
-        T* bp = ws.b.data();
-        const T* ap = ws.a.data();
-        for (index_t i = 0; i < n * n; ++i) bp[i] += T(k.b) * ap[i];  // B += b A
+        Ops::map(fn::Axpby<T>{T(k.b), T(1)}, ws.b.view(), View<const T, 2, B>(ws.a.view()));  // B = b A + B
         Ops::template copy<T>(ws.x.view(), ws.x_next.view());
         Ops::template gemm<T>(Trans::no, Trans::no, T(1), ws.b.view(), ws.x.view(), T(k.a), ws.x_next.view());  // aX + BX
         std::swap(ws.x, ws.x_next);
     }
-    Ops::for_each(rows, [&](index_t i) {
-        for (index_t j = 0; j < cols; ++j) out(i, j) = tall ? ws.x(j, i) : ws.x(i, j);
-    });
+    if (tall) Ops::template transpose<T>(ws.x.view(), out);
+    else Ops::template copy<T>(ws.x.view(), out);
 }
 
 }  // namespace moonmoe::optim

@@ -17,9 +17,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
-#include <bit>
-#include <cstdint>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -30,6 +27,7 @@
 #include "adamw.hpp"
 #include "muon.hpp"
 #include "qk_clip.hpp"
+#include "../tensor/transfer.hpp"
 
 namespace moonmoe::optim {
 
@@ -90,36 +88,18 @@ private:
     std::vector<bool> saved_;
 };
 
-namespace detail {
-/// True when none of the n floats is a NaN or an infinity (exponent bits all ones). Integer tests over fixed-size
-/// chunks, so the compiler vectorises them without -ffast-math (a float compare or std::isfinite loop does not);
-/// returns at the first chunk that holds a bad value.
-inline bool all_finite(const float* x, index_t n) {
-    constexpr index_t chunk = 256;
-    constexpr std::uint32_t exponent = 0x7f800000u;
-    index_t i = 0;
-    for (; i + chunk <= n; i += chunk) {
-        std::uint32_t bad = 0;
-        for (index_t j = 0; j < chunk; ++j) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(x[i + j]) & exponent) == exponent);
-        if (bad) return false;
-    }
-    for (; i < n; ++i)
-        if ((std::bit_cast<std::uint32_t>(x[i]) & exponent) == exponent) return false;
-    return true;
-}
-}  // namespace detail
-
 template <class Config = moonmoe::Optimizer<>, class B = cpu>
 class Optimizer {
 public:
     using Coefficients = typename Config::coefficients;
     using Router = std::function<Route(const ParamRef&)>;
 
-    /// One parameter's optimizer state: Muon's momentum, or AdamW's two moments.
+    /// One parameter's optimizer state: Muon's momentum, or AdamW's two moments, flat (numel) tensors on the
+    /// backend (io/optimizer_state.hpp moves them to and from the host); empty where the route has none.
     struct Slot {
         ParamRef param;
         Route route;
-        std::vector<float> momentum, exp_avg, exp_avg_sq;
+        Tensor<float, 1, B> momentum, exp_avg, exp_avg_sq;
     };
 
     OptimizerConfig config = Config::value;
@@ -140,10 +120,12 @@ public:
             if (s.route != Route::none && !p.grad)
                 throw std::invalid_argument("Optimizer: " + p.name + " has no gradient to step with");
             const index_t n = p.numel();
-            if (s.route == Route::muon) s.momentum.assign(std::size_t(n), 0.0f);
-            if (s.route == Route::adamw) s.exp_avg.assign(std::size_t(n), 0.0f), s.exp_avg_sq = s.exp_avg;
-            if (s.route != Route::none)
-                for (index_t lo = 0; lo < n; lo += scan_block) scan_.push_back({slots_.size(), lo, std::min(scan_block, n - lo)});
+            if (s.route == Route::muon) s.momentum = Tensor<float, 1, B>({n});  // zeroed
+            if (s.route == Route::adamw) s.exp_avg = Tensor<float, 1, B>({n}), s.exp_avg_sq = Tensor<float, 1, B>({n});
+            if (s.route != Route::none) {
+                stepped_slot_.push_back(slots_.size());
+                stepped_grads_.push_back(View<float, 1, B>(p.grad, {n}));
+            }
             slots_.push_back(std::move(s));
         });
     }
@@ -201,8 +183,8 @@ public:
                 const index_t rows = s.param.shape[0], cols = s.param.shape[1];
                 auto& ws = workspaces_[{rows, cols}];
                 muon_step<Coefficients, B>(config.muon, r.muon_lr, View<float, 2, B>(s.param.value, {rows, cols}),
-                                           View<const float, 2, B>(s.param.grad, {rows, cols}), s.momentum.data(),
-                                           ws.ns, ws.u, ws.o, products);
+                                           View<const float, 2, B>(s.param.grad, {rows, cols}),
+                                           s.momentum.template reshape<2>({rows, cols}), ws.ns, ws.u, ws.o, products);
             } else if (s.route == Route::adamw) {
                 adamw_step<B>(config.adamw, r.adamw_lr, step_, s.param.value, s.param.grad, s.exp_avg.data(),
                               s.exp_avg_sq.data(), s.param.numel());
@@ -227,37 +209,19 @@ private:
         NSWorkspace<float, B> ns;
         Tensor<float, 2, B> u, o;
     };
-    /// A piece of one stepped slot's gradient: the unit of the non-finite scan and of zeroing.
-    struct ScanBlock {
-        std::size_t slot;
-        index_t offset, length;
-    };
-    static constexpr index_t scan_block = 16384;
 
-    /// The first slot (in visit order) whose gradient holds a NaN or an infinity, or null. One parallel loop over
-    /// blocks of every stepped gradient, so many small tensors and a few large ones both keep the threads busy;
-    /// a block of a slot after the first bad one found so far is not read, so the scan ends early after a find,
-    /// yet the slot reported is the first bad one whatever the thread timing.
-    const Slot* first_nonfinite_gradient() const {
-        std::atomic<std::size_t> first{slots_.size()};
-        backend::Ops<B>::for_each(index_t(scan_.size()), [&](index_t k) {
-            const ScanBlock& b = scan_[std::size_t(k)];
-            if (b.slot >= first.load(std::memory_order_relaxed)) return;
-            if (detail::all_finite(slots_[b.slot].param.grad + b.offset, b.length)) return;
-            std::size_t seen = first.load(std::memory_order_relaxed);
-            while (b.slot < seen && !first.compare_exchange_weak(seen, b.slot, std::memory_order_relaxed)) {}
-        });
-        return first.load() < slots_.size() ? &slots_[first.load()] : nullptr;
+    /// The first slot (in visit order) whose gradient holds a NaN or an infinity, or null: one primitive over
+    /// every stepped gradient (backend/optim.hpp, first_nonfinite).
+    const Slot* first_nonfinite_gradient() {
+        std::vector<View<const float, 1, B>> grads(stepped_grads_.begin(), stepped_grads_.end());
+        backend::Ops<B>::first_nonfinite(grads, first_bad_.view());
+        // Host sync: whether the step is taken (and which parameter the report names) is decided on the host.
+        const auto k = std::size_t(element_to_host(first_bad_.view(), 0));
+        return k < stepped_slot_.size() ? &slots_[stepped_slot_[k]] : nullptr;
     }
 
-    /// Sets the gradient of every slot routed to Muon or AdamW to zero, one parallel loop over their blocks.
-    void zero_stepped_gradients() {
-        backend::Ops<B>::for_each(index_t(scan_.size()), [&](index_t k) {
-            const ScanBlock& b = scan_[std::size_t(k)];
-            float* g = slots_[b.slot].param.grad + b.offset;
-            std::fill(g, g + b.length, 0.0f);
-        });
-    }
+    /// Sets the gradient of every slot routed to Muon or AdamW to zero, in one primitive call.
+    void zero_stepped_gradients() { backend::Ops<B>::zero_all(stepped_grads_); }
 
     void clip_until_at_most_tau(const std::function<void()>& remeasure, int rounds, StepReport& r) {
         const UncountedForwards<B> measuring(model_);
@@ -278,7 +242,9 @@ private:
 
     nn::Transformer<B>& model_;
     std::vector<Slot> slots_;
-    std::vector<ScanBlock> scan_;
+    std::vector<View<float, 1, B>> stepped_grads_;  ///< the gradients of the Muon and AdamW slots, in visit order
+    std::vector<std::size_t> stepped_slot_;         ///< the slot of each of stepped_grads_
+    Tensor<index_t, 1, B> first_bad_{Shape<1>{1}};  ///< first_nonfinite's answer
     std::map<std::pair<index_t, index_t>, Workspace> workspaces_;
     long long step_ = 0;
     long long skipped_nonfinite_ = 0, clip_exhausted_ = 0;

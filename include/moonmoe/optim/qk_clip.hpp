@@ -19,6 +19,7 @@
 
 #include "../config/optimizer.hpp"
 #include "../nn/transformer.hpp"
+#include "../tensor/transfer.hpp"
 
 namespace moonmoe::optim {
 
@@ -34,9 +35,17 @@ struct ClipReport {
 };
 
 namespace detail {
-inline void scale_rows(float* w, index_t cols, index_t first_row, index_t rows, float factor) {
-    for (index_t r = first_row; r < first_row + rows; ++r)
-        for (index_t j = 0; j < cols; ++j) w[r * cols + j] *= factor;
+/// Sets factors[first, first + rows) to `factor`: a head's block of rows in the per-row factors of one weight.
+inline void set_rows(std::vector<float>& factors, index_t first, index_t rows, float factor) {
+    std::fill(factors.begin() + first, factors.begin() + first + rows, factor);
+}
+/// Scales the rows of w [rows, cols] (in backend B's memory) by the host-computed per-row factors, in one
+/// primitive call; rows whose factor is 1 are not touched.
+template <class B>
+void scale_rows(float* w, index_t cols, const std::vector<float>& factors) {
+    if (std::all_of(factors.begin(), factors.end(), [](float f) { return f == 1.0f; })) return;
+    const Tensor<float, 1, B> f = to_device<B>(factors);
+    backend::Ops<B>::scale_rows(View<float, 2, B>(w, {index_t(factors.size()), cols}), f.view());
 }
 /// The f32 factor a row of a head over tau is scaled by: f rounded, but never 1 (see the header comment).
 inline float shrink_factor(double f) { return std::min(float(f), std::nextafter(1.0f, 0.0f)); }
@@ -54,27 +63,35 @@ inline std::vector<double> clip_factors(const std::vector<float>& max_logit, con
 }  // namespace detail
 
 /// MLA: rescales the heads of q (q_b_proj or q_proj, [heads * (nope + rope), q_cols]) and kv_b_proj
-/// ([heads * (nope + v), kv_cols]) whose maximum exceeds tau; returns how many heads were rescaled.
+/// ([heads * (nope + v), kv_cols]) whose maximum exceeds tau; returns how many heads were rescaled. The factors
+/// come from the maxima on the host; q and kv_b point into backend B's memory and are scaled there.
 template <class B = cpu>
 index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, const nn::MLAHeadLayout& L,
                        const std::vector<float>& maxima, const QKClipConfig& c) {
     const std::vector<double> gamma = detail::clip_factors(maxima, c);
-    backend::Ops<B>::for_each(L.heads, [&](index_t h) {  // heads own disjoint rows
-        if (gamma[h] == 1.0) return;
+    std::vector<float> q_factor(std::size_t(L.heads * (L.nope + L.rope)), 1.0f);
+    std::vector<float> kv_factor(std::size_t(L.heads * (L.nope + L.v)), 1.0f);
+    for (index_t h = 0; h < L.heads; ++h) {
+        if (gamma[h] == 1.0) continue;
         const float root = detail::shrink_factor(std::sqrt(gamma[h]));
-        detail::scale_rows(q, q_cols, L.q_row(h), L.nope, root);
-        detail::scale_rows(q, q_cols, L.q_rope_row(h), L.rope, detail::shrink_factor(gamma[h]));
-        detail::scale_rows(kv_b, kv_cols, L.k_nope_row(h), L.nope, root);
-    });
+        detail::set_rows(q_factor, L.q_row(h), L.nope, root);
+        detail::set_rows(q_factor, L.q_rope_row(h), L.rope, detail::shrink_factor(gamma[h]));
+        detail::set_rows(kv_factor, L.k_nope_row(h), L.nope, root);
+    }
+    detail::scale_rows<B>(q, q_cols, q_factor);
+    detail::scale_rows<B>(kv_b, kv_cols, kv_factor);
     return index_t(std::count_if(gamma.begin(), gamma.end(), [](double g) { return g != 1.0; }));
 }
 
 /// MHA: rescales q_proj rows of each head over tau by gamma^alpha and k_proj rows of its key/value head by the
-/// group's smallest gamma^(1 - alpha); both weights have `cols` columns.
-inline index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout& L,
-                              const std::vector<float>& maxima, const QKClipConfig& c) {
+/// group's smallest gamma^(1 - alpha); both weights have `cols` columns and point into backend B's memory.
+template <class B = cpu>
+index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout& L, const std::vector<float>& maxima,
+                       const QKClipConfig& c) {
     const std::vector<double> gamma = detail::clip_factors(maxima, c);
     const index_t group = L.heads / L.kv_heads;
+    std::vector<float> q_factor(std::size_t(L.heads * L.head_dim), 1.0f);
+    std::vector<float> k_factor(std::size_t(L.kv_heads * L.head_dim), 1.0f);
     index_t clipped = 0;
     for (index_t g = 0; g < L.kv_heads; ++g) {
         double smallest = 1.0;
@@ -82,11 +99,13 @@ inline index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHea
             if (gamma[h] == 1.0) continue;
             ++clipped;
             smallest = std::min(smallest, gamma[h]);
-            if (c.alpha > 0.0) detail::scale_rows(q, cols, L.q_row(h), L.head_dim, detail::shrink_factor(std::pow(gamma[h], c.alpha)));
+            if (c.alpha > 0.0) detail::set_rows(q_factor, L.q_row(h), L.head_dim, detail::shrink_factor(std::pow(gamma[h], c.alpha)));
         }
         if (smallest < 1.0 && c.alpha < 1.0)
-            detail::scale_rows(k, cols, L.kv_row(g), L.head_dim, detail::shrink_factor(std::pow(smallest, 1.0 - c.alpha)));
+            detail::set_rows(k_factor, L.kv_row(g), L.head_dim, detail::shrink_factor(std::pow(smallest, 1.0 - c.alpha)));
     }
+    detail::scale_rows<B>(q, cols, q_factor);
+    detail::scale_rows<B>(k, cols, k_factor);
     return clipped;
 }
 
@@ -106,7 +125,7 @@ ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
             a.reset_max_logits();
         } else {
             auto& a = layer.mha;
-            report.heads_clipped.push_back(clip_mha_heads(a.q_proj.weight.value.data(), a.k_proj.weight.value.data(),
+            report.heads_clipped.push_back(clip_mha_heads<B>(a.q_proj.weight.value.data(), a.k_proj.weight.value.data(),
                                                           a.q_proj.in_features(), a.head_layout(), maxima, c));
             a.reset_max_logits();
         }
