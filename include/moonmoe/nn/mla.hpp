@@ -262,7 +262,8 @@ struct MLA {
                             latent});
         }
         // q_lat = q_nope W_UK[h] per head, W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]; one batched
-        // GEMM over the heads per sequence
+        // GEMM over the heads per sequence, not one over every row: a sequence's GEMMs then have the same shapes
+        // whether it decodes alone or with others, so batched decoding gives the same bits (test/unit/nn_packed.cpp)
         const Mat& Wkvb = kv_b_proj.weight.value;
         const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
         Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
