@@ -164,6 +164,11 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
             }
         }
         for (index_t h = 0; h < H; ++h) CHECK(mh[std::size_t(h)] == doctest::Approx(expect_max[std::size_t(h)]).epsilon(1e-5));
+        const std::vector<index_t> short_offsets = {0, 3, 8};  // one row left out
+        CHECK_THROWS_AS(Ops::attention_forward(d.queries, d.keys, short_offsets, scale,
+                                               heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv), lse.view(),
+                                               max_logit.view()),
+                        shape_error);
     }
 }
 

@@ -10,11 +10,12 @@
 //                                dx = rstd g - x rstd^3 mean(g x) with g = weight * dy (written, or added when
 //                                accumulate_dx); dweight += sum over rows of dy * x * rstd, in double over fixed
 //                                64-row chunks summed in order (repeatable for any thread count)
-//   cross_entropy(logits, targets, count, loss, dlogits)
-//                                loss[0] = sum over rows with targets[r] != -100 of (logsumexp(z_r) - z_r[target])
-//                                / count, in double; dlogits = (softmax(z_r) - onehot) / count, zero rows for
-//                                ignored targets (skipped when dlogits.data is null). logits [rows, V], targets
-//                                [rows] in [0, V) or -100 (checked by the caller), loss [1]
+//   cross_entropy(logits, targets, ignore, count, loss, dlogits)
+//                                loss[0] = sum over rows with targets[r] != ignore of (logsumexp(z_r) -
+//                                z_r[target]) / count, in double, rows summed in order; dlogits = (softmax(z_r) -
+//                                onehot) / count, zero rows for ignored targets (skipped when dlogits.data is
+//                                null). logits [rows, V], targets [rows] in [0, V) or ignore (checked by the
+//                                caller, who also counts them), loss [1]
 //   embedding_gather(table, ids, out)
 //                                out[t] = table[ids[t]]: table [V, n], ids [rows] in [0, V), out [rows, n]
 //   embedding_scatter_add(dy, ids, dtable)

@@ -43,7 +43,7 @@ float cross_entropy(View<const float, 2, B> logits, const index_t* targets, View
     }
     const Tensor<index_t, 1, B> on_device = to_device<B>(std::span<const index_t>(targets, std::size_t(T)));
     Tensor<float, 1, B> loss({1});
-    backend::Ops<B>::cross_entropy(logits, on_device.view(), count, loss.view(), dlogits);
+    backend::Ops<B>::cross_entropy(logits, on_device.view(), ignore_index, count, loss.view(), dlogits);
     // Named host sync: the loss is the value the caller returns, logs and checks.
     return to_host(loss)[0];
 }

@@ -7,7 +7,8 @@
 //   out = o_proj(o)
 // Attention runs per sequence of the token layout (packed sequences never see each other); the projections run on
 // every row of the batch at once.
-// Scores are two GEMMs per head (nope and rope parts; attention_core.hpp), so k is never materialised. Backward
+// Scores are two GEMMs per head (nope and rope query parts of the attention primitives, backend/attention.hpp),
+// so k is never materialised. Backward
 // keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
 // (no S x S tensor survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
 #pragma once

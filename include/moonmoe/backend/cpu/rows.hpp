@@ -99,11 +99,10 @@ struct RowOps<cpu> {
         });
     }
 
-    /// loss[0] = mean over counted targets of logsumexp(z) - z[target] (double); dlogits = (softmax - onehot) / count.
-    static void cross_entropy(View<const float, 2> logits, View<const index_t, 1> targets, index_t count,
-                              View<float, 1> loss, View<float, 2> dlogits) {
+    /// loss[0] = mean over the targets other than `ignore` of logsumexp(z) - z[target] (double); dlogits = (softmax - onehot) / count.
+    static void cross_entropy(View<const float, 2> logits, View<const index_t, 1> targets, index_t ignore,
+                              index_t count, View<float, 1> loss, View<float, 2> dlogits) {
         using namespace cpu_detail;
-        constexpr index_t ignore = -100;  // nn::ignore_index, HF's default
         const index_t T = logits.shape[0], V = logits.shape[1];
         require_unit_columns("cross_entropy", "logits", logits);
         require_vector("cross_entropy", "targets", targets, T);
