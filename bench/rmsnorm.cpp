@@ -14,12 +14,12 @@ void rmsnorm(benchmark::State& state, index_t tokens, index_t dim, bool backward
     Mat x({tokens, dim}), y({tokens, dim}), dy({tokens, dim}), dx({tokens, dim});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 1);
     Ops::fill_normal(dy.view(), 0.0f, 1.0f, 2);
-    std::vector<float> rstd(static_cast<std::size_t>(tokens));
+    moonmoe::Tensor<float, 1> rstd({tokens});
     const double n = double(tokens) * dim;
     Work work{backward ? 10.0 * n : 4.0 * n, backward ? 4.0 * 5 * n : 4.0 * 2 * n};
     measure(state, work, [&] {
-        norm.forward(x.view(), y.view(), rstd.data());
-        if (backward) norm.backward(x.view(), rstd.data(), dy.view(), dx.view());
+        norm.forward(x.view(), y.view(), rstd.view());
+        if (backward) norm.backward(x.view(), rstd.view(), dy.view(), dx.view());
     });
 }
 

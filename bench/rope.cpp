@@ -15,11 +15,12 @@ void rope(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t toke
     moonmoe::nn::RotaryEmbedding emb(cfg.rope, R);
     Mat q({tokens, H * (nope + R)});
     Ops::fill_normal(q.view(), 0.0f, 1.0f, 1);
-    std::vector<index_t> positions(static_cast<std::size_t>(tokens));
-    for (index_t t = 0; t < tokens; ++t) positions[t] = t;
+    std::vector<index_t> host_positions(static_cast<std::size_t>(tokens));
+    for (index_t t = 0; t < tokens; ++t) host_positions[t] = t;
+    const auto positions = moonmoe::to_device<moonmoe::cpu>(host_positions);
     moonmoe::View<float, 3> part(q.data() + nope, {tokens, H, R}, {H * (nope + R), nope + R, 1});
     const double values = double(tokens) * H * R;
-    measure(state, {3.0 * values, 8.0 * values}, [&] { emb.apply(part, positions.data()); });
+    measure(state, {3.0 * values, 8.0 * values}, [&] { emb.apply(part, positions.view()); });
 }
 
 }  // namespace

@@ -137,17 +137,17 @@ void run_full_width_layer(index_t tokens) {
     const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
     DecoderLayer<>::Cache cache;
     Mat a_in({tokens, H}), attn({tokens, H}), h1({tokens, H}), m_in({tokens, H}), m({tokens, H});
-    std::vector<float> rstd1(static_cast<std::size_t>(tokens)), rstd2(static_cast<std::size_t>(tokens));
+    moonmoe::Tensor<float, 1> rstd1({tokens}), rstd2({tokens});
     double fwd_norm = 0, fwd_attn = 0, bwd_norm = 0, bwd_attn = 0;
 
     t = step(3, "forward");
     auto p = Clock::now();
-    layer.input_layernorm.forward(h.view(), a_in.view(), rstd1.data());
+    layer.input_layernorm.forward(h.view(), a_in.view(), rstd1.view());
     fwd_norm += since(p), p = Clock::now();
     layer.self_attn.forward(a_in.view(), layout, attn.view(), cache.attn);
     fwd_attn += since(p), p = Clock::now();
     DecoderLayer<>::add(h.view(), attn.view(), h1.view());
-    layer.post_attention_layernorm.forward(h1.view(), m_in.view(), rstd2.data());
+    layer.post_attention_layernorm.forward(h1.view(), m_in.view(), rstd2.view());
     fwd_norm += since(p);
     layer.moe.forward(m_in.view(), m.view(), cache.moe);
     DecoderLayer<>::add(h1.view(), m.view(), out.view());
@@ -160,12 +160,12 @@ void run_full_width_layer(index_t tokens) {
     layer.moe.backward(dout.view(), cache.moe, dm.view());
     p = Clock::now();
     moonmoe::backend::Ops<moonmoe::cpu>::copy(dout.view(), dh1.view());
-    layer.post_attention_layernorm.backward(h1.view(), rstd2.data(), dm.view(), dh1.view(), true);
+    layer.post_attention_layernorm.backward(h1.view(), rstd2.view(), dm.view(), dh1.view(), true);
     bwd_norm += since(p), p = Clock::now();
     layer.self_attn.backward(dh1.view(), cache.attn, da.view());
     bwd_attn += since(p), p = Clock::now();
     moonmoe::backend::Ops<moonmoe::cpu>::copy(dh1.view(), dh.view());
-    layer.input_layernorm.backward(h.view(), rstd1.data(), da.view(), dh.view(), true);
+    layer.input_layernorm.backward(h.view(), rstd1.view(), da.view(), dh.view(), true);
     bwd_norm += since(p);
     const double backward_seconds = since(t);
     std::printf("%6.2f s\n", backward_seconds);

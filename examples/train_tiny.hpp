@@ -113,7 +113,7 @@ public:
         model.zero_grad();
         StepLog log{++steps_, model.train_step(ids_.data(), layout), -INFINITY, {}, 0};
         for (auto& layer : model.layers) {
-            const auto& m = layer.self_attn.max_logit_per_head;
+            const std::vector<float> m = moonmoe::to_host(layer.self_attn.max_logit_per_head);
             log.layer_max.push_back(*std::max_element(m.begin(), m.end()));
             log.max_logit = std::max(log.max_logit, log.layer_max.back());
         }
@@ -132,7 +132,7 @@ public:
             model.forward(ids_.data(), layout, cache);
             log.max_logit_after = -INFINITY;
             for (auto& layer : model.layers) {
-                const auto& m = layer.self_attn.max_logit_per_head;
+                const std::vector<float> m = moonmoe::to_host(layer.self_attn.max_logit_per_head);
                 log.max_logit_after = std::max(log.max_logit_after, *std::max_element(m.begin(), m.end()));
                 layer.self_attn.reset_max_logits();  // the next step's forward records afresh
             }

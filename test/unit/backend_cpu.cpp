@@ -90,34 +90,6 @@ TEST_CASE("gemm_strided_batched equals one gemm per matrix") {
             }
 }
 
-TEST_CASE("causal softmax rows, log-sum-exp and the visible maximum") {
-    Mat s = random_matrix(4, 6, 8, 3.0f), orig = s.clone();
-    std::vector<float> lse(4);
-    const float top = Ops::softmax_rows(s.view(), 2, lse.data());  // row i sees columns 0..2+i
-    float expect_top = -INFINITY;
-    for (index_t i = 0; i < 4; ++i) {
-        const index_t last = std::min<index_t>(2 + i, 5);
-        double z = 0.0;
-        for (index_t t = 0; t <= last; ++t) z += std::exp(double(orig(i, t))), expect_top = std::max(expect_top, orig(i, t));
-        CHECK(lse[i] == doctest::Approx(std::log(z)).epsilon(1e-6));
-        for (index_t t = 0; t < 6; ++t)
-            CHECK(s(i, t) == doctest::Approx(t <= last ? std::exp(double(orig(i, t))) / z : 0.0).epsilon(1e-6));
-    }
-    CHECK(top == expect_top);
-}
-
-TEST_CASE("gather and scatter-add rows") {
-    Mat in = random_matrix(4, 3, 9), out({3, 3}), acc({4, 3});
-    const index_t idx[] = {2, 0, 2};
-    Ops::gather_rows(in.view(), idx, out.view());
-    for (index_t j = 0; j < 3; ++j) CHECK((out(0, j) == in(2, j) && out(1, j) == in(0, j) && out(2, j) == in(2, j)));
-    const float w[] = {1.0f, 2.0f, 3.0f};
-    Ops::scatter_add_rows(out.view(), idx, w, acc.view());
-    for (index_t j = 0; j < 3; ++j) {
-        CHECK(acc(2, j) == doctest::Approx(4.0 * in(2, j)));
-        CHECK(acc(0, j) == doctest::Approx(2.0 * in(0, j)));
-        CHECK(acc(1, j) == 0.0f);
-    }
 }
 
 TEST_CASE("the counter-based RNG: N(0, 1) moments, and the same numbers whatever the thread count") {

@@ -58,7 +58,7 @@ void check_against_transformers(const std::string& name) {
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         const std::vector<float> expected = ref.f32("max_logit." + std::to_string(l));
         for (std::size_t h = 0; h < expected.size(); ++h)
-            CHECK(model.layers[l].self_attn.max_logit_per_head[h] == doctest::Approx(expected[h]).epsilon(1e-5));
+            CHECK(model.layers[l].self_attn.max_logit_per_head(h) == doctest::Approx(expected[h]).epsilon(1e-5));
     }
 
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);

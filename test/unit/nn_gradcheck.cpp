@@ -30,9 +30,9 @@ TEST_CASE("RMSNorm backward") {
     nn::RMSNorm<> norm(24, 1e-6);
     randomize(norm, 3);
     Mat x = random_matrix(5, 24, 4);
-    std::vector<float> rstd(5);
-    check(norm, x, 24, [&](Mat& in, Mat& out) { norm.forward(in.view(), out.view(), rstd.data()); },
-          [&](const Mat& dy, Mat& dx) { norm.backward(x.view(), rstd.data(), dy.view(), dx.view()); });
+    Tensor<float, 1> rstd({5});
+    check(norm, x, 24, [&](Mat& in, Mat& out) { norm.forward(in.view(), out.view(), rstd.view()); },
+          [&](const Mat& dy, Mat& dx) { norm.backward(x.view(), rstd.view(), dy.view(), dx.view()); });
 }
 
 TEST_CASE("Linear backward") {
@@ -55,13 +55,13 @@ TEST_CASE("SwiGLU backward") {
 TEST_CASE("RoPE backward is the transpose of forward") {
     const nn::RotaryEmbedding rope(TinyV3::config.rope, 8);
     Mat a = random_matrix(6, 3 * 8, 10), b = random_matrix(6, 3 * 8, 11);
-    std::vector<index_t> pos = {0, 1, 2, 7, 100, 3000};
+    const auto pos = to_device<cpu>(std::vector<index_t>{0, 1, 2, 7, 100, 3000});
     const double before = dot(a, b);
     Mat ra = a.clone(), rb = b.clone();
-    rope.apply(ra.view().reshape<3>({6, 3, 8}), pos.data());
-    rope.apply(rb.view().reshape<3>({6, 3, 8}), pos.data(), true);
+    rope.apply(ra.view().reshape<3>({6, 3, 8}), pos.view());
+    rope.apply(rb.view().reshape<3>({6, 3, 8}), pos.view(), true);
     CHECK(dot(ra, b) == doctest::Approx(dot(a, rb)).epsilon(1e-6));  // <R a, b> = <a, R^T b>
-    rope.apply(ra.view().reshape<3>({6, 3, 8}), pos.data(), true);      // R^T R = 1 (attention_factor 1)
+    rope.apply(ra.view().reshape<3>({6, 3, 8}), pos.view(), true);      // R^T R = 1 (attention_factor 1)
     CHECK(dot(ra, b) == doctest::Approx(before).epsilon(1e-5));
 }
 

@@ -46,7 +46,7 @@ void check_packed_against_transformers(const std::string& name) {
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // QK-Clip's statistic: the max over every sequence
         const std::vector<float> expected = ref.f32("max_logit." + std::to_string(l));
         for (std::size_t h = 0; h < expected.size(); ++h)
-            CHECK(model.layers[l].self_attn.max_logit_per_head[h] == doctest::Approx(expected[h]).epsilon(1e-5));
+            CHECK(model.layers[l].self_attn.max_logit_per_head(h) == doctest::Approx(expected[h]).epsilon(1e-5));
     }
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // router choices, as sets
         if (model.layers[l].dense) continue;

@@ -163,7 +163,7 @@ TEST_CASE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouched heads 
         before_q.push_back(copy_of(a.q_b_proj.weight.value));
         before_kv.push_back(copy_of(a.kv_b_proj.weight.value));
         before_kva.push_back(copy_of(a.kv_a_proj_with_mqa.weight.value));
-        a.max_logit_per_head = ref.f32("max_logit." + std::to_string(l));  // PyTorch's maxima decide, as in the oracle
+        a.max_logit_per_head = to_device<cpu>(ref.f32("max_logit." + std::to_string(l)));  // PyTorch's maxima decide, as in the oracle
     }
     QKClipConfig clip = QKClip<1.0>::value;
     clip.tau = tau;
@@ -191,7 +191,7 @@ TEST_CASE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouched heads 
                               sizeof(float) * kc * hl.nope) == 0);
         }
         CHECK(std::memcmp(a.kv_a_proj_with_mqa.weight.value.data(), before_kva[l].data(), before_kva[l].size() * 4) == 0);
-        CHECK(std::isinf(a.max_logit_per_head[0]));  // reset for the next step
+        CHECK(std::isinf(a.max_logit_per_head(0)));  // reset for the next step
     }
     CHECK(report.total() == expected_total);
     CHECK(expected_total > 0);
@@ -204,7 +204,7 @@ TEST_CASE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouched heads 
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         const std::vector<float> after = ref.f32("max_logit_after." + std::to_string(l));
         for (std::size_t h = 0; h < after.size(); ++h)
-            CHECK(model.layers[l].self_attn.max_logit_per_head[h] == doctest::Approx(after[h]).epsilon(1e-5));
+            CHECK(model.layers[l].self_attn.max_logit_per_head(h) == doctest::Approx(after[h]).epsilon(1e-5));
     }
 }
 
@@ -221,7 +221,7 @@ TEST_CASE("after QK-Clip of one layer, re-running the forward gives S <= tau for
         nn::Transformer<>::Cache cache;
         model.forward(ids.data(), layout, cache);  // our own maxima decide here
         auto& a = model.layers[l].self_attn;
-        const std::vector<float> before = a.max_logit_per_head;
+        const std::vector<float> before = to_host(a.max_logit_per_head);
         const index_t n = optim::clip_mla_heads(a.q_b_proj.weight.value.data(), a.q_b_proj.in_features(),
                                                 a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
                                                 a.head_layout(), before, clip);
@@ -232,12 +232,12 @@ TEST_CASE("after QK-Clip of one layer, re-running the forward gives S <= tau for
         for (std::size_t h = 0; h < before.size(); ++h) {
             if (before[h] > clip.tau) {
                 ++clipped;
-                CHECK(a.max_logit_per_head[h] <= clip.tau * (1 + 1e-5));  // = tau when the arg-max pair is kept
-                CHECK(a.max_logit_per_head[h] == doctest::Approx(clip.tau).epsilon(1e-5));
+                CHECK(a.max_logit_per_head(h) <= clip.tau * (1 + 1e-5));  // = tau when the arg-max pair is kept
+                CHECK(a.max_logit_per_head(h) == doctest::Approx(clip.tau).epsilon(1e-5));
             } else {
-                CHECK(a.max_logit_per_head[h] == before[h]);  // untouched heads see the same inputs: bitwise
+                CHECK(a.max_logit_per_head(h) == before[h]);  // untouched heads see the same inputs: bitwise
             }
-            CHECK(a.max_logit_per_head[h] == doctest::Approx(isolated[h]).epsilon(1e-5));
+            CHECK(a.max_logit_per_head(h) == doctest::Approx(isolated[h]).epsilon(1e-5));
         }
         CHECK(n == clipped);
     }

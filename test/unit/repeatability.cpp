@@ -84,8 +84,7 @@ Run train(int thread_count, std::size_t heap_shift, int steps) {
         model.zero_grad();
         r.losses.push_back(model.train_step(ids.data(), layout));
         for (auto& layer : model.layers)
-            r.max_logits.insert(r.max_logits.end(), layer.self_attn.max_logit_per_head.begin(),
-                                layer.self_attn.max_logit_per_head.end());
+            for (const float m : to_host(layer.self_attn.max_logit_per_head)) r.max_logits.push_back(m);
         opt.step();
     }
     model.visit_params([&](const ParamRef& p) { r.weights.insert(r.weights.end(), p.value, p.value + p.numel()); });
@@ -118,11 +117,11 @@ TEST_CASE("exp_shifted and softmax_rows give the same bits wherever the row lies
     for (int offset = 0; offset < 16; ++offset) {
         CAPTURE(offset);
         std::memcpy(buffer + offset, values.data(), n * sizeof(float));
-        Ops::exp_shifted(buffer + offset, n, 0.5f);
+        backend::cpu_detail::exp_shifted(buffer + offset, n, 0.5f);
         std::vector<float> e(buffer + offset, buffer + offset + n);
         std::memcpy(buffer + offset, values.data(), n * sizeof(float));
         float lse = 0;
-        Ops::softmax_rows(View<float, 2>(buffer + offset, {1, n}), -1, &lse);
+        backend::cpu_detail::softmax_rows(View<float, 2>(buffer + offset, {1, n}), -1, &lse);
         std::vector<float> s(buffer + offset, buffer + offset + n);
         if (offset == 0) {
             first_exp = e, first_softmax = s, first_lse = lse;

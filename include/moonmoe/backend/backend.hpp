@@ -29,11 +29,7 @@
 
 namespace moonmoe::backend {
 
-/// The host loops the modules used before the contract; removed once every module calls named primitives.
 template <class B>
-struct HostLoops {};
-
-template <class B>
-struct Ops : BlasOps<B>, MapOps<B>, RowOps<B>, AttentionOps<B>, RoutingOps<B>, OptimOps<B>, RandomOps<B>, HostLoops<B> {};
+struct Ops : BlasOps<B>, MapOps<B>, RowOps<B>, AttentionOps<B>, RoutingOps<B>, OptimOps<B>, RandomOps<B> {};
 
 }  // namespace moonmoe::backend

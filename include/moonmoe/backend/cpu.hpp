@@ -4,7 +4,6 @@
 #include "backend.hpp"
 #include "cpu/attention.hpp"
 #include "cpu/blas.hpp"
-#include "cpu/host_loops.hpp"
 #include "cpu/map.hpp"
 #include "cpu/memory.hpp"
 #include "cpu/optim.hpp"

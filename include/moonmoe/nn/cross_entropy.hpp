@@ -7,13 +7,14 @@
 // sequence's rows gives that sequence's own loss.
 #pragma once
 
-#include <cmath>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../backend/backend.hpp"
 #include "../tensor/tensor.hpp"
+#include "../tensor/transfer.hpp"
 #include "layout.hpp"
 
 namespace moonmoe::nn {
@@ -28,6 +29,7 @@ inline std::vector<index_t> causal_targets(const index_t* ids, const TokenLayout
 }
 
 /// Returns the mean loss; writes its gradient with respect to the logits into dlogits when dlogits.data is set.
+/// targets are host values: checked here against the vocabulary and counted, then uploaded once.
 template <class B = cpu>
 float cross_entropy(View<const float, 2, B> logits, const index_t* targets, View<float, 2, B> dlogits = {}) {
     const index_t T = logits.shape[0], V = logits.shape[1];
@@ -39,28 +41,11 @@ float cross_entropy(View<const float, 2, B> logits, const index_t* targets, View
                                     std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
         ++count;
     }
-    std::vector<double> per_token(static_cast<std::size_t>(T), 0.0);
-    backend::Ops<B>::for_each(T, [&](index_t t) {
-        const float* z = logits.data + t * logits.strides[0];
-        float* dz = dlogits.data ? dlogits.data + t * dlogits.strides[0] : nullptr;
-        if (targets[t] == ignore_index) {
-            if (dz) for (index_t v = 0; v < V; ++v) dz[v] = 0.0f;
-            return;
-        }
-        float m = z[0];
-        for (index_t v = 1; v < V; ++v) m = z[v] > m ? z[v] : m;
-        double sum = 0.0;
-        for (index_t v = 0; v < V; ++v) sum += std::exp(double(z[v] - m));
-        const double lse = double(m) + std::log(sum);
-        per_token[t] = lse - double(z[targets[t]]);
-        if (dz) {
-            for (index_t v = 0; v < V; ++v) dz[v] = float(std::exp(double(z[v]) - lse) / double(count));
-            dz[targets[t]] -= 1.0f / float(count);
-        }
-    });
-    double total = 0.0;
-    for (double l : per_token) total += l;
-    return count ? float(total / double(count)) : 0.0f;
+    const Tensor<index_t, 1, B> on_device = to_device<B>(std::span<const index_t>(targets, std::size_t(T)));
+    Tensor<float, 1, B> loss({1});
+    backend::Ops<B>::cross_entropy(logits, on_device.view(), ignore_index, count, loss.view(), dlogits);
+    // Named host sync: the loss is the value the caller returns, logs and checks.
+    return to_host(loss)[0];
 }
 
 }  // namespace moonmoe::nn

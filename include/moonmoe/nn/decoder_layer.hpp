@@ -31,7 +31,7 @@ struct DecoderLayer {
 
     struct Cache {
         Mat h, a_in, h1, m_in;
-        std::vector<float> rstd1, rstd2;
+        Tensor<float, 1, B> rstd1, rstd2;
         typename MLA<B>::Cache attn;
         typename MHA<B>::Cache mha;
         typename SwiGLU<B>::Cache mlp;
@@ -58,15 +58,15 @@ struct DecoderLayer {
         const index_t T = h.shape[0];
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.h = Mat({T, hidden}), c.a_in = Mat({T, hidden}), c.h1 = Mat({T, hidden}), c.m_in = Mat({T, hidden});
-        c.rstd1.resize(static_cast<std::size_t>(T)), c.rstd2.resize(static_cast<std::size_t>(T));
+        c.rstd1 = Tensor<float, 1, B>({T}), c.rstd2 = Tensor<float, 1, B>({T});
         Ops::copy(h, c.h.view());
-        input_layernorm.forward(h, c.a_in.view(), c.rstd1.data());
+        input_layernorm.forward(h, c.a_in.view(), c.rstd1.view());
         Mat attn({T, hidden});
         if (latent) self_attn.forward(c.a_in.view(), layout, attn.view(), c.attn);
         else mha.forward(c.a_in.view(), layout, attn.view(), c.mha);
         c.a_in = Mat{};  // MLA keeps its own copy of its input
         add(h, attn.view(), c.h1.view());
-        post_attention_layernorm.forward(c.h1.view(), c.m_in.view(), c.rstd2.data());
+        post_attention_layernorm.forward(c.h1.view(), c.m_in.view(), c.rstd2.view());
         Mat m({T, hidden});
         if (dense) mlp.forward(c.m_in.view(), m.view(), c.mlp);
         else moe.forward(c.m_in.view(), m.view(), c.moe);
@@ -81,11 +81,11 @@ struct DecoderLayer {
         if (dense) mlp.backward(dout, c.mlp, dm.view());
         else moe.backward(dout, c.moe, dm.view());
         Ops::copy(dout, dh1.view());
-        post_attention_layernorm.backward(c.h1.view(), c.rstd2.data(), dm.view(), dh1.view(), true);
+        post_attention_layernorm.backward(c.h1.view(), c.rstd2.view(), dm.view(), dh1.view(), true);
         if (latent) self_attn.backward(dh1.view(), c.attn, da.view());
         else mha.backward(dh1.view(), c.mha, da.view());
         Ops::copy(dh1.view(), dh);
-        input_layernorm.backward(c.h.view(), c.rstd1.data(), da.view(), dh, true);
+        input_layernorm.backward(c.h.view(), c.rstd1.view(), da.view(), dh, true);
         c = Cache{};
     }
 
@@ -114,8 +114,8 @@ struct DecoderLayer {
                         View<float, 2, B> out) {
         const index_t T = h.shape[0];
         Mat a_in({T, hidden}), attn({T, hidden}), h1({T, hidden}), m_in({T, hidden}), m({T, hidden});
-        std::vector<float> rstd(static_cast<std::size_t>(T));
-        input_layernorm.forward(h, a_in.view(), rstd.data());
+        Tensor<float, 1, B> rstd({T});
+        input_layernorm.forward(h, a_in.view(), rstd.view());
         if (latent) {
             std::vector<typename MLA<B>::LatentCache*> latents;
             for (DecodeCache* c : caches) latents.push_back(&c->latent);
@@ -126,7 +126,7 @@ struct DecoderLayer {
             mha.forward_cached(a_in.view(), layout, kvs, attn.view());
         }
         add(h, attn.view(), h1.view());
-        post_attention_layernorm.forward(h1.view(), m_in.view(), rstd.data());
+        post_attention_layernorm.forward(h1.view(), m_in.view(), rstd.view());
         if (dense) {
             typename SwiGLU<B>::Cache unused;
             mlp.forward(m_in.view(), m.view(), unused);

@@ -39,12 +39,14 @@ struct MHA {
     index_t hidden = 0;
     float softmax_scale = 0;
     Linear<B> q_proj, k_proj, v_proj, o_proj;
-    RotaryEmbedding rope;
-    std::vector<float> max_logit_per_head;
+    RotaryEmbedding<B> rope;
+    /// Maximum scaled logit per head since reset_max_logits(), on the backend (as MLA's; optim/qk_clip.hpp).
+    Tensor<float, 1, B> max_logit_per_head;
 
     struct Cache {
         Mat x, q, k, v, o;
-        std::vector<float> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
         TokenLayout layout;
     };
     struct KVCache {
@@ -64,12 +66,16 @@ struct MHA {
           k_proj(c.dims.hidden, c.attention.kv_heads * c.attention.qk_head_dim()),
           v_proj(c.dims.hidden, c.attention.kv_heads * c.attention.v_dim),
           o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden), rope(c.rope, c.attention.rope_dim),
-          max_logit_per_head(static_cast<std::size_t>(c.attention.heads), -INFINITY) {}
+          max_logit_per_head(Shape<1>{c.attention.heads}) {
+        reset_max_logits();
+    }
 
     index_t d() const { return cfg.nope_dim + cfg.rope_dim; }
     index_t group() const { return cfg.heads / cfg.kv_heads; }
     MHAHeadLayout head_layout() const { return {cfg.heads, cfg.kv_heads, d()}; }
-    void reset_max_logits() { std::fill(max_logit_per_head.begin(), max_logit_per_head.end(), -INFINITY); }
+    void reset_max_logits() {
+        if (!max_logit_per_head.empty()) Ops::fill(max_logit_per_head.template reshape<2>({1, cfg.heads}), -INFINITY);
+    }
 
     static View<const float, 2, B> cols(const Mat& m, index_t row0, index_t rows, index_t col0, index_t n) {
         return View<const float, 2, B>(m.data() + row0 * m.size(1) + col0, {rows, n}, {m.size(1), 1});
@@ -81,7 +87,7 @@ struct MHA {
         return View<float, 3, B>(m.data() + cfg.nope_dim, {m.size(0), heads, cfg.rope_dim}, {m.size(1), d(), 1});
     }
 
-    void project(View<const float, 2, B> x, const index_t* positions, Mat& q, Mat& k, Mat& v) const {
+    void project(View<const float, 2, B> x, View<const index_t, 1, B> positions, Mat& q, Mat& k, Mat& v) const {
         const index_t T = x.shape[0];
         q = Mat({T, cfg.heads * d()}), k = Mat({T, cfg.kv_heads * d()}), v = Mat({T, cfg.kv_heads * cfg.v_dim});
         q_proj.forward(x, q.view());
@@ -91,59 +97,43 @@ struct MHA {
         rope.apply(rope_part(k, cfg.kv_heads), positions);
     }
 
-    /// Query head h of sequence b with its key/value head.
-    HeadViews<B> head(const Cache& c, index_t b, index_t h) const {
-        const index_t t0 = c.layout.begin(b), S = c.layout.length(b), g = h / group();
-        HeadViews<B> hv;
-        hv.q[0] = cols(c.q, t0, S, h * d(), d());
-        hv.k[0] = cols(c.k, t0, S, g * d(), d());
-        hv.v = cols(c.v, t0, S, g * cfg.v_dim, cfg.v_dim);
-        return hv;
+    /// Every query head, and the key / value heads they read (query head h reads h / group()).
+    backend::AttentionQueries<B> queries(const Mat& q) const { return {1, {heads_view(q, 0, cfg.heads, d(), d())}}; }
+    backend::AttentionKeys<B> keys(const Mat& k, const Mat& v) const {
+        return {{heads_view(k, 0, cfg.kv_heads, d(), d())}, heads_view(v, 0, cfg.kv_heads, cfg.v_dim, cfg.v_dim)};
     }
 
     /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward.
     void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
-        const index_t T = x.shape[0], H = cfg.heads, N = layout.sequences();
+        const index_t T = x.shape[0], H = cfg.heads;
         layout.check_rows(T, "MHA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
+        c.positions = to_device<B>(layout.positions);
         c.x = Mat({T, hidden});
         Ops::copy(x, c.x.view());
-        project(x, layout.positions.data(), c.q, c.k, c.v);
+        project(x, c.positions.view(), c.q, c.k, c.v);
         c.o = Mat({T, H * cfg.v_dim});
-        c.lse.assign(static_cast<std::size_t>(T * H), 0.0f);
-        std::vector<float> task_max(static_cast<std::size_t>(N * H), -INFINITY);
-        Ops::for_each(N * H, [&](index_t task) {
-            const index_t b = task / H, h = task % H;
-            task_max[task] = attention_head_forward<B>(head(c, b, h), softmax_scale,
-                                                       cols(c.o, layout.begin(b), layout.length(b), h * cfg.v_dim, cfg.v_dim),
-                                                       c.lse.data() + lse_offset(layout, H, b, h));
-        });
-        for (index_t task = 0; task < N * H; ++task)
-            max_logit_per_head[task % H] = std::max(max_logit_per_head[task % H], task_max[task]);
+        c.lse = Tensor<float, 1, B>({T * H});
+        Ops::attention_forward(queries(c.q), keys(c.k, c.v), layout.offsets(), softmax_scale,
+                               heads_view(c.o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
         o_proj.forward(c.o.view(), out);
     }
 
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false) {
         const TokenLayout& layout = c.layout;
-        const index_t T = layout.tokens(), G = cfg.kv_heads;
-        Mat d_o({T, cfg.heads * cfg.v_dim}), dq(c.q.shape()), dk(c.k.shape()), dv(c.v.shape());
+        const index_t T = layout.tokens(), H = cfg.heads, G = cfg.kv_heads;
+        Mat d_o({T, H * cfg.v_dim}), dq(c.q.shape()), dk(c.k.shape()), dv(c.v.shape());
         o_proj.backward(c.o.view(), dout, d_o.view());
-        // one task per (sequence, key/value head): the query heads of a group add into the same dK, dV in order
-        Ops::for_each(layout.sequences() * G, [&](index_t task) {
-            const index_t b = task / G, g = task % G, t0 = layout.begin(b), S = layout.length(b);
-            for (index_t i = 0; i < group(); ++i) {
-                const index_t h = g * group() + i;
-                View<float, 2, B> dq_h[1] = {cols(dq, t0, S, h * d(), d())};
-                View<float, 2, B> dk_g[1] = {cols(dk, t0, S, g * d(), d())};
-                attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, t0, S, h * cfg.v_dim, cfg.v_dim),
-                                           c.lse.data() + lse_offset(layout, cfg.heads, b, h),
-                                           cols(d_o, t0, S, h * cfg.v_dim, cfg.v_dim), dq_h, dk_g,
-                                           cols(dv, t0, S, g * cfg.v_dim, cfg.v_dim), i > 0);
-            }
-        });
-        rope.apply(rope_part(dq, cfg.heads), layout.positions.data(), true);
-        rope.apply(rope_part(dk, G), layout.positions.data(), true);
+        backend::AttentionGrads<B> grads;
+        grads.dq[0] = heads_view(dq, 0, H, d(), d());
+        grads.dk[0] = heads_view(dk, 0, G, d(), d());
+        grads.dv = heads_view(dv, 0, G, cfg.v_dim, cfg.v_dim);
+        Ops::attention_backward(queries(c.q), keys(c.k, c.v), layout.offsets(), softmax_scale,
+                                heads_view(std::as_const(c.o), 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
+                                heads_view(std::as_const(d_o), 0, H, cfg.v_dim, cfg.v_dim), grads);
+        rope.apply(rope_part(dq, H), c.positions.view(), true);
+        rope.apply(rope_part(dk, G), c.positions.view(), true);
         q_proj.backward(c.x.view(), dq.view(), dx, accumulate_dx);
         k_proj.backward(c.x.view(), dk.view(), dx, true);
         v_proj.backward(c.x.view(), dv.view(), dx, true);
@@ -160,7 +150,6 @@ struct MHA {
     /// caches[s]->length, ...; each attends to its own cache and, causally, to itself, then is appended to it.
     void forward_cached(View<const float, 2, B> x, const TokenLayout& layout, std::span<KVCache* const> caches,
                         View<float, 2, B> out) const {
-        using backend::Trans;
         const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads;
         layout.check_rows(T, "MHA.forward_cached");
         if (index_t(caches.size()) != N)
@@ -174,27 +163,23 @@ struct MHA {
                                         " tokens exceed its capacity of " + std::to_string(cache.capacity()));
             layout.check_continues(s, cache.length, "MHA.forward_cached");
         }
+        const Tensor<index_t, 1, B> positions = to_device<B>(layout.positions);
         Mat q, k, v;
-        project(x, layout.positions.data(), q, k, v);
+        project(x, positions.view(), q, k, v);
+        std::vector<backend::AttentionKeys<B>> cached;
+        const index_t G = cfg.kv_heads;
         for (index_t s = 0; s < N; ++s) {
             KVCache& cache = *caches[std::size_t(s)];
             const index_t t0 = layout.begin(s), n = layout.length(s);
             Ops::copy(cols(std::as_const(k), t0, n, 0, k.size(1)), cols(cache.k, cache.length, n, 0, k.size(1)));
             Ops::copy(cols(std::as_const(v), t0, n, 0, v.size(1)), cols(cache.v, cache.length, n, 0, v.size(1)));
             cache.length += n;
+            const index_t L = cache.length;
+            cached.push_back({{heads_view<const float, B>(cols(std::as_const(cache.k), 0, L, 0, k.size(1)), 0, G, d(), d())},
+                              heads_view<const float, B>(cols(std::as_const(cache.v), 0, L, 0, v.size(1)), 0, G, cfg.v_dim, cfg.v_dim)});
         }
         Mat o({T, H * cfg.v_dim});
-        Ops::for_each(N * H, [&](index_t task) {
-            const index_t s = task / H, h = task % H, g = h / group(), t0 = layout.begin(s), n = layout.length(s);
-            const KVCache& cache = *caches[std::size_t(s)];
-            const index_t L = cache.length;
-            Mat scores({n, L});
-            Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, t0, n, h * d(), d()), cols(cache.k, 0, L, g * d(), d()),
-                      0.0f, scores.view());
-            Ops::softmax_rows(scores.view(), L - n);
-            Ops::gemm(Trans::no, Trans::no, 1.0f, scores.view(), cols(cache.v, 0, L, g * cfg.v_dim, cfg.v_dim), 0.0f,
-                      cols(o, t0, n, h * cfg.v_dim, cfg.v_dim));
-        });
+        Ops::attention_decode(queries(q), cached, layout.offsets(), softmax_scale, heads_view(o, 0, H, cfg.v_dim, cfg.v_dim));
         o_proj.forward(o.view(), out);
     }
 

@@ -7,7 +7,8 @@
 //   out = o_proj(o)
 // Attention runs per sequence of the token layout (packed sequences never see each other); the projections run on
 // every row of the batch at once.
-// Scores are two GEMMs per head (nope and rope parts; attention_core.hpp), so k is never materialised. Backward
+// Scores are two GEMMs per head (nope and rope query parts of the attention primitives, backend/attention.hpp),
+// so k is never materialised. Backward
 // keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
 // (no S x S tensor survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
 #pragma once
@@ -47,14 +48,16 @@ struct MLA {
     float softmax_scale = 0;
     Linear<B> q_a_proj, q_b_proj, q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj;
     RMSNorm<B> q_a_layernorm, kv_a_layernorm;
-    RotaryEmbedding rope;
-    /// Maximum over every forward since reset_max_logits() of softmax_scale * q.k, per head (QK-Clip's S_max).
-    std::vector<float> max_logit_per_head;
+    RotaryEmbedding<B> rope;
+    /// Maximum over every forward since reset_max_logits() of softmax_scale * q.k, per head (QK-Clip's S_max), on
+    /// the backend: QK-Clip reads it to the host once per step (optim/qk_clip.hpp).
+    Tensor<float, 1, B> max_logit_per_head;
 
     struct Cache {
         Mat x, cq, cqn, c, cn, q, kv, kpe, o;
-        std::vector<float> cq_rstd, c_rstd;
-        std::vector<float> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        Tensor<float, 1, B> cq_rstd, c_rstd;
+        Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
         TokenLayout layout;
     };
 
@@ -66,7 +69,8 @@ struct MLA {
           kv_b_proj(c.attention.kv_rank, c.attention.heads * (c.attention.nope_dim + c.attention.v_dim)),
           o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden),
           kv_a_layernorm(c.attention.kv_rank, 1e-6),  // HF builds the latent norms with the default eps
-          rope(c.rope, c.attention.rope_dim), max_logit_per_head(std::size_t(c.attention.heads), -INFINITY) {
+          rope(c.rope, c.attention.rope_dim), max_logit_per_head(Shape<1>{c.attention.heads}) {
+        reset_max_logits();
         const index_t qdim = c.attention.heads * c.attention.qk_head_dim();
         if (cfg.q_rank > 0) {
             q_a_proj = Linear<B>(hidden, cfg.q_rank);
@@ -80,19 +84,21 @@ struct MLA {
     index_t dqk() const { return cfg.nope_dim + cfg.rope_dim; }
     index_t kv_width() const { return cfg.nope_dim + cfg.v_dim; }
     MLAHeadLayout head_layout() const { return {cfg.heads, cfg.nope_dim, cfg.rope_dim, cfg.v_dim}; }
-    void reset_max_logits() { std::fill(max_logit_per_head.begin(), max_logit_per_head.end(), -INFINITY); }
+    void reset_max_logits() {
+        if (!max_logit_per_head.empty()) Ops::fill(max_logit_per_head.template reshape<2>({1, cfg.heads}), -INFINITY);
+    }
 
     // ---- projections shared by the naive and the absorbed forms ----
 
     /// q [T, heads * dqk] with RoPE applied; keeps what backward needs in `c` when given.
-    void project_q(View<const float, 2, B> x, const index_t* positions, Mat& q, Cache* c) const {
+    void project_q(View<const float, 2, B> x, View<const index_t, 1, B> positions, Mat& q, Cache* c) const {
         const index_t T = x.shape[0];
         q = Mat({T, cfg.heads * dqk()});
         if (cfg.q_rank > 0) {
             Mat cq({T, cfg.q_rank}), cqn({T, cfg.q_rank});
-            std::vector<float> rstd(static_cast<std::size_t>(T));
+            Tensor<float, 1, B> rstd({T});
             q_a_proj.forward(x, cq.view());
-            q_a_layernorm.forward(cq.view(), cqn.view(), rstd.data());
+            q_a_layernorm.forward(cq.view(), cqn.view(), rstd.view());
             q_b_proj.forward(cqn.view(), q.view());
             if (c) c->cq = std::move(cq), c->cqn = std::move(cqn), c->cq_rstd = std::move(rstd);
         } else {
@@ -102,18 +108,17 @@ struct MLA {
     }
 
     /// The normalised latent cn [T, kv_rank] and the rotated shared key kpe [T, rope].
-    void project_latent(View<const float, 2, B> x, const index_t* positions, Mat& cn, Mat& kpe, Cache* c) const {
+    void project_latent(View<const float, 2, B> x, View<const index_t, 1, B> positions, Mat& cn, Mat& kpe,
+                        Cache* c) const {
         const index_t T = x.shape[0], r = cfg.kv_rank;
         Mat ckv({T, r + cfg.rope_dim}), latent({T, r});
         kv_a_proj_with_mqa.forward(x, ckv.view());
         kpe = Mat({T, cfg.rope_dim});
-        Ops::for_each(T, [&](index_t t) {
-            for (index_t j = 0; j < r; ++j) latent(t, j) = ckv(t, j);
-            for (index_t j = 0; j < cfg.rope_dim; ++j) kpe(t, j) = ckv(t, r + j);
-        });
-        std::vector<float> rstd(static_cast<std::size_t>(T));
+        Ops::copy(cols(std::as_const(ckv), 0, T, 0, r), latent.view());
+        Ops::copy(cols(std::as_const(ckv), 0, T, r, cfg.rope_dim), kpe.view());
+        Tensor<float, 1, B> rstd({T});
         cn = Mat({T, r});
-        kv_a_layernorm.forward(latent.view(), cn.view(), rstd.data());
+        kv_a_layernorm.forward(latent.view(), cn.view(), rstd.view());
         rope.apply(kpe.view().template reshape<3>({T, 1, cfg.rope_dim}), positions);
         if (c) c->c = std::move(latent), c->c_rstd = std::move(rstd);
     }
@@ -133,83 +138,67 @@ struct MLA {
 
     /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward.
     void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
-        const index_t T = x.shape[0], H = cfg.heads, N = layout.sequences();
+        const index_t T = x.shape[0], H = cfg.heads;
         layout.check_rows(T, "MLA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
+        c.positions = to_device<B>(layout.positions);
         c.x = Mat({T, hidden});
         Ops::copy(x, c.x.view());
-        project_q(x, layout.positions.data(), c.q, &c);
-        project_latent(x, layout.positions.data(), c.cn, c.kpe, &c);
+        project_q(x, c.positions.view(), c.q, &c);
+        project_latent(x, c.positions.view(), c.cn, c.kpe, &c);
         c.kv = Mat({T, H * kv_width()});
         kv_b_proj.forward(c.cn.view(), c.kv.view());
         c.o = Mat({T, H * cfg.v_dim});
-        c.lse.assign(static_cast<std::size_t>(T * H), 0.0f);
-        std::vector<float> task_max(static_cast<std::size_t>(N * H), -INFINITY);
-        Ops::for_each(N * H, [&](index_t task) {
-            const index_t b = task / H, h = task % H;
-            task_max[task] = attention_head_forward<B>(head(c, b, h), softmax_scale,
-                                                       cols(c.o, layout.begin(b), layout.length(b), h * cfg.v_dim, cfg.v_dim),
-                                                       c.lse.data() + lse_offset(layout, H, b, h));
-        });
-        for (index_t task = 0; task < N * H; ++task)
-            max_logit_per_head[task % H] = std::max(max_logit_per_head[task % H], task_max[task]);
+        c.lse = Tensor<float, 1, B>({T * H});
+        Ops::attention_forward(queries(c.q), keys(c), layout.offsets(), softmax_scale,
+                               heads_view(c.o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
         o_proj.forward(c.o.view(), out);
     }
 
-    /// Head h of sequence b: two parts, (q_nope, k_nope) and (q_pe, the shared k_pe), and its values.
-    HeadViews<B> head(const Cache& c, index_t b, index_t h) const {
-        const index_t t0 = c.layout.begin(b), S = c.layout.length(b);
-        HeadViews<B> hv;
-        hv.parts = 2;
-        hv.q[0] = cols(c.q, t0, S, h * dqk(), cfg.nope_dim);
-        hv.k[0] = cols(c.kv, t0, S, h * kv_width(), cfg.nope_dim);
-        hv.q[1] = cols(c.q, t0, S, h * dqk() + cfg.nope_dim, cfg.rope_dim);
-        hv.k[1] = cols(c.kpe, t0, S, 0, cfg.rope_dim);
-        hv.v = cols(c.kv, t0, S, h * kv_width() + cfg.nope_dim, cfg.v_dim);
-        return hv;
+    /// Every head's two query parts: q_nope and q_pe.
+    backend::AttentionQueries<B> queries(const Mat& q) const {
+        const index_t H = cfg.heads;
+        return {2, {heads_view(q, 0, H, dqk(), cfg.nope_dim), heads_view(q, cfg.nope_dim, H, dqk(), cfg.rope_dim)}};
+    }
+    /// The matching keys, k_nope per head and the one k_pe all heads share (head stride 0), and the values.
+    backend::AttentionKeys<B> keys(const Cache& c) const {
+        const index_t H = cfg.heads;
+        return {{heads_view(c.kv, 0, H, kv_width(), cfg.nope_dim), heads_view(c.kpe, 0, H, 0, cfg.rope_dim)},
+                heads_view(c.kv, cfg.nope_dim, H, kv_width(), cfg.v_dim)};
     }
 
     /// Accumulates parameter gradients; writes dx (or adds to it when accumulate_dx).
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false) {
-        using backend::Trans;
         const TokenLayout& layout = c.layout;
         const index_t T = layout.tokens(), H = cfg.heads, R = cfg.rope_dim;
         Mat d_o({T, H * cfg.v_dim});
         o_proj.backward(c.o.view(), dout, d_o.view());
         Mat dq({T, H * dqk()}), dkv({T, H * kv_width()}), dkpe_heads({T, H * R});
-        Ops::for_each(layout.sequences() * H, [&](index_t task) {
-            const index_t b = task / H, h = task % H, t0 = layout.begin(b), S = layout.length(b);
-            View<float, 2, B> dq_parts[2] = {cols(dq, t0, S, h * dqk(), cfg.nope_dim),
-                                             cols(dq, t0, S, h * dqk() + cfg.nope_dim, R)};
-            View<float, 2, B> dk_parts[2] = {cols(dkv, t0, S, h * kv_width(), cfg.nope_dim),
-                                             cols(dkpe_heads, t0, S, h * R, R)};  // summed over heads below
-            attention_head_backward<B>(head(c, b, h), softmax_scale, cols(c.o, t0, S, h * cfg.v_dim, cfg.v_dim),
-                                       c.lse.data() + lse_offset(layout, H, b, h), cols(d_o, t0, S, h * cfg.v_dim, cfg.v_dim),
-                                       dq_parts, dk_parts, cols(dkv, t0, S, h * kv_width() + cfg.nope_dim, cfg.v_dim),
-                                       false);
-        });
+        backend::AttentionGrads<B> grads;
+        grads.dq[0] = heads_view(dq, 0, H, dqk(), cfg.nope_dim);
+        grads.dq[1] = heads_view(dq, cfg.nope_dim, H, dqk(), R);
+        grads.dk[0] = heads_view(dkv, 0, H, kv_width(), cfg.nope_dim);
+        grads.dk[1] = heads_view(dkpe_heads, 0, H, R, R);  // per head, summed over heads below
+        grads.dv = heads_view(dkv, cfg.nope_dim, H, kv_width(), cfg.v_dim);
+        Ops::attention_backward(queries(c.q), keys(c), layout.offsets(), softmax_scale,
+                                heads_view(std::as_const(c.o), 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
+                                heads_view(std::as_const(d_o), 0, H, cfg.v_dim, cfg.v_dim), grads);
         // the shared key: sum over heads in order, then undo RoPE
         const index_t r = cfg.kv_rank;
         Mat dckv({T, r + R});
-        Ops::for_each(T, [&](index_t t) {
-            for (index_t j = 0; j < R; ++j) {
-                float s = 0.0f;
-                for (index_t h = 0; h < H; ++h) s += dkpe_heads(t, h * R + j);
-                dckv(t, r + j) = s;
-            }
-        });
-        rope.apply(View<float, 3, B>(dckv.data() + r, {T, 1, R}, {r + R, R, 1}), layout.positions.data(), true);
-        rope.apply(q_rope_part(dq.view()), layout.positions.data(), true);
+        Ops::sum_heads(heads_view(std::as_const(dkpe_heads), 0, H, R, R), cols(dckv, 0, T, r, R));
+        rope.apply(View<float, 3, B>(dckv.data() + r, {T, 1, R}, {r + R, R, 1}), c.positions.view(), true);
+        rope.apply(q_rope_part(dq.view()), c.positions.view(), true);
         // latent path: kv_b_proj, kv_a_layernorm, into the first kv_rank columns of dckv
         Mat dcn({T, r});
         kv_b_proj.backward(c.cn.view(), dkv.view(), dcn.view());
-        kv_a_layernorm.backward(c.c.view(), c.c_rstd.data(), dcn.view(), cols(dckv, 0, T, 0, r));
+        kv_a_layernorm.backward(c.c.view(), c.c_rstd.view(), dcn.view(), cols(dckv, 0, T, 0, r));
         kv_a_proj_with_mqa.backward(c.x.view(), dckv.view(), dx, accumulate_dx);
         if (cfg.q_rank > 0) {
             Mat dcqn({T, cfg.q_rank}), dcq({T, cfg.q_rank});
             q_b_proj.backward(c.cqn.view(), dq.view(), dcqn.view());
-            q_a_layernorm.backward(c.cq.view(), c.cq_rstd.data(), dcqn.view(), dcq.view());
+            q_a_layernorm.backward(c.cq.view(), c.cq_rstd.view(), dcqn.view(), dcq.view());
             q_a_proj.backward(c.x.view(), dcq.view(), dx, true);
         } else {
             q_proj.backward(c.x.view(), dq.view(), dx, true);
@@ -257,35 +246,41 @@ struct MLA {
                                         " tokens exceed its capacity of " + std::to_string(cache.capacity()));
             layout.check_continues(s, cache.length, "MLA.forward_absorbed");
         }
+        const Tensor<index_t, 1, B> positions = to_device<B>(layout.positions);
         Mat q, cn, kpe;
-        project_q(x, layout.positions.data(), q, nullptr);
-        project_latent(x, layout.positions.data(), cn, kpe, nullptr);
+        project_q(x, positions.view(), q, nullptr);
+        project_latent(x, positions.view(), cn, kpe, nullptr);
+        std::vector<backend::AttentionKeys<B>> keys;
         for (index_t s = 0; s < N; ++s) {
             LatentCache& cache = *caches[std::size_t(s)];
             const index_t t0 = layout.begin(s), n = layout.length(s);
             Ops::copy(cols(std::as_const(cn), t0, n, 0, r), cols(cache.kv, cache.length, n, 0, r));
             Ops::copy(cols(std::as_const(kpe), t0, n, 0, R), cols(cache.pe, cache.length, n, 0, R));
             cache.length += n;
+            // one latent key / value and one rope key for all heads: head stride 0
+            const auto latent = heads_view<const float, B>(cols(std::as_const(cache.kv), 0, cache.length, 0, r), 0, H, 0, r);
+            keys.push_back({{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, cache.length, 0, R), 0, H, 0, R)},
+                            latent});
         }
-        Mat o({T, H * cfg.v_dim});
+        // q_lat = q_nope W_UK[h] per head, W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]; one batched
+        // GEMM over the heads per sequence, not one over every row: a sequence's GEMMs then have the same shapes
+        // whether it decodes alone or with others, so batched decoding gives the same bits (test/unit/nn_packed.cpp)
         const Mat& Wkvb = kv_b_proj.weight.value;
-        Ops::for_each(N * H, [&](index_t task) {
-            const index_t s = task / H, h = task % H, t0 = layout.begin(s), n = layout.length(s);
-            const LatentCache& cache = *caches[std::size_t(s)];
-            const index_t L = cache.length;
-            Mat q_lat({n, r}), scores({n, L}), o_lat({n, r});
-            // q_lat = q_nope W_UK[h], W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]
-            Ops::gemm(Trans::no, Trans::no, 1.0f, cols(q, t0, n, h * dqk(), cfg.nope_dim),
-                      cols(Wkvb, h * kv_width(), cfg.nope_dim, 0, r), 0.0f, q_lat.view());
-            Ops::gemm(Trans::no, Trans::yes, softmax_scale, q_lat.view(), cols(cache.kv, 0, L, 0, r), 0.0f, scores.view());
-            Ops::gemm(Trans::no, Trans::yes, softmax_scale, cols(q, t0, n, h * dqk() + cfg.nope_dim, R),
-                      cols(cache.pe, 0, L, 0, R), 1.0f, scores.view());
-            Ops::softmax_rows(scores.view(), L - n);
-            Ops::gemm(Trans::no, Trans::no, 1.0f, scores.view(), cols(cache.kv, 0, L, 0, r), 0.0f, o_lat.view());
-            // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
-            Ops::gemm(Trans::no, Trans::yes, 1.0f, o_lat.view(), cols(Wkvb, h * kv_width() + cfg.nope_dim, cfg.v_dim, 0, r),
-                      0.0f, cols(o, t0, n, h * cfg.v_dim, cfg.v_dim));
-        });
+        const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
+        Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
+        for (index_t s = 0; s < N; ++s) {
+            const index_t t0 = layout.begin(s), n = layout.length(s);
+            Ops::gemm_strided_batched(H, Trans::no, Trans::no, 1.0f, cols(q, t0, n, 0, nope), dqk(),
+                                      cols(Wkvb, 0, nope, 0, r), kv_width() * r, 0.0f, cols(q_lat, t0, n, 0, r), r);
+        }
+        Ops::attention_decode({2, {heads_view(std::as_const(q_lat), 0, H, r, r), heads_view(std::as_const(q), nope, H, dqk(), R)}},
+                              keys, layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
+        // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
+        for (index_t s = 0; s < N; ++s) {
+            const index_t t0 = layout.begin(s), n = layout.length(s);
+            Ops::gemm_strided_batched(H, Trans::no, Trans::yes, 1.0f, cols(std::as_const(o_lat), t0, n, 0, r), r,
+                                      cols(Wkvb, nope, vd, 0, r), kv_width() * r, 0.0f, cols(o, t0, n, 0, vd), vd);
+        }
         o_proj.forward(o.view(), out);
     }
 

@@ -17,13 +17,32 @@
 #include "../backend/backend.hpp"
 #include "../config/rope.hpp"
 #include "../tensor/tensor.hpp"
+#include "../tensor/transfer.hpp"
 
 namespace moonmoe::nn {
 
+/// The frequencies live on the host (inv_freq()) and, for the primitive, on backend B.
+template <class B = cpu>
 class RotaryEmbedding {
 public:
     RotaryEmbedding() = default;
     RotaryEmbedding(const RopeConfig& cfg, index_t rope_dim) : dim_(rope_dim), interleave_(cfg.interleave) {
+        init(cfg, rope_dim);
+        inv_freq_device_ = to_device<B>(inv_freq_);  // once, at construction
+    }
+
+    index_t dim() const { return dim_; }
+    const std::vector<float>& inv_freq() const { return inv_freq_; }
+
+    /// Rotates each row's `dim` values in place. x: [rows, heads, dim] (any strides with unit last stride),
+    /// positions [rows] on the backend. transpose = true applies the transpose of the rotation (its backward).
+    void apply(View<float, 3, B> x, View<const index_t, 1, B> positions, bool transpose = false) const {
+        if (x.shape[2] != dim_) throw_shape_mismatch("RotaryEmbedding.apply", x.shape, Shape<3>{x.shape[0], x.shape[1], dim_});
+        backend::Ops<B>::rope(x, positions, inv_freq_device_.view(), attention_factor_, interleave_, transpose);
+    }
+
+private:
+    void init(const RopeConfig& cfg, index_t rope_dim) {
         const index_t half = rope_dim / 2;
         inv_freq_.resize(static_cast<std::size_t>(half));
         // HF: pos_freqs = base ** (arange(0, d, 2).float() / d), all in f32
@@ -48,50 +67,11 @@ public:
         attention_factor_ = float(rope_attention_factor(cfg));
     }
 
-    index_t dim() const { return dim_; }
-    const std::vector<float>& inv_freq() const { return inv_freq_; }
-
-    /// Rotates each row's `dim` values in place. x: [rows, heads, dim] (any strides with unit last stride),
-    /// positions[row]. transpose = true applies the transpose of the rotation (its backward).
-    template <class B = cpu>
-    void apply(View<float, 3, B> x, const index_t* positions, bool transpose = false) const {
-        const index_t rows = x.shape[0], heads = x.shape[1], half = dim_ / 2;
-        if (x.shape[2] != dim_) throw_shape_mismatch("RotaryEmbedding.apply", x.shape, Shape<3>{rows, heads, dim_});
-        backend::Ops<B>::for_each(rows, [&, x](index_t r) {
-            std::vector<float> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half)), tmp(static_cast<std::size_t>(dim_));
-            const float pos = float(positions[r]);
-            for (index_t i = 0; i < half; ++i) {
-                const float angle = inv_freq_[i] * pos;  // f32, as HF's inv_freq @ position_ids
-                c[i] = std::cos(angle) * attention_factor_;
-                s[i] = std::sin(angle) * attention_factor_;
-            }
-            for (index_t h = 0; h < heads; ++h) {
-                float* v = x.data + r * x.strides[0] + h * x.strides[1];
-                if (!transpose) {
-                    for (index_t i = 0; i < half; ++i) {  // gather to half-split order, then rotate
-                        const float a = interleave_ ? v[2 * i] : v[i], b = interleave_ ? v[2 * i + 1] : v[i + half];
-                        tmp[i] = a * c[i] - b * s[i];
-                        tmp[i + half] = b * c[i] + a * s[i];
-                    }
-                    for (index_t i = 0; i < dim_; ++i) v[i] = tmp[i];
-                } else {
-                    for (index_t i = 0; i < half; ++i) {  // rotate back, then scatter to the stored order
-                        const float a = v[i] * c[i] + v[i + half] * s[i];
-                        const float b = v[i + half] * c[i] - v[i] * s[i];
-                        tmp[interleave_ ? 2 * i : i] = a;
-                        tmp[interleave_ ? 2 * i + 1 : i + half] = b;
-                    }
-                    for (index_t i = 0; i < dim_; ++i) v[i] = tmp[i];
-                }
-            }
-        });
-    }
-
-private:
     index_t dim_ = 0;
     bool interleave_ = true;
     float attention_factor_ = 1.0f;
     std::vector<float> inv_freq_;
+    Tensor<float, 1, B> inv_freq_device_;
 };
 
 }  // namespace moonmoe::nn

@@ -37,7 +37,7 @@ struct Transformer {
         std::vector<typename DecoderLayer<B>::Cache> layers;
         Mat h_last;  ///< input of the final norm
         Mat h_normed;  ///< input of lm_head
-        std::vector<float> rstd;
+        Tensor<float, 1, B> rstd;
     };
 
     /// Inference state of one sequence: a latent (MLA) or K/V (MHA) cache per layer. Several states decode
@@ -70,9 +70,9 @@ struct Transformer {
             layers[l].forward(h.view(), layout, next.view(), c.layers[l]);
             std::swap(h, next);
         }
-        c.rstd.resize(static_cast<std::size_t>(T));
+        c.rstd = Tensor<float, 1, B>({T});
         c.h_normed = Mat({T, H});
-        norm.forward(h.view(), c.h_normed.view(), c.rstd.data());
+        norm.forward(h.view(), c.h_normed.view(), c.rstd.view());
         c.h_last = std::move(h);
         Mat logits({T, config.dims.vocab});
         lm_head.forward(c.h_normed.view(), logits.view());
@@ -99,7 +99,7 @@ struct Transformer {
                               std::to_string(config.dims.vocab) + "]");
         Mat dn({T, H}), dh({T, H}), dprev({T, H});
         lm_head.backward(c.h_normed.view(), dlogits, dn.view());
-        norm.backward(c.h_last.view(), c.rstd.data(), dn.view(), dh.view());
+        norm.backward(c.h_last.view(), c.rstd.view(), dn.view(), dh.view());
         for (std::size_t l = layers.size(); l-- > 0;) {
             layers[l].backward(dh.view(), c.layers[l], dprev.view());
             std::swap(dh, dprev);
@@ -164,8 +164,8 @@ struct Transformer {
             layers[l].forward_cached(h.view(), layout, caches[l], next.view());
             std::swap(h, next);
         }
-        std::vector<float> rstd(static_cast<std::size_t>(T));
-        norm.forward(h.view(), next.view(), rstd.data());
+        Tensor<float, 1, B> rstd({T});
+        norm.forward(h.view(), next.view(), rstd.view());
         Mat logits({T, config.dims.vocab});
         lm_head.forward(next.view(), logits.view());
         return logits;

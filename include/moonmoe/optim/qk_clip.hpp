@@ -114,7 +114,9 @@ template <class B>
 ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
     ClipReport report;
     for (auto& layer : model.layers) {
-        auto& maxima = layer.latent ? layer.self_attn.max_logit_per_head : layer.mha.max_logit_per_head;
+        // Named host sync: QK-Clip's per-head maxima decide on the host which heads' weights to rescale.
+        const std::vector<float> maxima = to_host(layer.latent ? layer.self_attn.max_logit_per_head.view()
+                                                               : layer.mha.max_logit_per_head.view());
         report.max_logit.push_back(*std::max_element(maxima.begin(), maxima.end()));
         if (layer.latent) {
             auto& a = layer.self_attn;

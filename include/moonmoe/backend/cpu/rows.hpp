@@ -1,5 +1,10 @@
-// moonmoe/backend/cpu/rows.hpp: RowOps<cpu> (backend/rows.hpp).
+// moonmoe/backend/cpu/rows.hpp: RowOps<cpu> (backend/rows.hpp): row kernels on the thread pool.
 #pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
 
 #include "../../tensor/tensor.hpp"
 #include "../rows.hpp"
@@ -7,7 +12,175 @@
 
 namespace moonmoe::backend {
 
+namespace cpu_detail {
+template <class T>
+void require_vector(const char* op, const char* name, const View<T, 1>& v, index_t n) {
+    if (v.shape[0] != n || (n > 1 && v.strides[0] != 1))
+        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(v.shape) +
+                          (v.shape[0] == n ? " (strided)" : "") + ", expected [" + std::to_string(n) + "] contiguous");
+}
+template <class T>
+void require_unit_columns(const char* op, const char* name, const View<T, 2>& v) {
+    if (v.strides[1] != 1 && v.shape[1] > 1)
+        throw shape_error(std::string(op) + ": " + name + " " + shape_string(v.shape) + " must have contiguous rows");
+}
+}  // namespace cpu_detail
+
 template <>
-struct RowOps<cpu> {};
+struct RowOps<cpu> {
+    /// y = weight * x * rstd per row; rstd[r] = 1 / sqrt(mean(x[r]^2) + eps), the sum of squares in double.
+    static void rmsnorm_forward(View<const float, 2> x, View<const float, 1> weight, float eps, View<float, 2> y,
+                                View<float, 1> rstd) {
+        using namespace cpu_detail;
+        const index_t rows = x.shape[0], n = x.shape[1];
+        if (y.shape != x.shape) throw_shape_mismatch("rmsnorm_forward: x against y", x.shape, y.shape);
+        require_unit_columns("rmsnorm_forward", "x", x);
+        require_unit_columns("rmsnorm_forward", "y", y);
+        require_vector("rmsnorm_forward", "weight", weight, n);
+        require_vector("rmsnorm_forward", "rstd", rstd, rows);
+        const float* w = weight.data;
+        parallel_for(rows, [&](index_t r) {
+            const float* xr = x.data + r * x.strides[0];
+            float* yr = y.data + r * y.strides[0];
+            double ss = 0.0;
+            for (index_t j = 0; j < n; ++j) ss += double(xr[j]) * double(xr[j]);
+            const float inv = 1.0f / std::sqrt(float(ss / double(n)) + eps);
+            rstd.data[r] = inv;
+            for (index_t j = 0; j < n; ++j) yr[j] = w[j] * (xr[j] * inv);
+        });
+    }
+
+    /// dx = rstd g - x rstd^3 mean(g x), g = weight * dy (+= when accumulate_dx); dweight += sum_rows dy x rstd.
+    static void rmsnorm_backward(View<const float, 2> x, View<const float, 1> weight, View<const float, 1> rstd,
+                                 View<const float, 2> dy, View<float, 2> dx, View<float, 1> dweight,
+                                 bool accumulate_dx) {
+        using namespace cpu_detail;
+        const index_t rows = x.shape[0], n = x.shape[1];
+        if (dy.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dy", x.shape, dy.shape);
+        if (dx.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dx", x.shape, dx.shape);
+        require_unit_columns("rmsnorm_backward", "x", x);
+        require_unit_columns("rmsnorm_backward", "dy", dy);
+        require_unit_columns("rmsnorm_backward", "dx", dx);
+        require_vector("rmsnorm_backward", "weight", weight, n);
+        require_vector("rmsnorm_backward", "dweight", dweight, n);
+        require_vector("rmsnorm_backward", "rstd", rstd, rows);
+        const float* w = weight.data;
+        parallel_for(rows, [&](index_t r) {
+            const float* xr = x.data + r * x.strides[0];
+            const float* gr = dy.data + r * dy.strides[0];
+            float* dr = dx.data + r * dx.strides[0];
+            double dot = 0.0;
+            for (index_t j = 0; j < n; ++j) dot += double(w[j] * gr[j]) * double(xr[j]);
+            const float inv = rstd.data[r];
+            const float c = float(dot / double(n)) * inv * inv * inv;
+            for (index_t j = 0; j < n; ++j) {
+                const float v = inv * w[j] * gr[j] - c * xr[j];
+                dr[j] = accumulate_dx ? dr[j] + v : v;
+            }
+        });
+        // dweight: partial column sums over fixed row chunks (contiguous rows, so memory is read in order), then
+        // the chunks summed in order. The chunking does not depend on the thread count: results are repeatable.
+        constexpr index_t chunk_rows = 64;
+        const index_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+        std::vector<double> partial(static_cast<std::size_t>(chunks * n), 0.0);
+        parallel_for(chunks, [&](index_t k) {
+            double* p = partial.data() + k * n;
+            for (index_t r = k * chunk_rows; r < std::min(rows, (k + 1) * chunk_rows); ++r) {
+                const float* xr = x.data + r * x.strides[0];
+                const float* gr = dy.data + r * dy.strides[0];
+                const double inv = rstd.data[r];
+                for (index_t j = 0; j < n; ++j) p[j] += double(gr[j]) * xr[j] * inv;
+            }
+        });
+        parallel_for(n, [&](index_t j) {
+            double s = 0.0;
+            for (index_t k = 0; k < chunks; ++k) s += partial[k * n + j];
+            dweight.data[j] += float(s);
+        });
+    }
+
+    /// loss[0] = mean over the targets other than `ignore` of logsumexp(z) - z[target] (double); dlogits = (softmax - onehot) / count.
+    static void cross_entropy(View<const float, 2> logits, View<const index_t, 1> targets, index_t ignore,
+                              index_t count, View<float, 1> loss, View<float, 2> dlogits) {
+        using namespace cpu_detail;
+        const index_t T = logits.shape[0], V = logits.shape[1];
+        require_unit_columns("cross_entropy", "logits", logits);
+        require_vector("cross_entropy", "targets", targets, T);
+        require_vector("cross_entropy", "loss", loss, 1);
+        if (dlogits.data) {
+            if (dlogits.shape != logits.shape) throw_shape_mismatch("cross_entropy: logits against dlogits", logits.shape, dlogits.shape);
+            require_unit_columns("cross_entropy", "dlogits", dlogits);
+        }
+        std::vector<double> per_token(static_cast<std::size_t>(T), 0.0);
+        parallel_for(T, [&](index_t t) {
+            const float* z = logits.data + t * logits.strides[0];
+            float* dz = dlogits.data ? dlogits.data + t * dlogits.strides[0] : nullptr;
+            const index_t target = targets.data[t];
+            if (target == ignore) {
+                if (dz) std::fill(dz, dz + V, 0.0f);
+                return;
+            }
+            float m = z[0];
+            for (index_t v = 1; v < V; ++v) m = z[v] > m ? z[v] : m;
+            double sum = 0.0;
+            for (index_t v = 0; v < V; ++v) sum += std::exp(double(z[v] - m));
+            const double lse = double(m) + std::log(sum);
+            per_token[std::size_t(t)] = lse - double(z[target]);
+            if (dz) {
+                for (index_t v = 0; v < V; ++v) dz[v] = float(std::exp(double(z[v]) - lse) / double(count));
+                dz[target] -= 1.0f / float(count);
+            }
+        });
+        double total = 0.0;
+        for (double l : per_token) total += l;  // in token order: repeatable
+        loss.data[0] = count ? float(total / double(count)) : 0.0f;
+    }
+
+    /// out[t] = table[ids[t]] (ids checked by the caller).
+    static void embedding_gather(View<const float, 2> table, View<const index_t, 1> ids, View<float, 2> out) {
+        using namespace cpu_detail;
+        if (table.shape[1] != out.shape[1]) throw_shape_mismatch("embedding_gather: table against out", table.shape, out.shape);
+        require_vector("embedding_gather", "ids", ids, out.shape[0]);
+        const index_t cols = out.shape[1];
+        parallel_for(out.shape[0], [&](index_t t) {
+            const float* src = table.data + ids.data[t] * table.strides[0];
+            std::copy(src, src + cols, out.data + t * out.strides[0]);
+        });
+    }
+
+    /// dtable[ids[t]] += dy[t]; every element sums its tokens in token order, so repeated ids give repeatable sums.
+    /// Column blocks run in parallel (each reads every token), which keeps that order.
+    static void embedding_scatter_add(View<const float, 2> dy, View<const index_t, 1> ids, View<float, 2> dtable) {
+        using namespace cpu_detail;
+        if (dy.shape[1] != dtable.shape[1]) throw_shape_mismatch("embedding_scatter_add: dy against dtable", dy.shape, dtable.shape);
+        require_vector("embedding_scatter_add", "ids", ids, dy.shape[0]);
+        constexpr index_t block = 256;
+        const index_t cols = dy.shape[1], blocks = (cols + block - 1) / block;
+        parallel_for(blocks, [&](index_t b) {
+            const index_t lo = b * block, hi = std::min(cols, lo + block);
+            for (index_t t = 0; t < dy.shape[0]; ++t) {
+                const float* src = dy.data + t * dy.strides[0];
+                float* dst = dtable.data + ids.data[t] * dtable.strides[0];
+                for (index_t j = lo; j < hi; ++j) dst[j] += src[j];
+            }
+        });
+    }
+
+    /// y[t, j] = sum over heads h, in order, of x[t, h, j] (f32).
+    static void sum_heads(View<const float, 3> x, View<float, 2> y) {
+        const index_t rows = x.shape[0], heads = x.shape[1], n = x.shape[2];
+        if (y.shape[0] != rows || y.shape[1] != n || (n > 1 && (x.strides[2] != 1 || y.strides[1] != 1)))
+            throw shape_error("sum_heads: x " + shape_string(x.shape) + " into y " + shape_string(y.shape) +
+                              " (expected [rows, n] = [" + std::to_string(rows) + ", " + std::to_string(n) + "], unit last strides)");
+        cpu_detail::parallel_for(rows, [&](index_t t) {
+            float* yr = y.data + t * y.strides[0];
+            for (index_t j = 0; j < n; ++j) {
+                float s = 0.0f;
+                for (index_t h = 0; h < heads; ++h) s += x.data[t * x.strides[0] + h * x.strides[1] + j];
+                yr[j] = s;
+            }
+        });
+    }
+};
 
 }  // namespace moonmoe::backend

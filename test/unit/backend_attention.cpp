@@ -1,0 +1,303 @@
+// AttentionOps (backend/attention.hpp) on every test backend against plain loops in double precision, and the
+// CPU backend's exact softmax.
+#include "support/backends.hpp"
+#include "support/nn_testing.hpp"
+
+#include <cmath>
+#include <span>
+#include <vector>
+
+using namespace moonmoe;
+using namespace moonmoe::testing;
+
+namespace {
+
+/// Heads [rows, heads, dim] of a wide matrix whose head h starts at column col0 + h * head_stride.
+template <class T, class B>
+View<T, 3, B> heads(T* data, index_t pitch, index_t rows, index_t col0, index_t heads, index_t head_stride, index_t dim) {
+    return View<T, 3, B>(data + col0, {rows, heads, dim}, {pitch, head_stride, 1});
+}
+
+/// One attention problem: queries in `parts` parts, keys sharing (or not) heads, values; all as wide host matrices.
+struct Problem {
+    index_t T, H, KV, dv;
+    int parts;
+    index_t dim[2];
+    bool shared_rope_key;  ///< part 1's key has one head for all (head stride 0), MLA's k_pe
+    Mat q[2], k[2], v;
+    Problem(index_t T_, index_t H_, index_t KV_, int parts_, index_t d0, index_t d1, index_t dv_, bool shared, std::uint64_t seed)
+        : T(T_), H(H_), KV(KV_), dv(dv_), parts(parts_), dim{d0, d1}, shared_rope_key(shared) {
+        for (int p = 0; p < parts; ++p) {
+            q[p] = random_matrix(T, H * dim[p], seed + 10 * p);
+            k[p] = random_matrix(T, (p == 1 && shared ? 1 : KV) * dim[p], seed + 10 * p + 1);
+        }
+        v = random_matrix(T, KV * dv, seed + 5);
+    }
+    index_t key_head_stride(int p) const { return p == 1 && shared_rope_key ? 0 : dim[p]; }
+};
+
+/// Device copies of a problem and its operand views.
+template <class B>
+struct OnDevice {
+    Tensor<float, 2, B> q[2], k[2], v;
+    backend::AttentionQueries<B> queries;
+    backend::AttentionKeys<B> keys;
+    explicit OnDevice(const Problem& pr) {
+        queries.parts = pr.parts;
+        for (int p = 0; p < pr.parts; ++p) {
+            q[p] = on<B>(pr.q[p]), k[p] = on<B>(pr.k[p]);
+            queries.q[p] = heads<const float, B>(q[p].data(), pr.H * pr.dim[p], pr.T, 0, pr.H, pr.dim[p], pr.dim[p]);
+            keys.k[p] = heads<const float, B>(k[p].data(), k[p].size(1), pr.T, 0, pr.KV, pr.key_head_stride(p), pr.dim[p]);
+        }
+        v = on<B>(pr.v);
+        keys.v = heads<const float, B>(v.data(), pr.KV * pr.dv, pr.T, 0, pr.KV, pr.dv, pr.dv);
+    }
+};
+
+/// Head h of queries [q0, q0 + n) against keys [k0, k0 + L) in double: P [n, L] (causal, row i at key L - n + i).
+std::vector<double> reference_p(const Problem& pr, index_t q0, index_t n, index_t k0, index_t L, index_t h, float scale,
+                                std::vector<double>* lse, double* max_logit) {
+    const index_t g = h / (pr.H / pr.KV);
+    std::vector<double> P(static_cast<std::size_t>(n * L), 0.0);
+    for (index_t i = 0; i < n; ++i) {
+        const index_t last = L - n + i;
+        std::vector<double> s(static_cast<std::size_t>(last + 1));
+        double m = -INFINITY;
+        for (index_t j = 0; j <= last; ++j) {
+            double dot = 0;
+            for (int p = 0; p < pr.parts; ++p) {
+                const index_t kc = p == 1 && pr.shared_rope_key ? 0 : g * pr.dim[p];
+                for (index_t c = 0; c < pr.dim[p]; ++c) dot += double(pr.q[p](q0 + i, h * pr.dim[p] + c)) * pr.k[p](k0 + j, kc + c);
+            }
+            s[std::size_t(j)] = scale * dot;
+            m = std::max(m, s[std::size_t(j)]);
+        }
+        double z = 0;
+        for (index_t j = 0; j <= last; ++j) z += std::exp(s[std::size_t(j)] - m);
+        for (index_t j = 0; j <= last; ++j) P[std::size_t(i * L + j)] = std::exp(s[std::size_t(j)] - m) / z;
+        if (lse) lse->push_back(m + std::log(z));
+        if (max_logit) *max_logit = std::max(*max_logit, m);
+    }
+    return P;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, against double loops", B, MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::Ops<B>;
+    const index_t rows = 5, H = 3, D = 8, pitch = H * D + 3;
+    const Mat x = random_matrix(rows, pitch, 20);
+    const std::vector<index_t> pos = {0, 1, 7, 100, 4000};
+    const std::vector<float> inv_freq = {1.0f, 0.3f, 0.05f, 0.001f};
+    const float af = 1.25f;
+    const auto positions = to_device<B>(pos);
+    const auto freq = to_device<B>(inv_freq);
+    for (bool interleave : {true, false})
+        for (bool transpose : {false, true}) {
+            CAPTURE(interleave);
+            CAPTURE(transpose);
+            auto xd = on<B>(x);
+            Ops::rope(heads<float, B>(xd.data(), pitch, rows, 1, H, D, D), positions.view(), freq.view(), af, interleave,
+                      transpose);
+            const Mat y = host(xd);
+            for (index_t r = 0; r < rows; ++r)
+                for (index_t h = 0; h < H; ++h)
+                    for (index_t i = 0; i < D / 2; ++i) {
+                        const double angle = double(float(pos[std::size_t(r)]) * inv_freq[std::size_t(i)]);
+                        const double c = std::cos(angle) * af, s = std::sin(angle) * af;
+                        const index_t lo = interleave ? 2 * i : i, hi = interleave ? 2 * i + 1 : i + D / 2;
+                        const index_t col = 1 + h * D;
+                        double expect_lo, expect_hi;  // stored positions of the pair after the call
+                        if (!transpose) {  // output in half-split order
+                            const double a = x(r, col + lo), b = x(r, col + hi);
+                            CHECK(y(r, col + i) == doctest::Approx(a * c - b * s).epsilon(1e-4));
+                            CHECK(y(r, col + i + D / 2) == doctest::Approx(b * c + a * s).epsilon(1e-4));
+                            continue;
+                        }
+                        const double a = x(r, col + i), b = x(r, col + i + D / 2);  // input in half-split order
+                        expect_lo = a * c + b * s, expect_hi = b * c - a * s;
+                        CHECK(y(r, col + lo) == doctest::Approx(expect_lo).epsilon(1e-4));
+                        CHECK(y(r, col + hi) == doctest::Approx(expect_hi).epsilon(1e-4));
+                    }
+            for (index_t r = 0; r < rows; ++r) {  // columns outside the heads are untouched
+                CHECK(y(r, 0) == x(r, 0));
+                CHECK(y(r, pitch - 2) == x(r, pitch - 2));
+            }
+        }
+}
+
+TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and max-accumulated per-head maxima", B,
+                   MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::Ops<B>;
+    const std::vector<index_t> offsets = {0, 3, 8, 9};
+    const float scale = 0.37f;
+    // MHA with grouped key/value heads (one part), and MLA's two parts with one rope key shared by every head
+    for (const Problem& pr : {Problem(9, 4, 2, 1, 6, 0, 5, false, 30), Problem(9, 3, 3, 2, 6, 4, 5, true, 40)}) {
+        CAPTURE(pr.parts);
+        const index_t T = pr.T, H = pr.H;
+        OnDevice<B> d(pr);
+        Tensor<float, 2, B> o({T, H * pr.dv});
+        Tensor<float, 1, B> lse({T * H});
+        Tensor<float, 1> before({H});
+        for (index_t h = 0; h < H; ++h) before(h) = h == 1 ? 100.0f : -INFINITY;  // a larger maximum from before stays
+        auto max_logit = on<B>(before);
+        Ops::attention_forward(d.queries, d.keys, offsets, scale, heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv),
+                               lse.view(), max_logit.view());
+        const Mat oh = host(o);
+        const std::vector<float> lh = to_host(lse), mh = to_host(max_logit);
+        std::vector<double> expect_max(std::size_t(H), -INFINITY);
+        expect_max[1] = 100.0;
+        for (std::size_t s = 0; s + 1 < offsets.size(); ++s) {
+            const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
+            for (index_t h = 0; h < H; ++h) {
+                std::vector<double> lse_ref;
+                const std::vector<double> P = reference_p(pr, t0, S, t0, S, h, scale, &lse_ref, &expect_max[std::size_t(h)]);
+                const index_t g = h / (H / pr.KV);
+                for (index_t i = 0; i < S; ++i) {
+                    CHECK(lh[std::size_t(t0 * H + h * S + i)] == doctest::Approx(lse_ref[std::size_t(i)]).epsilon(1e-5));
+                    for (index_t c = 0; c < pr.dv; ++c) {
+                        double e = 0;
+                        for (index_t j = 0; j < S; ++j) e += P[std::size_t(i * S + j)] * pr.v(t0 + j, g * pr.dv + c);
+                        CHECK(oh(t0 + i, h * pr.dv + c) == doctest::Approx(e).epsilon(1e-4));
+                    }
+                }
+            }
+        }
+        for (index_t h = 0; h < H; ++h) CHECK(mh[std::size_t(h)] == doctest::Approx(expect_max[std::size_t(h)]).epsilon(1e-5));
+        const std::vector<index_t> short_offsets = {0, 3, 8};  // one row left out
+        CHECK_THROWS_AS(Ops::attention_forward(d.queries, d.keys, short_offsets, scale,
+                                               heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv), lse.view(),
+                                               max_logit.view()),
+                        shape_error);
+    }
+}
+
+TEST_CASE_TEMPLATE("attention_backward: dq, dk, dv against double loops (grouped heads add into their dK, dV)", B,
+                   MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::Ops<B>;
+    const std::vector<index_t> offsets = {0, 4, 9};
+    const float scale = 0.41f;
+    for (const Problem& pr : {Problem(9, 4, 2, 1, 6, 0, 5, false, 50), Problem(9, 3, 3, 2, 6, 4, 5, false, 60)}) {
+        CAPTURE(pr.parts);
+        const index_t T = pr.T, H = pr.H, KV = pr.KV, dv = pr.dv;
+        OnDevice<B> d(pr);
+        Tensor<float, 2, B> o({T, H * dv});
+        Tensor<float, 1, B> lse({T * H}), max_logit({H});
+        const auto o_view = heads<float, B>(o.data(), H * dv, T, 0, H, dv, dv);
+        Ops::attention_forward(d.queries, d.keys, offsets, scale, o_view, lse.view(), max_logit.view());
+        const Mat dO = random_matrix(T, H * dv, 70), oh = host(o);
+        const auto dOd = on<B>(dO);
+        Tensor<float, 2, B> dq[2], dk[2], dvt({T, KV * dv});
+        backend::AttentionGrads<B> grads;
+        for (int p = 0; p < pr.parts; ++p) {
+            dq[p] = Tensor<float, 2, B>({T, H * pr.dim[p]}), dk[p] = Tensor<float, 2, B>({T, KV * pr.dim[p]});
+            grads.dq[p] = heads<float, B>(dq[p].data(), H * pr.dim[p], T, 0, H, pr.dim[p], pr.dim[p]);
+            grads.dk[p] = heads<float, B>(dk[p].data(), KV * pr.dim[p], T, 0, KV, pr.dim[p], pr.dim[p]);
+        }
+        grads.dv = heads<float, B>(dvt.data(), KV * dv, T, 0, KV, dv, dv);
+        Ops::attention_backward(d.queries, d.keys, offsets, scale, heads<const float, B>(o.data(), H * dv, T, 0, H, dv, dv),
+                                lse.view(), heads<const float, B>(dOd.data(), H * dv, T, 0, H, dv, dv), grads);
+        // the double reference
+        std::vector<Mat> eq, ek;
+        for (int p = 0; p < pr.parts; ++p) eq.push_back(Mat({T, H * pr.dim[p]})), ek.push_back(Mat({T, KV * pr.dim[p]}));
+        std::vector<double> edv(std::size_t(T * KV * dv), 0.0), edq, edk;
+        std::vector<std::vector<double>> gq(2), gk(2);
+        for (int p = 0; p < pr.parts; ++p)
+            gq[p].assign(std::size_t(T * H * pr.dim[p]), 0.0), gk[p].assign(std::size_t(T * KV * pr.dim[p]), 0.0);
+        for (std::size_t s = 0; s + 1 < offsets.size(); ++s) {
+            const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
+            for (index_t h = 0; h < H; ++h) {
+                const index_t g = h / (H / KV);
+                const std::vector<double> P = reference_p(pr, t0, S, t0, S, h, scale, nullptr, nullptr);
+                for (index_t j = 0; j < S; ++j)
+                    for (index_t c = 0; c < dv; ++c)
+                        for (index_t i = 0; i < S; ++i)
+                            edv[std::size_t((t0 + j) * KV * dv + g * dv + c)] += P[std::size_t(i * S + j)] * dO(t0 + i, h * dv + c);
+                for (index_t i = 0; i < S; ++i) {
+                    double rowdot = 0;
+                    for (index_t c = 0; c < dv; ++c) rowdot += double(dO(t0 + i, h * dv + c)) * oh(t0 + i, h * dv + c);
+                    for (index_t j = 0; j < S; ++j) {
+                        double dp = 0;
+                        for (index_t c = 0; c < dv; ++c) dp += double(dO(t0 + i, h * dv + c)) * pr.v(t0 + j, g * dv + c);
+                        const double ds = P[std::size_t(i * S + j)] * (dp - rowdot) * scale;
+                        for (int p = 0; p < pr.parts; ++p)
+                            for (index_t c = 0; c < pr.dim[p]; ++c) {
+                                gq[p][std::size_t((t0 + i) * H * pr.dim[p] + h * pr.dim[p] + c)] += ds * pr.k[p](t0 + j, g * pr.dim[p] + c);
+                                gk[p][std::size_t((t0 + j) * KV * pr.dim[p] + g * pr.dim[p] + c)] += ds * pr.q[p](t0 + i, h * pr.dim[p] + c);
+                            }
+                    }
+                }
+            }
+        }
+        const Mat dvh = host(dvt);
+        for (index_t i = 0; i < T * KV * dv; ++i) CHECK(dvh.data()[i] == doctest::Approx(edv[std::size_t(i)]).epsilon(1e-4));
+        for (int p = 0; p < pr.parts; ++p) {
+            const Mat dqh = host(dq[p]), dkh = host(dk[p]);
+            for (index_t i = 0; i < dqh.numel(); ++i) CHECK(dqh.data()[i] == doctest::Approx(gq[p][std::size_t(i)]).epsilon(1e-4));
+            for (index_t i = 0; i < dkh.numel(); ++i) CHECK(dkh.data()[i] == doctest::Approx(gk[p][std::size_t(i)]).epsilon(1e-4));
+        }
+    }
+}
+
+TEST_CASE_TEMPLATE("attention_decode: new rows against caches of different lengths, causal at the end", B,
+                   MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::Ops<B>;
+    const float scale = 0.5f;
+    // queries: 2 rows of sequence 0, 1 row of sequence 1; caches of 5 and 3 keys (the rows are their last keys)
+    const std::vector<index_t> offsets = {0, 2, 3}, lengths = {5, 3};
+    for (const bool latent : {false, true}) {  // MHA-like grouped heads, and MLA-like keys shared by every head
+        CAPTURE(latent);
+        const index_t H = 4, KV = latent ? 1 : 2, dv = 3;
+        const int parts = latent ? 2 : 1;
+        const index_t dim[2] = {5, 2};
+        Mat q[2];
+        for (int p = 0; p < parts; ++p) q[p] = random_matrix(3, H * dim[p], 80 + p);
+        std::vector<Problem> caches;  // host keys / values of each sequence (its queries unused)
+        for (index_t s = 0; s < 2; ++s) caches.emplace_back(lengths[std::size_t(s)], H, KV, parts, dim[0], dim[1], dv, false, 90 + 10 * s);
+        std::vector<OnDevice<B>> dev;
+        for (const Problem& c : caches) dev.emplace_back(c);
+        std::vector<backend::AttentionKeys<B>> keys;
+        for (const auto& c : dev) keys.push_back(c.keys);
+        Tensor<float, 2, B> qd[2];
+        backend::AttentionQueries<B> queries;
+        queries.parts = parts;
+        for (int p = 0; p < parts; ++p) {
+            qd[p] = on<B>(q[p]);
+            queries.q[p] = heads<const float, B>(qd[p].data(), H * dim[p], 3, 0, H, dim[p], dim[p]);
+        }
+        Tensor<float, 2, B> o({3, H * dv});
+        Ops::attention_decode(queries, keys, offsets, scale, heads<float, B>(o.data(), H * dv, 3, 0, H, dv, dv));
+        const Mat oh = host(o);
+        for (index_t s = 0; s < 2; ++s) {
+            Problem pr = Problem(lengths[std::size_t(s)], H, KV, parts, dim[0], dim[1], dv, false, 90 + 10 * s);
+            const index_t t0 = offsets[std::size_t(s)], n = offsets[std::size_t(s) + 1] - t0, L = pr.T;
+            for (int p = 0; p < parts; ++p) pr.q[p] = q[p].clone();  // the decoding queries, rows [t0, t0 + n)
+            for (index_t h = 0; h < H; ++h) {
+                const std::vector<double> P = reference_p(pr, t0, n, 0, L, h, scale, nullptr, nullptr);
+                const index_t g = h / (H / KV);
+                for (index_t i = 0; i < n; ++i)
+                    for (index_t c = 0; c < dv; ++c) {
+                        double e = 0;
+                        for (index_t j = 0; j < L; ++j) e += P[std::size_t(i * L + j)] * pr.v(j, g * dv + c);
+                        CHECK(oh(t0 + i, h * dv + c) == doctest::Approx(e).epsilon(1e-4));
+                    }
+            }
+        }
+    }
+}
+
+TEST_CASE("CPU attention's softmax: causal rows, log-sum-exp and the visible maximum") {
+    Mat s = random_matrix(4, 6, 8, 3.0f), orig = s.clone();
+    std::vector<float> lse(4);
+    const float top = backend::cpu_detail::softmax_rows(s.view(), 2, lse.data());  // row i sees columns 0..2+i
+    float expect_top = -INFINITY;
+    for (index_t i = 0; i < 4; ++i) {
+        const index_t last = std::min<index_t>(2 + i, 5);
+        double z = 0.0;
+        for (index_t t = 0; t <= last; ++t) z += std::exp(double(orig(i, t))), expect_top = std::max(expect_top, orig(i, t));
+        CHECK(lse[i] == doctest::Approx(std::log(z)).epsilon(1e-6));
+        for (index_t t = 0; t < 6; ++t)
+            CHECK(s(i, t) == doctest::Approx(t <= last ? std::exp(double(orig(i, t))) / z : 0.0).epsilon(1e-6));
+    }
+    CHECK(top == expect_top);
+}
