@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -68,6 +69,19 @@ inline std::optional<index_t> layer_of(std::string_view name) {
     return digits > 0 && digits < name.size() && name[digits] == '.' ? std::optional<index_t>(n) : std::nullopt;
 }
 
+/// A parameter's values as host memory: the parameter itself on a host-visible backend, else a copy kept in
+/// `copies` (io is one of the named places where values cross to the host).
+template <class B>
+std::span<const float> host_values(const float* data, index_t n, std::deque<std::vector<float>>& copies) {
+    if constexpr (backend::host_visible<B>) {
+        return {data, std::size_t(n)};
+    } else {
+        std::vector<float>& c = copies.emplace_back(std::size_t(n));
+        backend::Memory<B>::to_host(c.data(), data, c.size() * sizeof(float));
+        return c;
+    }
+}
+
 }  // namespace detail
 
 /// Reads every parameter of `model` from `ck`; throws io_error naming the directory and tensor on any problem,
@@ -80,10 +94,18 @@ inline std::optional<index_t> layer_of(std::string_view name) {
 template <class B>
 void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& options = {}) {
     const std::string where = ck.directory().string();
+    std::vector<float> staging;  // a device backend: one tensor at a time through the host
     model.visit_params([&](const ParamRef& p) {
-        const std::span<float> values(p.value, std::size_t(p.numel()));
+        std::span<float> values;
+        if constexpr (backend::host_visible<B>) {
+            values = std::span<float>(p.value, std::size_t(p.numel()));
+        } else {
+            staging.resize(std::size_t(p.numel()));
+            values = staging;
+        }
         ck.read_f32(p.name, std::span<const index_t>(p.shape), values);
         if (options.check_finite) detail::check_finite_values(where, p.name, p.shape, values);
+        if constexpr (!backend::host_visible<B>) backend::Memory<B>::to_device(p.value, values.data(), values.size_bytes());
     });
     const index_t layers = model.config.dims.layers, mtp_layers = ck.config().mtp_layers;
     std::vector<std::string> extra;
@@ -149,8 +171,9 @@ template <class B>
 void save_transformer(const std::filesystem::path& dir, nn::Transformer<B>& model, const SaveOptions& options = {}) {
     const HFConfig config = saved_hf_config(model, options.initializer_range);
     std::vector<NamedTensor> tensors;
+    std::deque<std::vector<float>> copies;  // host copies of a device backend's parameters
     model.visit_params([&](const ParamRef& p) {
-        tensors.push_back({p.name, p.shape, std::span<const float>(p.value, std::size_t(p.numel()))});
+        tensors.push_back({p.name, p.shape, detail::host_values<B>(p.value, p.numel(), copies)});
     });
     write_sharded_checkpoint(dir, config, tensors, options.store, options.max_shard_bytes);
 }
@@ -162,10 +185,11 @@ template <class B>
 void save_parameters(const std::filesystem::path& file, nn::Transformer<B>& model, Saved what,
                      std::span<const NamedTensor> extra = {}) {
     std::vector<NamedTensor> tensors(extra.begin(), extra.end());
+    std::deque<std::vector<float>> copies;
     model.visit_params([&](const ParamRef& p) {
         const float* data = what == Saved::values ? p.value : p.grad;
         if (!data) return;  // the router bias has no gradient
-        tensors.push_back({p.name, p.shape, std::span<const float>(data, std::size_t(p.numel()))});
+        tensors.push_back({p.name, p.shape, detail::host_values<B>(data, p.numel(), copies)});
     });
     write_tensors(file, tensors);
 }
