@@ -30,7 +30,9 @@
 // per tile for all heads of the block), the two-part scores as two tensor-core products into one accumulator, and
 // the per-head maximum reduced in the block then max-accumulated once per block; the backward as FlashAttention-2's
 // (a block per key tile accumulating dK, dV; dQ by a second pass or atomics), and decode split over the cache
-// length (flash-decoding). This file stays its reference.
+// length (flash-decoding) over a device array of cache descriptors, in a single launch for all sequences (here each
+// sequence costs a launch, which a decode batch of many short sequences feels most). HeadMax's one thread per head
+// over all rows would become a block reduction, or disappear into the fused forward. This file stays its reference.
 #pragma once
 
 #include "map.hpp"
@@ -219,7 +221,8 @@ struct KeyGrads {
 /// AttentionOps<cpu>::rope: angle = inv_freq[i] * float(position), cosf / sinf of it times attention_factor).
 /// Device cosf / sinf are within 2 ulp of the rounded result (CUDA C++ Programming Guide, "Mathematical
 /// Functions", single precision) where glibc's are within 1, so on the GPU a rotated value may differ from the
-/// CPU's by a few ulp; the emulated mode calls glibc and matches the CPU.
+/// CPU's by a few ulp (the test's 1e-4 relative tolerance against double holds on both); the emulated mode calls
+/// glibc and matches the CPU bitwise.
 struct RopePair {
     HeadRows<const float> x;
     HeadRows<float> out;
