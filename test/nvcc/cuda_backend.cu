@@ -64,6 +64,18 @@ void random_primitives(M<float> x, std::uint64_t seed) {
     Random::fill_normal(x, 0.0f, 1.0f, seed);
 }
 
+void attention_primitives(View<float, 3, Cuda> x, View<const index_t, 1, Cuda> positions, View<const float, 1, Cuda> inv_freq,
+                          const backend::AttentionQueries<Cuda>& q, const backend::AttentionKeys<Cuda>& kv,
+                          std::span<const index_t> offsets, View<float, 3, Cuda> o, View<float, 1, Cuda> lse,
+                          View<float, 1, Cuda> max_logit, View<const float, 3, Cuda> d_o,
+                          const backend::AttentionGrads<Cuda>& grads) {
+    using Attention = backend::AttentionOps<Cuda>;
+    Attention::rope(x, positions, inv_freq, 1.0f, true, false);
+    Attention::attention_forward(q, kv, offsets, 0.1f, o, lse, max_logit);
+    Attention::attention_backward(q, kv, offsets, 0.1f, o, lse, d_o, grads);
+    Attention::attention_decode(q, std::span<const backend::AttentionKeys<Cuda>>(&kv, 1), offsets, 0.1f, o);
+}
+
 std::vector<float> memory_and_streams(const std::vector<float>& values) {
     backend::Stream stream;
     backend::StreamGuard on_stream(stream.get());

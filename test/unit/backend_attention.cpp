@@ -84,7 +84,7 @@ std::vector<double> reference_p(const Problem& pr, index_t q0, index_t n, index_
 }  // namespace
 
 TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, against double loops", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::AttentionOps<B>;
     const index_t rows = 5, H = 3, D = 8, pitch = H * D + 3;
     const Mat x = random_matrix(rows, pitch, 20);
     const std::vector<index_t> pos = {0, 1, 7, 100, 4000};
@@ -128,7 +128,7 @@ TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, 
 
 TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and max-accumulated per-head maxima", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::AttentionOps<B>;
     const std::vector<index_t> offsets = {0, 3, 8, 9};
     const float scale = 0.37f;
     // MHA with grouped key/value heads (one part), and MLA's two parts with one rope key shared by every head
@@ -174,7 +174,7 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
 
 TEST_CASE_TEMPLATE("attention_backward: dq, dk, dv against double loops (grouped heads add into their dK, dV)", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::AttentionOps<B>;
     const std::vector<index_t> offsets = {0, 4, 9};
     const float scale = 0.41f;
     for (const Problem& pr : {Problem(9, 4, 2, 1, 6, 0, 5, false, 50), Problem(9, 3, 3, 2, 6, 4, 5, false, 60)}) {
@@ -241,7 +241,7 @@ TEST_CASE_TEMPLATE("attention_backward: dq, dk, dv against double loops (grouped
 
 TEST_CASE_TEMPLATE("attention_decode: new rows against caches of different lengths, causal at the end", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::AttentionOps<B>;
     const float scale = 0.5f;
     // queries: 2 rows of sequence 0, 1 row of sequence 1; caches of 5 and 3 keys (the rows are their last keys)
     const std::vector<index_t> offsets = {0, 2, 3}, lengths = {5, 3};

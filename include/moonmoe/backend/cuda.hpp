@@ -7,11 +7,12 @@
 // Any other host compile stops with an #error (cuda/memory.hpp).
 //
 // Implemented families, usable directly: Memory<cuda> (with current_stream, StreamGuard, Stream, cuda_error),
-// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>. RowOps, AttentionOps, RoutingOps and OptimOps are not specialised
-// for cuda yet, so Ops<cuda> (which inherits every family) does not instantiate until they are.
+// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>, AttentionOps<cuda>. RowOps, RoutingOps and OptimOps are not
+// specialised for cuda yet, so Ops<cuda> (which inherits every family) does not instantiate until they are.
 #pragma once
 
 #include "backend.hpp"
+#include "cuda/attention.hpp"
 #include "cuda/blas.hpp"
 #include "cuda/layout.hpp"
 #include "cuda/map.hpp"

@@ -1,0 +1,425 @@
+// moonmoe/backend/cuda/attention.hpp: AttentionOps<cuda> (backend/attention.hpp).
+//
+// The portable path: Thrust functors over counting iterators (cuda/map.hpp's launch), which serve the emulated mode
+// and are the reference a fused kernel is checked against. No S x S score matrix is ever formed:
+//   forward   one thread per (query row, head) runs an online softmax over the keys it sees (Milakov & Gimelshein,
+//             "Online normalizer calculation for softmax", arXiv:1805.02867): running maximum m, running sum l (in
+//             double, as the CPU sums its exponentials), o accumulated in place and rescaled when m grows, then
+//             o /= l and lse = m + log(l). Each row's maximum goes to a scratch tensor, and one thread per head
+//             max-accumulates those into max_logit (a max does not depend on order: deterministic, no atomics).
+//   backward  P is recomputed from lse. First rowsum(dO * O) per (row, head) (in double, as the CPU); then dQ per
+//             (query row, head) over the keys it sees, and dK, dV per (key row, key/value head) over the query rows
+//             that see it and the query heads of its group, in head order: every output has one writer, no atomics.
+//   decode    the forward's per-(row, head) loop against each sequence's cache.
+// Forward, backward and decode launch once per sequence (its first row and length go into the functor by value),
+// so the host offsets never travel to the device and nothing waits on the host.
+//
+// Scores are scale * (q_nope . k_nope) + scale * (q_rope . k_rope), the dots in f32 in key-column order; MLA's rope
+// key is one head read by all (a head stride of 0). The CPU forms the same scores with Eigen GEMMs (another
+// summation order) and exponentiates with Eigen's vectorised exp, so results agree to rounding, not bitwise.
+// test/unit/backend_attention.cpp holds both backends to the same tolerances against double loops: o and the
+// gradients within 1e-4, lse and max_logit within 1e-5 (relative). Against the CPU directly (emulated mode, an MLA
+// problem of sequences of 40 and 260 rows, 64 + 32 query/key dims with a shared rope key, 64 value dims, values
+// of order 1 to 6) every output differed by at most 2.4e-6 absolute, a few f32 ulp. On a GPU, nvcc's FMA
+// contraction and device expf (2 ulp) add differences of the same order. rope is bitwise the CPU's in the
+// emulated mode (same f32 expressions, glibc's cosf / sinf).
+//
+// For speed, an nvcc-only kernel behind `#if defined(__CUDACC__)` would replace the forward, backward and decode
+// functors: FlashAttention-2 tiles (Dao, arXiv:2307.08691) with a block per (query tile, head), Q tiles of both
+// parts in shared memory, K_nope / K_rope / V tiles streamed through shared memory (the shared rope key loaded once
+// per tile for all heads of the block), the two-part scores as two tensor-core products into one accumulator, and
+// the per-head maximum reduced in the block then max-accumulated once per block; the backward as FlashAttention-2's
+// (a block per key tile accumulating dK, dV; dQ by a second pass or atomics), and decode split over the cache
+// length (flash-decoding) over a device array of cache descriptors, in a single launch for all sequences (here each
+// sequence costs a launch, which a decode batch of many short sequences feels most). HeadMax's one thread per head
+// over all rows would become a block reduction, or disappear into the fused forward. This file stays its reference.
+#pragma once
+
+#include "map.hpp"
+#if defined(MOONMOE_CUDA_EMULATED)  // else cuda/memory.hpp has stopped with an #error
+
+#include <cmath>
+#include <span>
+#include <string>
+
+#include "../../tensor/tensor.hpp"
+#include "../attention.hpp"
+
+namespace moonmoe::backend {
+
+namespace cuda_detail {
+
+/// A [rows, heads, dim] view as a kernel sees it (unit last stride): the row and head strides.
+template <class T>
+struct HeadRows {
+    T* data;
+    index_t row, head, dim;
+    MOONMOE_HD T* at(index_t r, index_t h) const { return data + r * row + h * head; }
+};
+
+template <class T>
+HeadRows<T> head_rows(const View<T, 3, cuda>& v) {
+    return {v.data, v.strides[0], v.strides[1], v.shape[2]};
+}
+
+MOONMOE_HD inline float dot(const float* a, const float* b, index_t n) {
+    float s = 0.0f;
+    for (index_t c = 0; c < n; ++c) s += a[c] * b[c];
+    return s;
+}
+
+/// The scaled score of query row r, head h against key row j, key head g: scale * sum over parts of q_p . k_p,
+/// each part scaled then added, as the CPU's GEMMs (alpha = scale, then beta = 1 for the second part).
+struct Scores {
+    int parts;
+    HeadRows<const float> q[2], k[2];
+    float scale;
+    MOONMOE_HD float operator()(index_t r, index_t h, index_t j, index_t g) const {
+        float s = scale * dot(q[0].at(r, h), k[0].at(j, g), q[0].dim);
+        if (parts == 2) s += scale * dot(q[1].at(r, h), k[1].at(j, g), q[1].dim);
+        return s;
+    }
+};
+
+/// One sequence's rows against its keys: query row q0 + i sees keys k0 + j for j <= first + i (L keys in all).
+struct Span {
+    index_t q0, n, k0, L, first;
+};
+
+/// Forward (and decode) for thread k = i * heads + h: o = softmax(scores) V by an online softmax; lse (of the
+/// sequence, at h * n + i) and row_max (at (q0 + i) * heads + h) are written when given.
+struct ForwardRow {
+    Scores score;
+    HeadRows<const float> v;
+    HeadRows<float> o;
+    Span seq;
+    index_t heads, group;
+    float* lse;      // the sequence's log-sum-exps, or null
+    float* row_max;  // [tokens * heads] scratch, or null
+
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t i = k / heads, h = k % heads, g = h / group, r = seq.q0 + i, dim_v = v.dim;
+        float* out = o.at(r, h);
+        for (index_t c = 0; c < dim_v; ++c) out[c] = 0.0f;
+        float m = -INFINITY;
+        double l = 0.0;
+        const index_t last = seq.first + i < seq.L - 1 ? seq.first + i : seq.L - 1;
+        for (index_t j = 0; j <= last; ++j) {
+            const float s = score(r, h, seq.k0 + j, g);
+            if (s > m) {  // a new maximum: rescale what was summed under the old one
+                const float rescale = ::expf(m - s);
+                l *= rescale;
+                for (index_t c = 0; c < dim_v; ++c) out[c] *= rescale;
+                m = s;
+            }
+            const float p = ::expf(s - m);
+            l += p;
+            const float* vj = v.at(seq.k0 + j, g);
+            for (index_t c = 0; c < dim_v; ++c) out[c] += p * vj[c];
+        }
+        const float inv = float(1.0 / l);
+        for (index_t c = 0; c < dim_v; ++c) out[c] *= inv;
+        if (lse) lse[h * seq.n + i] = m + float(::log(l));
+        if (row_max) row_max[r * heads + h] = m;
+    }
+};
+
+/// Thread h: max_logit[h] = max(max_logit[h], row_max[t * heads + h] over rows t).
+struct HeadMax {
+    const float* row_max;
+    float* max_logit;
+    index_t rows, heads;
+    MOONMOE_HD void operator()(index_t h) const {
+        float m = max_logit[h];
+        for (index_t t = 0; t < rows; ++t)
+            if (row_max[t * heads + h] > m) m = row_max[t * heads + h];
+        max_logit[h] = m;
+    }
+};
+
+/// Thread k = t * heads + h: delta[k] = rowsum(dO * O) of row t, head h, summed in double (as the CPU).
+struct RowDot {
+    HeadRows<const float> d_o, o;
+    float* delta;
+    index_t heads;
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t t = k / heads, h = k % heads;
+        const float *a = d_o.at(t, h), *b = o.at(t, h);
+        double d = 0.0;
+        for (index_t c = 0; c < o.dim; ++c) d += double(a[c]) * b[c];
+        delta[k] = float(d);
+    }
+};
+
+/// What the backward's threads share: scores, values, dO, the sequence's lse and every row's delta.
+struct BackwardTerms {
+    Scores score;
+    HeadRows<const float> v, d_o;
+    const float* lse;    // the sequence's, at h * S + i
+    const float* delta;  // [tokens * heads]
+    index_t t0, S, heads, group;
+
+    /// P_ij and dS_ij = P_ij (dO_i . V_j - delta_i) scale for rows t0 + i, t0 + j of head h.
+    MOONMOE_HD void p_ds(index_t i, index_t j, index_t h, float& p, float& ds) const {
+        const index_t g = h / group;
+        p = ::expf(score(t0 + i, h, t0 + j, g) - lse[h * S + i]);
+        const float dp = dot(d_o.at(t0 + i, h), v.at(t0 + j, g), v.dim);
+        ds = p * (dp - delta[(t0 + i) * heads + h]) * score.scale;
+    }
+};
+
+/// Thread k = i * heads + h: dQ_p of query row t0 + i, head h = sum over keys j <= i of dS_ij K_p[j].
+struct QueryGrads {
+    BackwardTerms terms;
+    HeadRows<float> dq[2];
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t i = k / terms.heads, h = k % terms.heads, g = h / terms.group, r = terms.t0 + i;
+        const int parts = terms.score.parts;
+        for (int p = 0; p < parts; ++p)
+            for (index_t c = 0; c < dq[p].dim; ++c) dq[p].at(r, h)[c] = 0.0f;
+        for (index_t j = 0; j <= i; ++j) {
+            float pij, ds;
+            terms.p_ds(i, j, h, pij, ds);
+            for (int p = 0; p < parts; ++p) {
+                float* out = dq[p].at(r, h);
+                const float* kj = terms.score.k[p].at(terms.t0 + j, g);
+                for (index_t c = 0; c < dq[p].dim; ++c) out[c] += ds * kj[c];
+            }
+        }
+    }
+};
+
+/// Thread k = j * kv_heads + g: dV and dK_p of key row t0 + j, key/value head g = sums over the query heads of its
+/// group (in order) and the query rows i >= j of P_ij dO_i and dS_ij Q_p[i].
+struct KeyGrads {
+    BackwardTerms terms;
+    HeadRows<float> dk[2], dv;
+    index_t kv_heads;
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t j = k / kv_heads, g = k % kv_heads, r = terms.t0 + j, G = terms.group;
+        const int parts = terms.score.parts;
+        float* dv_row = dv.at(r, g);
+        for (index_t c = 0; c < dv.dim; ++c) dv_row[c] = 0.0f;
+        for (int p = 0; p < parts; ++p)
+            for (index_t c = 0; c < dk[p].dim; ++c) dk[p].at(r, g)[c] = 0.0f;
+        for (index_t h = g * G; h < (g + 1) * G; ++h)
+            for (index_t i = j; i < terms.S; ++i) {
+                float pij, ds;
+                terms.p_ds(i, j, h, pij, ds);
+                const float* doi = terms.d_o.at(terms.t0 + i, h);
+                for (index_t c = 0; c < dv.dim; ++c) dv_row[c] += pij * doi[c];
+                for (int p = 0; p < parts; ++p) {
+                    float* out = dk[p].at(r, g);
+                    const float* qi = terms.score.q[p].at(terms.t0 + i, h);
+                    for (index_t c = 0; c < dk[p].dim; ++c) out[c] += ds * qi[c];
+                }
+            }
+    }
+};
+
+/// Thread k = (r * heads + h) * half + i rotates pair i of row r, head h of x into out (HF-exact f32 math, as
+/// AttentionOps<cpu>::rope: angle = inv_freq[i] * float(position), cosf / sinf of it times attention_factor).
+/// Device cosf / sinf are within 2 ulp of the rounded result (CUDA C++ Programming Guide, "Mathematical
+/// Functions", single precision) where glibc's are within 1, so on the GPU a rotated value may differ from the
+/// CPU's by a few ulp (the test's 1e-4 relative tolerance against double holds on both); the emulated mode calls
+/// glibc and matches the CPU bitwise.
+struct RopePair {
+    HeadRows<const float> x;
+    HeadRows<float> out;
+    const index_t* positions;
+    const float* inv_freq;
+    float attention_factor;
+    bool interleave, transpose;
+    index_t heads, half;
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t i = k % half, rh = k / half, h = rh % heads, r = rh / heads;
+        const float angle = inv_freq[i] * float(positions[r]);  // f32, as HF's inv_freq @ position_ids
+        const float c = ::cosf(angle) * attention_factor, s = ::sinf(angle) * attention_factor;
+        const float* v = x.at(r, h);
+        float* w = out.at(r, h);
+        const index_t lo = interleave ? 2 * i : i, hi = interleave ? 2 * i + 1 : i + half;
+        if (!transpose) {  // gather to half-split order, then rotate
+            const float a = v[lo], b = v[hi];
+            w[i] = a * c - b * s;
+            w[i + half] = b * c + a * s;
+        } else {  // rotate back, then scatter to the stored order
+            const float a = v[i] * c + v[i + half] * s, b = v[i + half] * c - v[i] * s;
+            w[lo] = a;
+            w[hi] = b;
+        }
+    }
+};
+
+/// Thread k: element k of src [rows, heads, dim] into dst (the interleaved rope's copy back).
+struct CopyHeads {
+    HeadRows<const float> src;
+    HeadRows<float> dst;
+    index_t heads;
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t c = k % src.dim, rh = k / src.dim, h = rh % heads, r = rh / heads;
+        dst.at(r, h)[c] = src.at(r, h)[c];
+    }
+};
+
+// ---- shape checks (the CPU's, with the same messages) ----
+
+inline void check_heads_view(const char* op, const char* name, const Shape<3>& shape, const Shape<3>& strides,
+                             index_t rows, index_t heads, index_t dim) {
+    if (shape[0] != rows || shape[1] != heads || (dim >= 0 && shape[2] != dim) || strides[2] != 1)
+        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(shape) + ", expected [" +
+                          std::to_string(rows) + ", " + std::to_string(heads) + ", " +
+                          (dim >= 0 ? std::to_string(dim) : std::string("dim")) + "] with a unit last stride");
+}
+
+inline void check_offsets(const char* op, std::span<const index_t> offsets, index_t rows) {
+    if (offsets.size() < 2 || offsets.front() != 0 || offsets.back() != rows)
+        throw shape_error(std::string(op) + ": offsets must run from 0 to the " + std::to_string(rows) +
+                          " query rows (" + std::to_string(offsets.size()) + " given)");
+    for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
+        if (offsets[s + 1] <= offsets[s])
+            throw shape_error(std::string(op) + ": offsets must increase strictly, sequence " + std::to_string(s) +
+                              " runs from " + std::to_string(offsets[s]) + " to " + std::to_string(offsets[s + 1]));
+}
+
+/// Checks queries and keys of one call; returns kv_heads. Keys have `key_rows` rows (-1: any).
+inline index_t check_operands(const char* op, const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
+                              index_t key_rows) {
+    if (q.parts != 1 && q.parts != 2)
+        throw shape_error(std::string(op) + ": " + std::to_string(q.parts) + " query parts (1 or 2)");
+    const index_t rows = q.q[0].shape[0], heads = q.q[0].shape[1];
+    const index_t L = key_rows >= 0 ? key_rows : kv.k[0].shape[0], kv_heads = kv.k[0].shape[1];
+    if (kv_heads < 1 || heads % kv_heads != 0)
+        throw shape_error(std::string(op) + ": " + std::to_string(heads) + " query heads over " +
+                          std::to_string(kv_heads) + " key/value heads (must divide)");
+    for (int p = 0; p < q.parts; ++p) {
+        check_heads_view(op, p ? "q[1]" : "q[0]", q.q[p].shape, q.q[p].strides, rows, heads, -1);
+        check_heads_view(op, p ? "k[1]" : "k[0]", kv.k[p].shape, kv.k[p].strides, L, kv_heads, q.q[p].shape[2]);
+    }
+    check_heads_view(op, "v", kv.v.shape, kv.v.strides, L, kv_heads, -1);
+    return kv_heads;
+}
+
+inline Scores scores(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv, float scale) {
+    Scores s{q.parts, {head_rows(q.q[0]), {}}, {head_rows(kv.k[0]), {}}, scale};
+    if (q.parts == 2) s.q[1] = head_rows(q.q[1]), s.k[1] = head_rows(kv.k[1]);
+    return s;
+}
+
+}  // namespace cuda_detail
+
+template <>
+struct AttentionOps<cuda> {
+    /// RoPE in place over x [rows, heads, dim], HF-exact in f32 (nn/rope.hpp): one thread per (row, head, pair).
+    /// The half-split order reads and writes each pair in place; the interleaved one goes through a scratch copy.
+    static void rope(View<float, 3, cuda> x, View<const index_t, 1, cuda> positions, View<const float, 1, cuda> inv_freq,
+                     float attention_factor, bool interleave, bool transpose) {
+        using namespace cuda_detail;
+        const index_t rows = x.shape[0], heads = x.shape[1], dim = x.shape[2], half = dim / 2;
+        if (dim != 2 * inv_freq.shape[0] || x.strides[2] != 1 || (half > 1 && inv_freq.strides[0] != 1))
+            throw shape_error("rope: x " + shape_string(x.shape) + " against inv_freq " + shape_string(inv_freq.shape) +
+                              " (dim = 2 * frequencies, unit last stride)");
+        if (positions.shape[0] != rows || (rows > 1 && positions.strides[0] != 1))
+            throw shape_error("rope: positions " + shape_string(positions.shape) + " for x " + shape_string(x.shape));
+        const index_t pairs = rows * heads * half;
+        if (pairs == 0) return;
+        const HeadRows<float> xs = head_rows(x);
+        if (!interleave) {
+            launch(pairs, RopePair{{xs.data, xs.row, xs.head, dim}, xs, positions.data, inv_freq.data, attention_factor,
+                                   false, transpose, heads, half});
+            return;
+        }
+        Tensor<float, 3, cuda> tmp({rows, heads, dim});
+        const HeadRows<float> ts = head_rows(tmp.view());
+        launch(pairs, RopePair{{xs.data, xs.row, xs.head, dim}, ts, positions.data, inv_freq.data, attention_factor, true,
+                               transpose, heads, half});
+        launch(rows * heads * dim, CopyHeads{{ts.data, ts.row, ts.head, dim}, xs, heads});
+    }
+
+    /// o = softmax(causal scores) V for every (sequence, head); lse and max_logit as in backend/attention.hpp.
+    static void attention_forward(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
+                                  std::span<const index_t> offsets, float scale, View<float, 3, cuda> o,
+                                  View<float, 1, cuda> lse, View<float, 1, cuda> max_logit) {
+        using namespace cuda_detail;
+        const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+        check_offsets("attention_forward", offsets, T);
+        const index_t G = H / check_operands("attention_forward", q, kv, T);
+        check_heads_view("attention_forward", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
+        if (lse.numel() != T * H || lse.strides[0] != 1 || max_logit.shape[0] != H || max_logit.strides[0] != 1)
+            throw shape_error("attention_forward: lse " + shape_string(lse.shape) + " and max_logit " +
+                              shape_string(max_logit.shape) + " for " + std::to_string(T) + " rows of " +
+                              std::to_string(H) + " heads");
+        Tensor<float, 1, cuda> row_max({T * H});
+        const Scores sc = scores(q, kv, scale);
+        for (index_t s = 0; s < N; ++s) {
+            const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
+            launch(S * H, ForwardRow{sc, head_rows(kv.v), head_rows(o), Span{t0, S, t0, S, 0}, H, G, lse.data + t0 * H,
+                                     row_max.data()});
+        }
+        launch(H, HeadMax{row_max.data(), max_logit.data, T, H});
+    }
+
+    /// Gradients of attention_forward, P recomputed from lse.
+    static void attention_backward(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
+                                   std::span<const index_t> offsets, float scale, View<const float, 3, cuda> o,
+                                   View<const float, 1, cuda> lse, View<const float, 3, cuda> d_o,
+                                   const AttentionGrads<cuda>& grads) {
+        using namespace cuda_detail;
+        const char* op = "attention_backward";
+        const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+        check_offsets(op, offsets, T);
+        const index_t KV = check_operands(op, q, kv, T), G = H / KV, dim_v = kv.v.shape[2];
+        check_heads_view(op, "o", o.shape, o.strides, T, H, dim_v);
+        check_heads_view(op, "d_o", d_o.shape, d_o.strides, T, H, dim_v);
+        for (int p = 0; p < q.parts; ++p) {
+            check_heads_view(op, p ? "dq[1]" : "dq[0]", grads.dq[p].shape, grads.dq[p].strides, T, H, q.q[p].shape[2]);
+            check_heads_view(op, p ? "dk[1]" : "dk[0]", grads.dk[p].shape, grads.dk[p].strides, T, KV, q.q[p].shape[2]);
+            if (KV > 1 && grads.dk[p].strides[1] == 0) throw shape_error("attention_backward: dk needs a non-zero head stride");
+        }
+        check_heads_view(op, "dv", grads.dv.shape, grads.dv.strides, T, KV, dim_v);
+        if (KV > 1 && grads.dv.strides[1] == 0) throw shape_error("attention_backward: dv needs a non-zero head stride");
+        if (lse.numel() != T * H || lse.strides[0] != 1)
+            throw shape_error("attention_backward: lse " + shape_string(lse.shape) + " for " + std::to_string(T) +
+                              " rows of " + std::to_string(H) + " heads");
+        Tensor<float, 1, cuda> delta({T * H});
+        launch(T * H, RowDot{head_rows(d_o), head_rows(o), delta.data(), H});
+        HeadRows<float> dq[2] = {head_rows(grads.dq[0]), {}}, dk[2] = {head_rows(grads.dk[0]), {}};
+        if (q.parts == 2) dq[1] = head_rows(grads.dq[1]), dk[1] = head_rows(grads.dk[1]);
+        for (index_t s = 0; s < N; ++s) {
+            const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
+            const BackwardTerms terms{scores(q, kv, scale), head_rows(kv.v), head_rows(d_o), lse.data + t0 * H,
+                                      delta.data(), t0, S, H, G};
+            launch(S * H, QueryGrads{terms, {dq[0], dq[1]}});
+            launch(S * KV, KeyGrads{terms, {dk[0], dk[1]}, head_rows(grads.dv), KV});
+        }
+    }
+
+    /// Decoding: the rows of sequence s attend to caches[s], of which they are the last rows.
+    static void attention_decode(const AttentionQueries<cuda>& q, std::span<const AttentionKeys<cuda>> caches,
+                                 std::span<const index_t> offsets, float scale, View<float, 3, cuda> o) {
+        using namespace cuda_detail;
+        const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+        check_offsets("attention_decode", offsets, T);
+        if (index_t(caches.size()) != N)
+            throw shape_error("attention_decode: " + std::to_string(caches.size()) + " caches for " + std::to_string(N) +
+                              " sequences");
+        for (index_t s = 0; s < N; ++s) {  // every check before the first launch, as the CPU
+            const AttentionKeys<cuda>& kv = caches[std::size_t(s)];
+            if (kv.k[0].shape[0] < offsets[s + 1] - offsets[s])
+                throw shape_error("attention_decode: sequence " + std::to_string(s) + " has " +
+                                  std::to_string(offsets[s + 1] - offsets[s]) + " new rows but its cache only " +
+                                  std::to_string(kv.k[0].shape[0]) + " keys");
+            check_operands("attention_decode", q, kv, -1);
+            check_heads_view("attention_decode", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
+        }
+        for (index_t s = 0; s < N; ++s) {
+            const AttentionKeys<cuda>& kv = caches[std::size_t(s)];
+            const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = kv.k[0].shape[0];
+            launch(n * H, ForwardRow{scores(q, kv, scale), head_rows(kv.v), head_rows(o), Span{t0, n, 0, L, L - n}, H,
+                                     H / kv.k[0].shape[1], nullptr, nullptr});
+        }
+    }
+};
+
+}  // namespace moonmoe::backend
+
+#endif  // defined(MOONMOE_CUDA_EMULATED)
