@@ -90,8 +90,6 @@ TEST_CASE("gemm_strided_batched equals one gemm per matrix") {
             }
 }
 
-}
-
 TEST_CASE("the counter-based RNG: N(0, 1) moments, and the same numbers whatever the thread count") {
     const int n = threads();
     set_threads(1);
