@@ -5,9 +5,9 @@
 // Results against RoutingOps<cpu>: each token's selection, backward, combine and dot run the CPU's float and double
 // operations in the CPU's order, so the emulated mode (the host's libm, no FMA contraction) gives the CPU's bits.
 // Under nvcc the products that the compiler would fuse into an FMA are written unfused (__fmul_rn / __fadd_rn), and
-// the double dots are exact products of floats anyway; what may differ is the device's expf (sigmoid scores, within
-// 2 ulp of the host's) and exp (softmax, within 1 ulp of double): a score may move by one float ulp, and a token
-// whose top-k is a tie to that ulp may choose another expert. histogram, update_bias, dispatch_plan and
+// the double dots sum exact products of floats anyway; what may differ is the device's expf (sigmoid scores; CUDA
+// documents 2 ulp at most) and exp (softmax; 1 ulp of double) against the host's libm: a score may move by a float
+// ulp, and a token whose top-k is a tie to that ulp may choose another expert. histogram, update_bias, dispatch_plan and
 // gather_pairs are integer work or copies: bitwise everywhere.
 //
 // One thread per token is the simple form: route_select and route_backward loop over the E experts of their token
@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #if MOONMOE_CUDA_EMULATED
 #include <atomic>
