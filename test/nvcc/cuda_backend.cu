@@ -85,3 +85,19 @@ std::vector<float> memory_and_streams(const std::vector<float>& values) {
     backend::Memory<Cuda>::trim();
     return to_host(copy);
 }
+
+void routing_primitives(const MoEConfig& cfg, M<float> scores, View<const float, 1, Cuda> bias,
+                        View<const index_t, 2, Cuda> fixed, M<index_t> idx, M<float> weight, CM<float> dweight,
+                        CM<float> aux, M<float> dlogits, View<index_t, 1, Cuda> counts, View<float, 1, Cuda> bias_out,
+                        View<index_t, 1, Cuda> offsets, View<index_t, 1, Cuda> row_slot, M<index_t> slot_row,
+                        CM<float> x, M<float> rows, M<float> y) {
+    using Routing = backend::RoutingOps<Cuda>;
+    Routing::route_select(cfg, scores, bias, fixed, idx, weight);
+    Routing::route_backward(cfg, scores, idx, dweight, aux, dlogits);
+    Routing::histogram(idx, 0, counts);
+    Routing::update_bias(0.001f, counts, bias_out);
+    Routing::dispatch_plan(idx, 0, offsets, row_slot, slot_row);
+    Routing::gather_pairs(x, row_slot, 8, rows);
+    Routing::combine(rows, slot_row, weight, y);
+    Routing::pair_dot(rows, rows, row_slot, dlogits);
+}

@@ -1,6 +1,7 @@
 // The routing primitives (backend/routing.hpp) against plain loops in double precision, on every test backend;
 // and the MoE block's dispatch through them: identity-like routing round-trips, an expert-parallel split sums to
-// the whole, and the stacked expert weights are handed out per expert with HF names.
+// the whole, and the stacked expert weights are handed out per expert with HF names. The templated tests call the
+// family, RoutingOps<B>, not Ops<B>: Ops<cuda> instantiates only once every family has a cuda specialisation.
 #include "support/backends.hpp"
 #include "support/nn_testing.hpp"
 
@@ -76,7 +77,7 @@ std::pair<std::vector<index_t>, std::vector<double>> reference_route(const MoECo
 
 template <class B>
 void check_selection(const MoEConfig& cfg, const Mat& logits, const Mat& bias) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     const index_t T = logits.size(0), E = cfg.experts, K = cfg.top_k;
     auto scores = on<B>(logits);
     auto b = on<B>(bias);
@@ -122,7 +123,7 @@ TEST_CASE_TEMPLATE("route_select: ties go to the lower index, for experts and fo
     const Mat flat({3, 8}), zero({1, 8});
     check_selection<B>(routing_config(8, 3), flat, zero);
     check_selection<B>(routing_config(8, 2, 4, 2), flat, zero);
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     auto scores = on<B>(flat);
     auto b = on<B>(zero);
     Tensor<index_t, 2, B> idx({3, 3});
@@ -135,7 +136,7 @@ TEST_CASE_TEMPLATE("route_select: ties go to the lower index, for experts and fo
 }
 
 TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets their weights", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     const MoEConfig cfg = routing_config(8, 2);
     const Mat logits = random_matrix(3, 8, 5), bias = random_matrix(1, 8, 6);
     const IdxMat fixed = index_matrix(3, 2, {7, 0, 3, 4, 1, 6});
@@ -160,7 +161,7 @@ TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets t
 
 TEST_CASE_TEMPLATE("route_backward: d logits from dweight and the balance-loss gradient, against double loops", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     for (const bool norm : {true, false})
         for (const ScoreFunc score : {ScoreFunc::sigmoid, ScoreFunc::softmax}) {
             CAPTURE(norm);
@@ -199,7 +200,7 @@ TEST_CASE_TEMPLATE("route_backward: d logits from dweight and the balance-loss g
 
 TEST_CASE_TEMPLATE("histogram counts a range of experts; update_bias is the sign rule over the load", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     const IdxMat idx = index_matrix(4, 2, {0, 5, 5, 2, 7, 3, 2, 5});
     auto d_idx = on<B>(idx);
     Tensor<index_t, 1, B> all({8}), upper({4});
@@ -217,7 +218,7 @@ TEST_CASE_TEMPLATE("histogram counts a range of experts; update_bias is the sign
 
 TEST_CASE_TEMPLATE("dispatch_plan: pairs sorted stably by expert, experts outside the range skipped", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     const index_t T = 6, K = 3;
     Tensor<index_t, 2> idx({T, K});
     for (index_t i = 0; i < T * K; ++i) idx.data()[i] = (i * 7 + i / K) % 9;  // 9 experts
@@ -247,7 +248,7 @@ TEST_CASE_TEMPLATE("dispatch_plan: pairs sorted stably by expert, experts outsid
 
 TEST_CASE_TEMPLATE("gather_pairs, combine (weighted, ascending expert order), scatter-add and pair_dot", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     const index_t T = 7, K = 3, H = 5, E = 6;
     Tensor<index_t, 2> idx({T, K});
     for (index_t t = 0; t < T; ++t)
@@ -312,7 +313,7 @@ TEST_CASE_TEMPLATE("gather_pairs, combine (weighted, ascending expert order), sc
 
 TEST_CASE_TEMPLATE("identity-like routing round-trips: dispatch, then combine with weights 1/k, returns the input", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RoutingOps<B>;
     const index_t T = 9, K = 4, H = 6, E = 8;
     Tensor<index_t, 2> idx({T, K});
     for (index_t t = 0; t < T; ++t)

@@ -18,3 +18,4 @@
 #include "cuda/map.hpp"
 #include "cuda/memory.hpp"
 #include "cuda/random.hpp"
+#include "cuda/routing.hpp"
