@@ -21,6 +21,7 @@ static_assert(MOONMOE_CUDA_EMULATED == 0, "nvcc compiles the real backend");
 using Blas = backend::BlasOps<Cuda>;
 using Map = backend::MapOps<Cuda>;
 using Random = backend::RandomOps<Cuda>;
+using Optim = backend::OptimOps<Cuda>;
 
 template <class T>
 using M = View<T, 2, Cuda>;
@@ -62,6 +63,20 @@ void map_primitives(M<float> x, M<float> y, M<float> z, M<float> u, CM<float> g,
 void random_primitives(M<float> x, std::uint64_t seed) {
     Random::fill_uniform(x, -1.0f, 1.0f, seed);
     Random::fill_normal(x, 0.0f, 1.0f, seed);
+}
+
+void optim_primitives(CM<float> a, M<float> b, CM<double> ad, View<double, 1, Cuda> sq, View<const float, 1, Cuda> f,
+                      std::span<const View<const float, 1, Cuda>> grads, std::span<const View<float, 1, Cuda>> zeros,
+                      View<index_t, 1, Cuda> bad, View<float, 1, Cuda> w, View<const float, 1, Cuda> g,
+                      View<float, 1, Cuda> m, View<float, 1, Cuda> v) {
+    Optim::sum_squares<float>(a, sq);
+    Optim::sum_squares<double>(ad, sq);
+    Tensor<double, 1, Cuda> s = Optim::sum_squares<float>(a);
+    Optim::scaled_copy<float>(Trans::yes, a, f, b);
+    Optim::first_nonfinite(grads, bad);
+    Optim::zero_all(zeros);
+    Optim::scale_rows(b, f);
+    Optim::adamw_update(fn::AdamWUpdate{0.99f, 0.9f, 0.95f, 0.01f, 0.5f, 1e-8f}, w, g, m, v);
 }
 
 std::vector<float> memory_and_streams(const std::vector<float>& values) {

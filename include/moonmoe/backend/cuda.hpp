@@ -7,8 +7,8 @@
 // Any other host compile stops with an #error (cuda/memory.hpp).
 //
 // Implemented families, usable directly: Memory<cuda> (with current_stream, StreamGuard, Stream, cuda_error),
-// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>. RowOps, AttentionOps, RoutingOps and OptimOps are not specialised
-// for cuda yet, so Ops<cuda> (which inherits every family) does not instantiate until they are.
+// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>, OptimOps<cuda>. RowOps, AttentionOps and RoutingOps are not
+// specialised for cuda yet, so Ops<cuda> (which inherits every family) does not instantiate until they are.
 #pragma once
 
 #include "backend.hpp"
@@ -16,4 +16,5 @@
 #include "cuda/layout.hpp"
 #include "cuda/map.hpp"
 #include "cuda/memory.hpp"
+#include "cuda/optim.hpp"
 #include "cuda/random.hpp"
