@@ -21,6 +21,7 @@ static_assert(MOONMOE_CUDA_EMULATED == 0, "nvcc compiles the real backend");
 using Blas = backend::BlasOps<Cuda>;
 using Map = backend::MapOps<Cuda>;
 using Random = backend::RandomOps<Cuda>;
+using Optim = backend::OptimOps<Cuda>;
 
 template <class T>
 using M = View<T, 2, Cuda>;

@@ -27,7 +27,7 @@ Tensor<float, 1> flat(std::vector<float> v) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("sum_squares: the squared Frobenius norm in double, of whole and strided views", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::OptimOps<B>;
     const Tensor<float, 2> x = random_of<float>(37, 53, 1);
     const Tensor<double, 2> xd = random_of<double>(19, 23, 2);
     double expected = 0.0, expected_d = 0.0, expected_slice = 0.0;
@@ -51,7 +51,7 @@ TEST_CASE_TEMPLATE("sum_squares: the squared Frobenius norm in double, of whole 
 
 TEST_CASE_TEMPLATE("scaled_copy: dst = factor op(src), as stored and transposed, by a factor on the backend", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::OptimOps<B>;
     const Tensor<float, 2> src = random_of<float>(45, 70, 3);  // not a multiple of the 32 x 32 tiles
     const auto d_src = on<B>(src);
     const auto factor = on<B>(flat({0.37f}));
@@ -69,7 +69,7 @@ TEST_CASE_TEMPLATE("scaled_copy: dst = factor op(src), as stored and transposed,
 }
 
 TEST_CASE_TEMPLATE("first_nonfinite: the lowest view holding a NaN or an infinity, or the count", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::OptimOps<B>;
     const index_t sizes[] = {3, 20000, 40000, 1, 300};
     std::vector<Tensor<float, 1>> xs;
     for (index_t n : sizes) {
@@ -105,7 +105,7 @@ TEST_CASE_TEMPLATE("first_nonfinite: the lowest view holding a NaN or an infinit
 }
 
 TEST_CASE_TEMPLATE("zero_all: every element of every view, nothing outside them", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::OptimOps<B>;
     const Tensor<float, 2> values = random_of<float>(3, 30000, 4);
     auto d = on<B>(values);
     // row 0 whole, row 1 from column 7 to 20007, row 2 untouched
@@ -121,7 +121,7 @@ TEST_CASE_TEMPLATE("zero_all: every element of every view, nothing outside them"
 }
 
 TEST_CASE_TEMPLATE("scale_rows: each row by its factor; rows with factor 1 stay bit for bit", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::OptimOps<B>;
     Tensor<float, 2> w = random_of<float>(12, 40, 5);
     w(3, 5) = NAN;  // a factor of 1 leaves even a NaN's bits alone
     std::vector<float> f(12, 1.0f);
@@ -139,7 +139,7 @@ TEST_CASE_TEMPLATE("scale_rows: each row by its factor; rows with factor 1 stay 
 }
 
 TEST_CASE_TEMPLATE("adamw_update: fn::AdamWUpdate on every element, against the formula in double", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::OptimOps<B>;
     const index_t n = 40000;  // several 16k blocks and a partial one
     const Mat r = random_matrix(4, n, 6);
     Tensor<float, 1> w({n}), g({n}), m({n}), v({n});

@@ -17,5 +17,6 @@
 #include "cuda/layout.hpp"
 #include "cuda/map.hpp"
 #include "cuda/memory.hpp"
+#include "cuda/optim.hpp"
 #include "cuda/random.hpp"
 #include "cuda/routing.hpp"
