@@ -7,7 +7,7 @@
 // Any other host compile stops with an #error (cuda/memory.hpp).
 //
 // Implemented families, usable directly: Memory<cuda> (with current_stream, StreamGuard, Stream, cuda_error),
-// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>. RowOps, AttentionOps, RoutingOps and OptimOps are not specialised
+// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>, RowOps<cuda>. AttentionOps, RoutingOps and OptimOps are not specialised
 // for cuda yet, so Ops<cuda> (which inherits every family) does not instantiate until they are.
 #pragma once
 
@@ -17,3 +17,4 @@
 #include "cuda/map.hpp"
 #include "cuda/memory.hpp"
 #include "cuda/random.hpp"
+#include "cuda/rows.hpp"
