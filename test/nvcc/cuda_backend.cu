@@ -21,6 +21,7 @@ static_assert(MOONMOE_CUDA_EMULATED == 0, "nvcc compiles the real backend");
 using Blas = backend::BlasOps<Cuda>;
 using Map = backend::MapOps<Cuda>;
 using Random = backend::RandomOps<Cuda>;
+using Rows = backend::RowOps<Cuda>;
 
 template <class T>
 using M = View<T, 2, Cuda>;
@@ -62,6 +63,17 @@ void map_primitives(M<float> x, M<float> y, M<float> z, M<float> u, CM<float> g,
 void random_primitives(M<float> x, std::uint64_t seed) {
     Random::fill_uniform(x, -1.0f, 1.0f, seed);
     Random::fill_normal(x, 0.0f, 1.0f, seed);
+}
+
+void row_primitives(CM<float> x, View<const float, 1, Cuda> w, View<const float, 1, Cuda> rstd_in, M<float> y,
+                    View<float, 1, Cuda> rstd, View<float, 1, Cuda> dw, View<const index_t, 1, Cuda> ids,
+                    View<const float, 3, Cuda> heads) {
+    Rows::rmsnorm_forward(x, w, 1e-6f, y, rstd);
+    Rows::rmsnorm_backward(x, w, rstd_in, x, y, dw, true);
+    Rows::cross_entropy(x, ids, -100, 4, rstd, y);
+    Rows::embedding_gather(x, ids, y);
+    Rows::embedding_scatter_add(x, ids, y);
+    Rows::sum_heads(heads, y);
 }
 
 std::vector<float> memory_and_streams(const std::vector<float>& values) {
