@@ -10,8 +10,8 @@
 // so the float results agree to about 1e-7 relative.
 //
 // For speed on a GPU, rmsnorm_forward, rmsnorm_backward's dx and cross_entropy want a warp (or a block for V of
-// many thousands) per row with a shuffle reduction: one thread per row reads a row serially and leaves most of the
-// device idle at a few thousand rows. Such a kernel sums in another order, so it would be checked against these
+// many thousands) per row with a shuffle reduction: one thread per row reads a row serially, its warp's loads fall
+// a row pitch apart (uncoalesced), and a few thousand rows leave most of the device idle. Such a kernel sums in another order, so it would be checked against these
 // functors with a tolerance. The rest (dweight's chunk partials, the gathers, the per-column scatter, sum_heads)
 // is already one thread per output element or column, with coalesced reads.
 #pragma once
