@@ -23,7 +23,7 @@ Tensor<index_t, 1> indices(std::vector<index_t> values) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("rmsnorm_forward: y = w x / rms, rstd per row", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
     const index_t rows = 70, n = 37;
     const float eps = 1e-5f;
     const Mat x = random_matrix(rows, n, 1);
@@ -48,7 +48,7 @@ TEST_CASE_TEMPLATE("rmsnorm_forward: y = w x / rms, rstd per row", B, MOONMOE_TE
 
 TEST_CASE_TEMPLATE("rmsnorm_backward: dx written or added, dweight accumulated over more than one row chunk", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
     const index_t rows = 150, n = 19;  // three 64-row chunks for dweight
     const Mat x = random_matrix(rows, n, 3), dy = random_matrix(rows, n, 4), dx0 = random_matrix(rows, n, 5);
     const Tensor<float, 1> w = random_vector(n, 6, 1.0f), dw0 = random_vector(n, 7);
@@ -84,7 +84,7 @@ TEST_CASE_TEMPLATE("rmsnorm_backward: dx written or added, dweight accumulated o
 }
 
 TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ignored rows zero", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
     const index_t T = 6, V = 11;
     const Mat z = random_matrix(T, V, 8, 3.0f);
     const std::vector<index_t> targets = {3, -100, 0, 10, -100, 5};
@@ -115,7 +115,7 @@ TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ign
 }
 
 TEST_CASE_TEMPLATE("embedding_gather and embedding_scatter_add (repeated ids add in token order)", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
     const index_t V = 5, n = 300;  // more than one column block
     const Mat table = random_matrix(V, n, 9), dy = random_matrix(4, n, 10), dt0 = random_matrix(V, n, 11);
     const std::vector<index_t> ids = {2, 0, 2, 4};
@@ -138,7 +138,7 @@ TEST_CASE_TEMPLATE("embedding_gather and embedding_scatter_add (repeated ids add
 }
 
 TEST_CASE_TEMPLATE("sum_heads: per-row sums over the heads of a strided view", B, MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::Ops<B>;
+    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
     const index_t T = 7, H = 3, R = 4;
     const Mat x = random_matrix(T, H * R + 2, 12);  // heads at columns 2 + h R: a row pitch wider than H R
     const auto xd = on<B>(x);

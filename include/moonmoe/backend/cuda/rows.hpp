@@ -1,0 +1,313 @@
+// moonmoe/backend/cuda/rows.hpp: RowOps<cuda> (backend/rows.hpp): the row kernels as Thrust functors, one thread per
+// row (or per element / column where rows need no reduction).
+//
+// Every functor repeats RowOps<cpu>'s arithmetic in the CPU's order: double sums per row in column order, the
+// dweight chunks of 64 rows summed in order, the loss summed over rows in order, scattered embedding gradients added
+// in token order. So the emulated mode (the same host compiler and libm) gives the CPU's bits. Under nvcc two
+// things may move the last bit: the device's double exp / log in cross_entropy (documented by CUDA to within 1 ulp
+// of double; after the rounding to float this is a rare one-ulp difference), and nvcc's fused multiply-adds (on by
+// default) where the host compile did not fuse the same products (or the other way round); the sums are in double,
+// so the float results agree to about 1e-7 relative.
+//
+// For speed on a GPU, rmsnorm_forward, rmsnorm_backward's dx and cross_entropy want a warp (or a block for V of
+// many thousands) per row with a shuffle reduction: one thread per row reads a row serially, its warp's loads fall
+// a row pitch apart (uncoalesced), and a few thousand rows leave most of the device idle. Such a kernel sums in another order, so it would be checked against these
+// functors with a tolerance. The rest (dweight's chunk partials, the gathers, the per-column scatter, sum_heads)
+// is already one thread per output element or column, with coalesced reads.
+#pragma once
+
+#include "map.hpp"
+#if defined(MOONMOE_CUDA_EMULATED)  // else cuda/memory.hpp has stopped with an #error
+
+#include <cmath>
+#include <string>
+
+#include "../../tensor/tensor.hpp"
+#include "../rows.hpp"
+
+namespace moonmoe::backend {
+
+namespace cuda_rows_detail {
+
+template <class T>
+void require_vector(const char* op, const char* name, const View<T, 1, cuda>& v, index_t n) {
+    if (v.shape[0] != n || (n > 1 && v.strides[0] != 1))
+        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(v.shape) +
+                          (v.shape[0] == n ? " (strided)" : "") + ", expected [" + std::to_string(n) + "] contiguous");
+}
+template <class T>
+void require_unit_columns(const char* op, const char* name, const View<T, 2, cuda>& v) {
+    if (v.strides[1] != 1 && v.shape[1] > 1)
+        throw shape_error(std::string(op) + ": " + name + " " + shape_string(v.shape) + " must have contiguous rows");
+}
+
+/// Rows of a row-major matrix with unit column stride: the pointer and the row pitch.
+template <class T>
+struct Rows {
+    T* data;
+    index_t pitch;
+    MOONMOE_HD T* row(index_t r) const { return data + r * pitch; }
+};
+template <class T>
+Rows<T> rows_of(const View<T, 2, cuda>& v) {
+    return {v.data, v.strides[0]};
+}
+
+/// Row r of rmsnorm_forward: rstd[r] from the double sum of squares, then y[r].
+struct RmsNormForwardRow {
+    Rows<const float> x;
+    const float* w;
+    float eps;
+    Rows<float> y;
+    float* rstd;
+    index_t n;
+    MOONMOE_HD void operator()(index_t r) const {
+        const float* xr = x.row(r);
+        float* yr = y.row(r);
+        double ss = 0.0;
+        for (index_t j = 0; j < n; ++j) ss += double(xr[j]) * double(xr[j]);
+        const float inv = 1.0f / ::sqrtf(float(ss / double(n)) + eps);
+        rstd[r] = inv;
+        for (index_t j = 0; j < n; ++j) yr[j] = w[j] * (xr[j] * inv);
+    }
+};
+
+/// Row r of rmsnorm_backward's dx: the double dot of g = w dy with x, then dx[r] written or added.
+struct RmsNormBackwardRow {
+    Rows<const float> x;
+    const float* w;
+    const float* rstd;
+    Rows<const float> dy;
+    Rows<float> dx;
+    index_t n;
+    bool accumulate;
+    MOONMOE_HD void operator()(index_t r) const {
+        const float* xr = x.row(r);
+        const float* gr = dy.row(r);
+        float* dr = dx.row(r);
+        double dot = 0.0;
+        for (index_t j = 0; j < n; ++j) dot += double(w[j] * gr[j]) * double(xr[j]);
+        const float inv = rstd[r];
+        const float c = float(dot / double(n)) * inv * inv * inv;
+        for (index_t j = 0; j < n; ++j) {
+            const float v = inv * w[j] * gr[j] - c * xr[j];
+            dr[j] = accumulate ? dr[j] + v : v;
+        }
+    }
+};
+
+/// dweight's partial for (chunk k, column j), k = i / n, j = i % n: the rows of chunk k in order, in double.
+struct DweightChunk {
+    Rows<const float> x, dy;
+    const float* rstd;
+    double* partial;  // [chunks, n]
+    index_t rows, n, chunk_rows;
+    MOONMOE_HD void operator()(index_t i) const {
+        const index_t k = i / n, j = i % n;
+        const index_t end = (k + 1) * chunk_rows < rows ? (k + 1) * chunk_rows : rows;
+        double p = 0.0;
+        for (index_t r = k * chunk_rows; r < end; ++r) {
+            const double inv = rstd[r];
+            p += double(dy.row(r)[j]) * x.row(r)[j] * inv;
+        }
+        partial[i] = p;
+    }
+};
+
+/// dweight[j] += the chunks' partials of column j, summed in chunk order.
+struct DweightColumn {
+    const double* partial;
+    float* dweight;
+    index_t chunks, n;
+    MOONMOE_HD void operator()(index_t j) const {
+        double s = 0.0;
+        for (index_t k = 0; k < chunks; ++k) s += partial[k * n + j];
+        dweight[j] += float(s);
+    }
+};
+
+/// Row t of cross_entropy: its loss (0 when ignored) into per_row[t], and its gradient row when dz.data is set.
+struct CrossEntropyRow {
+    Rows<const float> z;
+    const index_t* targets;
+    index_t ignore, count, V;
+    Rows<float> dz;
+    double* per_row;
+    MOONMOE_HD void operator()(index_t t) const {
+        const float* zr = z.row(t);
+        float* dr = dz.data ? dz.row(t) : nullptr;
+        const index_t target = targets[t];
+        if (target == ignore) {
+            per_row[t] = 0.0;
+            if (dr)
+                for (index_t v = 0; v < V; ++v) dr[v] = 0.0f;
+            return;
+        }
+        float m = zr[0];
+        for (index_t v = 1; v < V; ++v) m = zr[v] > m ? zr[v] : m;
+        double sum = 0.0;
+        for (index_t v = 0; v < V; ++v) sum += ::exp(double(zr[v] - m));
+        const double lse = double(m) + ::log(sum);
+        per_row[t] = lse - double(zr[target]);
+        if (dr) {
+            for (index_t v = 0; v < V; ++v) dr[v] = float(::exp(double(zr[v]) - lse) / double(count));
+            dr[target] -= 1.0f / float(count);
+        }
+    }
+};
+
+/// loss[0] = the rows' losses summed in row order, over count: one thread, so the order is the CPU's.
+struct CrossEntropyTotal {
+    const double* per_row;
+    float* loss;
+    index_t rows, count;
+    MOONMOE_HD void operator()(index_t) const {
+        double total = 0.0;
+        for (index_t t = 0; t < rows; ++t) total += per_row[t];
+        loss[0] = count ? float(total / double(count)) : 0.0f;
+    }
+};
+
+/// out[t, j] = table[ids[t], j] for the flat index of out.
+struct GatherElement {
+    Rows<const float> table;
+    const index_t* ids;
+    Rows<float> out;
+    index_t cols;
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t t = k / cols, j = k % cols;
+        out.row(t)[j] = table.row(ids[t])[j];
+    }
+};
+
+/// Column j of dtable: dy[t, j] added into row ids[t] for t in order. One thread owns a column, so repeated ids
+/// add in token order without atomics.
+struct ScatterAddColumn {
+    Rows<const float> dy;
+    const index_t* ids;
+    Rows<float> dtable;
+    index_t tokens;
+    MOONMOE_HD void operator()(index_t j) const {
+        for (index_t t = 0; t < tokens; ++t) dtable.row(ids[t])[j] += dy.row(t)[j];
+    }
+};
+
+/// y[t, j] = sum over h in order of x[t, h, j] (f32), for the flat index of y.
+struct SumHeadsElement {
+    const float* x;
+    index_t x_row, x_head;  // strides of x's first two dimensions
+    Rows<float> y;
+    index_t heads, n;
+    MOONMOE_HD void operator()(index_t k) const {
+        const index_t t = k / n, j = k % n;
+        float s = 0.0f;
+        for (index_t h = 0; h < heads; ++h) s += x[t * x_row + h * x_head + j];
+        y.row(t)[j] = s;
+    }
+};
+
+}  // namespace cuda_rows_detail
+
+template <>
+struct RowOps<cuda> {
+    /// y = weight * x * rstd per row; rstd[r] = 1 / sqrt(mean(x[r]^2) + eps), the sum of squares in double.
+    static void rmsnorm_forward(View<const float, 2, cuda> x, View<const float, 1, cuda> weight, float eps,
+                                View<float, 2, cuda> y, View<float, 1, cuda> rstd) {
+        using namespace cuda_rows_detail;
+        const index_t rows = x.shape[0], n = x.shape[1];
+        if (y.shape != x.shape) throw_shape_mismatch("rmsnorm_forward: x against y", x.shape, y.shape);
+        require_unit_columns("rmsnorm_forward", "x", x);
+        require_unit_columns("rmsnorm_forward", "y", y);
+        require_vector("rmsnorm_forward", "weight", weight, n);
+        require_vector("rmsnorm_forward", "rstd", rstd, rows);
+        cuda_detail::launch(rows, RmsNormForwardRow{rows_of(x), weight.data, eps, rows_of(y), rstd.data, n});
+    }
+
+    /// dx = rstd g - x rstd^3 mean(g x), g = weight * dy (+= when accumulate_dx); dweight += sum_rows dy x rstd,
+    /// over the CPU's fixed 64-row chunks (a backend scratch of [chunks, n] doubles) summed in order.
+    static void rmsnorm_backward(View<const float, 2, cuda> x, View<const float, 1, cuda> weight,
+                                 View<const float, 1, cuda> rstd, View<const float, 2, cuda> dy, View<float, 2, cuda> dx,
+                                 View<float, 1, cuda> dweight, bool accumulate_dx) {
+        using namespace cuda_rows_detail;
+        const index_t rows = x.shape[0], n = x.shape[1];
+        if (dy.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dy", x.shape, dy.shape);
+        if (dx.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dx", x.shape, dx.shape);
+        require_unit_columns("rmsnorm_backward", "x", x);
+        require_unit_columns("rmsnorm_backward", "dy", dy);
+        require_unit_columns("rmsnorm_backward", "dx", dx);
+        require_vector("rmsnorm_backward", "weight", weight, n);
+        require_vector("rmsnorm_backward", "dweight", dweight, n);
+        require_vector("rmsnorm_backward", "rstd", rstd, rows);
+        cuda_detail::launch(rows, RmsNormBackwardRow{rows_of(x), weight.data, rstd.data, rows_of(dy), rows_of(dx), n,
+                                                     accumulate_dx});
+        constexpr index_t chunk_rows = 64;  // RowOps<cpu>'s chunking, so the sums are the CPU's
+        const index_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+        // Stream-ordered: released after the kernels below are queued, reused only by later work on the stream.
+        Tensor<double, 1, cuda> partial({chunks * n});
+        cuda_detail::launch(chunks * n, DweightChunk{rows_of(x), rows_of(dy), rstd.data, partial.data(), rows, n, chunk_rows});
+        cuda_detail::launch(n, DweightColumn{partial.data(), dweight.data, chunks, n});  // adds 0 when no rows, as the CPU
+    }
+
+    /// loss[0] = mean over the targets other than `ignore` of logsumexp(z) - z[target] (double); dlogits =
+    /// (softmax - onehot) / count. The per-row losses go to a backend scratch and one thread sums them in row order.
+    static void cross_entropy(View<const float, 2, cuda> logits, View<const index_t, 1, cuda> targets, index_t ignore,
+                              index_t count, View<float, 1, cuda> loss, View<float, 2, cuda> dlogits) {
+        using namespace cuda_rows_detail;
+        const index_t T = logits.shape[0], V = logits.shape[1];
+        require_unit_columns("cross_entropy", "logits", logits);
+        require_vector("cross_entropy", "targets", targets, T);
+        require_vector("cross_entropy", "loss", loss, 1);
+        Rows<float> dz{nullptr, 0};
+        if (dlogits.data) {
+            if (dlogits.shape != logits.shape)
+                throw_shape_mismatch("cross_entropy: logits against dlogits", logits.shape, dlogits.shape);
+            require_unit_columns("cross_entropy", "dlogits", dlogits);
+            dz = rows_of(dlogits);
+        }
+        Tensor<double, 1, cuda> per_row({T});
+        cuda_detail::launch(T, CrossEntropyRow{rows_of(logits), targets.data, ignore, count, V, dz, per_row.data()});
+        cuda_detail::launch(1, CrossEntropyTotal{per_row.data(), loss.data, T, count});
+    }
+
+    /// out[t] = table[ids[t]] (ids checked by the caller); one thread per element of out.
+    static void embedding_gather(View<const float, 2, cuda> table, View<const index_t, 1, cuda> ids,
+                                 View<float, 2, cuda> out) {
+        using namespace cuda_rows_detail;
+        if (table.shape[1] != out.shape[1])
+            throw_shape_mismatch("embedding_gather: table against out", table.shape, out.shape);
+        require_vector("embedding_gather", "ids", ids, out.shape[0]);
+        require_unit_columns("embedding_gather", "table", table);
+        require_unit_columns("embedding_gather", "out", out);
+        const index_t cols = out.shape[1];
+        if (cols == 0) return;
+        cuda_detail::launch(out.shape[0] * cols, GatherElement{rows_of(table), ids.data, rows_of(out), cols});
+    }
+
+    /// dtable[ids[t]] += dy[t]; one thread per column adds the tokens in order, so repeated ids give the CPU's sums.
+    static void embedding_scatter_add(View<const float, 2, cuda> dy, View<const index_t, 1, cuda> ids,
+                                      View<float, 2, cuda> dtable) {
+        using namespace cuda_rows_detail;
+        if (dy.shape[1] != dtable.shape[1])
+            throw_shape_mismatch("embedding_scatter_add: dy against dtable", dy.shape, dtable.shape);
+        require_vector("embedding_scatter_add", "ids", ids, dy.shape[0]);
+        require_unit_columns("embedding_scatter_add", "dy", dy);
+        require_unit_columns("embedding_scatter_add", "dtable", dtable);
+        cuda_detail::launch(dy.shape[1], ScatterAddColumn{rows_of(dy), ids.data, rows_of(dtable), dy.shape[0]});
+    }
+
+    /// y[t, j] = sum over heads h, in order, of x[t, h, j] (f32); one thread per element of y.
+    static void sum_heads(View<const float, 3, cuda> x, View<float, 2, cuda> y) {
+        const index_t rows = x.shape[0], heads = x.shape[1], n = x.shape[2];
+        if (y.shape[0] != rows || y.shape[1] != n || (n > 1 && (x.strides[2] != 1 || y.strides[1] != 1)))
+            throw shape_error("sum_heads: x " + shape_string(x.shape) + " into y " + shape_string(y.shape) +
+                              " (expected [rows, n] = [" + std::to_string(rows) + ", " + std::to_string(n) +
+                              "], unit last strides)");
+        if (n == 0) return;
+        cuda_detail::launch(rows * n, cuda_rows_detail::SumHeadsElement{x.data, x.strides[0], x.strides[1],
+                                                                         cuda_rows_detail::rows_of(y), heads, n});
+    }
+};
+
+}  // namespace moonmoe::backend
+
+#endif  // defined(MOONMOE_CUDA_EMULATED)
