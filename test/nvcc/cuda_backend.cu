@@ -22,6 +22,7 @@ using Blas = backend::BlasOps<Cuda>;
 using Map = backend::MapOps<Cuda>;
 using Random = backend::RandomOps<Cuda>;
 using Optim = backend::OptimOps<Cuda>;
+using Rows = backend::RowOps<Cuda>;
 
 template <class T>
 using M = View<T, 2, Cuda>;
@@ -101,4 +102,29 @@ void routing_primitives(const MoEConfig& cfg, M<float> scores, View<const float,
     Routing::gather_pairs(x, row_slot, 8, rows);
     Routing::combine(rows, slot_row, weight, y);
     Routing::pair_dot(rows, rows, row_slot, dlogits);
+}
+
+void optim_primitives(CM<float> a, M<float> b, CM<double> ad, View<double, 1, Cuda> sq, View<const float, 1, Cuda> f,
+                      std::span<const View<const float, 1, Cuda>> grads, std::span<const View<float, 1, Cuda>> zeros,
+                      View<index_t, 1, Cuda> bad, View<float, 1, Cuda> w, View<const float, 1, Cuda> g,
+                      View<float, 1, Cuda> m, View<float, 1, Cuda> v) {
+    Optim::sum_squares<float>(a, sq);
+    Optim::sum_squares<double>(ad, sq);
+    Tensor<double, 1, Cuda> s = Optim::sum_squares<float>(a);
+    Optim::scaled_copy<float>(Trans::yes, a, f, b);
+    Optim::first_nonfinite(grads, bad);
+    Optim::zero_all(zeros);
+    Optim::scale_rows(b, f);
+    Optim::adamw_update(fn::AdamWUpdate{0.99f, 0.9f, 0.95f, 0.01f, 0.5f, 1e-8f}, w, g, m, v);
+}
+
+void row_primitives(CM<float> x, View<const float, 1, Cuda> w, View<const float, 1, Cuda> rstd_in, M<float> y,
+                    View<float, 1, Cuda> rstd, View<float, 1, Cuda> dw, View<const index_t, 1, Cuda> ids,
+                    View<const float, 3, Cuda> heads) {
+    Rows::rmsnorm_forward(x, w, 1e-6f, y, rstd);
+    Rows::rmsnorm_backward(x, w, rstd_in, x, y, dw, true);
+    Rows::cross_entropy(x, ids, -100, 4, rstd, y);
+    Rows::embedding_gather(x, ids, y);
+    Rows::embedding_scatter_add(x, ids, y);
+    Rows::sum_heads(heads, y);
 }

@@ -6,9 +6,10 @@
 //       -isystem <cuda>/include ...
 // Any other host compile stops with an #error (cuda/memory.hpp).
 //
-// Implemented families, usable directly: Memory<cuda> (with current_stream, StreamGuard, Stream, cuda_error),
-// BlasOps<cuda>, MapOps<cuda>, RandomOps<cuda>, AttentionOps<cuda>. RowOps, RoutingOps and OptimOps are not
-// specialised for cuda yet, so Ops<cuda> (which inherits every family) does not instantiate until they are.
+// Every family of the contract (backend/backend.hpp) is implemented: Memory<cuda> (with current_stream, StreamGuard,
+// Stream, cuda_error), BlasOps, MapOps, RowOps, AttentionOps, RoutingOps, OptimOps and RandomOps. The row, attention
+// and routing kernels are portable Thrust functors (one thread per row, output element or (row, head)); the
+// comments of each cuda/<family>.hpp name the fused nvcc kernels that would replace them for speed.
 #pragma once
 
 #include "backend.hpp"
@@ -20,3 +21,4 @@
 #include "cuda/optim.hpp"
 #include "cuda/random.hpp"
 #include "cuda/routing.hpp"
+#include "cuda/rows.hpp"
