@@ -29,6 +29,9 @@
 //                                the rows are the last, so row i sees keys j <= L - length(s) + i
 #pragma once
 
+#include <span>
+#include <string>
+
 #include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
@@ -60,5 +63,118 @@ struct AttentionOps {
     static_assert(missing_backend<B>, "moonmoe: no attention primitives for this backend; include "
                                       "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
+
+/// The argument checks every backend's AttentionOps runs before touching data (shapes and strides only), so both
+/// backends reject the same calls with the same messages.
+namespace contract {
+
+inline void check_heads_view(const char* op, const char* name, const Shape<3>& shape, const Shape<3>& strides,
+                             index_t rows, index_t heads, index_t dim) {
+    if (shape[0] != rows || shape[1] != heads || (dim >= 0 && shape[2] != dim) || strides[2] != 1)
+        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(shape) + ", expected [" +
+                          std::to_string(rows) + ", " + std::to_string(heads) + ", " +
+                          (dim >= 0 ? std::to_string(dim) : std::string("dim")) + "] with a unit last stride");
+}
+
+inline void check_offsets(const char* op, std::span<const index_t> offsets, index_t rows) {
+    if (offsets.size() < 2 || offsets.front() != 0 || offsets.back() != rows)
+        throw shape_error(std::string(op) + ": offsets must run from 0 to the " + std::to_string(rows) +
+                          " query rows (" + std::to_string(offsets.size()) + " given)");
+    for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
+        if (offsets[s + 1] <= offsets[s])
+            throw shape_error(std::string(op) + ": offsets must increase strictly, sequence " + std::to_string(s) +
+                              " runs from " + std::to_string(offsets[s]) + " to " + std::to_string(offsets[s + 1]));
+}
+
+/// Checks queries and keys of one call; returns kv_heads. Keys have `key_rows` rows (-1: any).
+template <class B>
+index_t check_operands(const char* op, const AttentionQueries<B>& q, const AttentionKeys<B>& kv, index_t key_rows) {
+    if (q.parts != 1 && q.parts != 2)
+        throw shape_error(std::string(op) + ": " + std::to_string(q.parts) + " query parts (1 or 2)");
+    const index_t rows = q.q[0].shape[0], heads = q.q[0].shape[1];
+    const index_t L = key_rows >= 0 ? key_rows : kv.k[0].shape[0], kv_heads = kv.k[0].shape[1];
+    if (kv_heads < 1 || heads % kv_heads != 0)
+        throw shape_error(std::string(op) + ": " + std::to_string(heads) + " query heads over " +
+                          std::to_string(kv_heads) + " key/value heads (must divide)");
+    for (int p = 0; p < q.parts; ++p) {
+        check_heads_view(op, p ? "q[1]" : "q[0]", q.q[p].shape, q.q[p].strides, rows, heads, -1);
+        check_heads_view(op, p ? "k[1]" : "k[0]", kv.k[p].shape, kv.k[p].strides, L, kv_heads, q.q[p].shape[2]);
+    }
+    check_heads_view(op, "v", kv.v.shape, kv.v.strides, L, kv_heads, -1);
+    return kv_heads;
+}
+
+/// rope's operands: x [rows, heads, 2 * frequencies] with a unit last stride, positions [rows].
+template <class B>
+void check_rope(const View<float, 3, B>& x, const View<const index_t, 1, B>& positions,
+                const View<const float, 1, B>& inv_freq) {
+    const index_t rows = x.shape[0], dim = x.shape[2], half = dim / 2;
+    if (dim != 2 * inv_freq.shape[0] || x.strides[2] != 1 || (half > 1 && inv_freq.strides[0] != 1))
+        throw shape_error("rope: x " + shape_string(x.shape) + " against inv_freq " + shape_string(inv_freq.shape) +
+                          " (dim = 2 * frequencies, unit last stride)");
+    if (positions.shape[0] != rows || (rows > 1 && positions.strides[0] != 1))
+        throw shape_error("rope: positions " + shape_string(positions.shape) + " for x " + shape_string(x.shape));
+}
+
+/// attention_forward's operands; returns the query heads per key/value head.
+template <class B>
+index_t check_forward(const AttentionQueries<B>& q, const AttentionKeys<B>& kv, std::span<const index_t> offsets,
+                      const View<float, 3, B>& o, const View<float, 1, B>& lse, const View<float, 1, B>& max_logit) {
+    const index_t T = q.q[0].shape[0], H = q.q[0].shape[1];
+    check_offsets("attention_forward", offsets, T);
+    const index_t G = H / check_operands("attention_forward", q, kv, T);
+    check_heads_view("attention_forward", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
+    if (lse.numel() != T * H || lse.strides[0] != 1 || max_logit.shape[0] != H || max_logit.strides[0] != 1)
+        throw shape_error("attention_forward: lse " + shape_string(lse.shape) + " and max_logit " +
+                          shape_string(max_logit.shape) + " for " + std::to_string(T) + " rows of " +
+                          std::to_string(H) + " heads");
+    return G;
+}
+
+/// attention_backward's operands; returns kv_heads.
+template <class B>
+index_t check_backward(const AttentionQueries<B>& q, const AttentionKeys<B>& kv, std::span<const index_t> offsets,
+                       const View<const float, 3, B>& o, const View<const float, 1, B>& lse,
+                       const View<const float, 3, B>& d_o, const AttentionGrads<B>& grads) {
+    const char* op = "attention_backward";
+    const index_t T = q.q[0].shape[0], H = q.q[0].shape[1];
+    check_offsets(op, offsets, T);
+    const index_t KV = check_operands(op, q, kv, T), dim_v = kv.v.shape[2];
+    check_heads_view(op, "o", o.shape, o.strides, T, H, dim_v);
+    check_heads_view(op, "d_o", d_o.shape, d_o.strides, T, H, dim_v);
+    for (int p = 0; p < q.parts; ++p) {
+        check_heads_view(op, p ? "dq[1]" : "dq[0]", grads.dq[p].shape, grads.dq[p].strides, T, H, q.q[p].shape[2]);
+        check_heads_view(op, p ? "dk[1]" : "dk[0]", grads.dk[p].shape, grads.dk[p].strides, T, KV, q.q[p].shape[2]);
+        if (KV > 1 && grads.dk[p].strides[1] == 0) throw shape_error("attention_backward: dk needs a non-zero head stride");
+    }
+    check_heads_view(op, "dv", grads.dv.shape, grads.dv.strides, T, KV, dim_v);
+    if (KV > 1 && grads.dv.strides[1] == 0) throw shape_error("attention_backward: dv needs a non-zero head stride");
+    if (lse.numel() != T * H || lse.strides[0] != 1)
+        throw shape_error("attention_backward: lse " + shape_string(lse.shape) + " for " + std::to_string(T) +
+                          " rows of " + std::to_string(H) + " heads");
+    return KV;
+}
+
+/// attention_decode's operands: every sequence's cache, all before any work.
+template <class B>
+void check_decode(const AttentionQueries<B>& q, std::span<const AttentionKeys<B>> caches,
+                  std::span<const index_t> offsets, const View<float, 3, B>& o) {
+    const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+    check_offsets("attention_decode", offsets, T);
+    if (index_t(caches.size()) != N)
+        throw shape_error("attention_decode: " + std::to_string(caches.size()) + " caches for " + std::to_string(N) +
+                          " sequences");
+    for (index_t s = 0; s < N; ++s) {
+        const AttentionKeys<B>& kv = caches[std::size_t(s)];
+        if (kv.k[0].shape[0] < offsets[s + 1] - offsets[s])
+            throw shape_error("attention_decode: sequence " + std::to_string(s) + " has " +
+                              std::to_string(offsets[s + 1] - offsets[s]) + " new rows but its cache only " +
+                              std::to_string(kv.k[0].shape[0]) + " keys");
+        check_operands("attention_decode", q, kv, -1);
+        check_heads_view("attention_decode", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
+    }
+}
+
+}  // namespace contract
 
 }  // namespace moonmoe::backend

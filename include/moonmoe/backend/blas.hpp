@@ -20,6 +20,10 @@
 // A group with no rows does nothing (and leaves dW_g times beta).
 #pragma once
 
+#include <span>
+#include <string>
+
+#include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
 namespace moonmoe::backend {
@@ -32,5 +36,77 @@ struct BlasOps {
     static_assert(missing_backend<B>, "moonmoe: no BLAS primitives for this backend; include "
                                       "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
+
+/// The argument checks every backend's BlasOps runs before touching data (shapes and strides only), so both
+/// backends reject the same calls with the same messages. (BlasOps<cuda> also needs rows that do not overlap.)
+namespace contract {
+
+inline void require_rows(const char* op, const char* name, index_t stride) {
+    if (stride != 1)
+        throw shape_error(std::string(op) + ": " + name + " must have contiguous rows (unit column stride)");
+}
+
+/// The sizes of C [m, n] = op(A) [m, k] op(B) [k, n].
+struct GemmShape {
+    index_t m, n, k;
+};
+
+/// Checks C = op(A) op(B) (contiguous rows, matching sizes, both named on a mismatch); returns its sizes.
+template <class T, class Bk>
+GemmShape check_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, Bk>& A, const View<const T, 2, Bk>& B,
+                     const View<T, 2, Bk>& C) {
+    require_rows(op, "A", A.strides[1]);
+    require_rows(op, "B", B.strides[1]);
+    require_rows(op, "C", C.strides[1]);
+    const index_t m = ta == Trans::yes ? A.shape[1] : A.shape[0];
+    const index_t k = ta == Trans::yes ? A.shape[0] : A.shape[1];
+    const index_t kb = tb == Trans::yes ? B.shape[1] : B.shape[0];
+    const index_t n = tb == Trans::yes ? B.shape[0] : B.shape[1];
+    if (k != kb || C.shape[0] != m || C.shape[1] != n)
+        throw shape_error(std::string(op) + ": op(A) " + shape_string(Shape<2>{m, k}) + " times op(B) " +
+                          shape_string(Shape<2>{kb, n}) + " into C " + shape_string(C.shape));
+    return {m, n, k};
+}
+
+/// Checks C [n, n] = A A^T, A [n, k].
+template <class T, class Bk>
+void check_syrk(const View<const T, 2, Bk>& A, const View<T, 2, Bk>& C) {
+    require_rows("syrk", "A", A.strides[1]);
+    require_rows("syrk", "C", C.strides[1]);
+    const index_t n = A.shape[0];
+    if (C.shape[0] != n || C.shape[1] != n)
+        throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
+                          std::to_string(n) + "] result, C is " + shape_string(C.shape));
+}
+
+/// Host offsets of `groups` segments covering rows [0, rows): groups + 1 of them, from 0 to rows, not decreasing.
+inline void check_groups(const char* op, index_t groups, std::span<const index_t> offsets, index_t rows) {
+    if (index_t(offsets.size()) != groups + 1)
+        throw shape_error(std::string(op) + ": " + std::to_string(offsets.size()) + " offsets for " +
+                          std::to_string(groups) + " groups (expected groups + 1)");
+    if (offsets.front() != 0 || offsets.back() != rows)
+        throw shape_error(std::string(op) + ": offsets run from " + std::to_string(offsets.front()) + " to " +
+                          std::to_string(offsets.back()) + ", the rows from 0 to " + std::to_string(rows));
+    for (std::size_t g = 0; g + 1 < offsets.size(); ++g)
+        if (offsets[g + 1] < offsets[g])
+            throw shape_error(std::string(op) + ": offsets decrease at group " + std::to_string(g));
+}
+
+template <class Bk>
+void check_gemm_grouped(const View<const float, 2, Bk>& X, const View<const float, 3, Bk>& W,
+                        const View<float, 2, Bk>& Y, std::span<const index_t> offsets) {
+    check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
+    if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
+}
+
+template <class Bk>
+void check_gemm_grouped_weight_grad(const View<const float, 2, Bk>& dY, const View<const float, 2, Bk>& X,
+                                    const View<float, 3, Bk>& dW, std::span<const index_t> offsets) {
+    check_groups("gemm_grouped_weight_grad", dW.shape[0], offsets, X.shape[0]);
+    if (dY.shape[0] != X.shape[0])
+        throw_shape_mismatch("gemm_grouped_weight_grad: dY against X rows", dY.shape, X.shape);
+}
+
+}  // namespace contract
 
 }  // namespace moonmoe::backend

@@ -11,6 +11,9 @@
 // Each element is computed on its own, so results never depend on the thread or block split.
 #pragma once
 
+#include <string>
+
+#include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
 namespace moonmoe::backend {
@@ -20,5 +23,24 @@ struct MapOps {
     static_assert(missing_backend<B>, "moonmoe: no element-wise primitives for this backend; include "
                                       "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
+
+/// The argument checks every backend's MapOps runs before touching data (shapes only), so both backends reject
+/// the same calls with the same messages.
+namespace contract {
+
+/// Every view has the first one's shape.
+template <class First, class... Rest>
+void require_same_shapes([[maybe_unused]] const char* op, const First& first, const Rest&... rest) {
+    ((rest.shape == first.shape ? void() : throw_shape_mismatch(op, first.shape, rest.shape)), ...);
+}
+
+/// dst [n, m] for src [m, n]; `op` names the caller.
+template <class S, class D>
+void check_transposed(const char* op, const S& src, const D& dst) {
+    if (dst.shape[0] != src.shape[1] || dst.shape[1] != src.shape[0])
+        throw shape_error(std::string(op) + ": " + shape_string(src.shape) + " into " + shape_string(dst.shape));
+}
+
+}  // namespace contract
 
 }  // namespace moonmoe::backend

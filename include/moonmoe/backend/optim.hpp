@@ -18,6 +18,12 @@
 // T is float or double. Shapes are checked and named on a mismatch.
 #pragma once
 
+#include <cstddef>
+#include <string>
+
+#include "../tensor/tensor.hpp"
+#include "blas.hpp"
+#include "map.hpp"
 #include "memory.hpp"
 
 namespace moonmoe::backend {
@@ -27,5 +33,46 @@ struct OptimOps {
     static_assert(missing_backend<B>, "moonmoe: no optim primitives for this backend; include "
                                       "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
+
+/// The argument checks every backend's OptimOps runs before touching data (shapes and strides only), so both
+/// backends reject the same calls with the same messages.
+namespace contract {
+
+/// View i of a list primitive's list: contiguous.
+template <class V>
+void require_list_view(std::size_t i, const V& v) {
+    if (!v.contiguous()) throw shape_error("optim list: view " + std::to_string(i) + " is strided");
+}
+
+/// A one-element result or factor [1]; `what` names it in the message ("sum_squares: the result").
+template <class V>
+void require_one(const char* what, const V& v) {
+    if (v.shape[0] != 1) throw shape_error(std::string(what) + " is " + shape_string(v.shape) + ", not [1]");
+}
+
+template <class T, class B>
+void check_scaled_copy(Trans t, const View<const T, 2, B>& src, const View<const T, 1, B>& factor,
+                       const View<T, 2, B>& dst) {
+    require_one("scaled_copy: the factor", factor);
+    if (t == Trans::no) require_same_shapes("scaled_copy", src, dst);
+    else check_transposed("scaled_copy (transposed)", src, dst);
+}
+
+template <class B>
+void check_scale_rows(const View<float, 2, B>& w, const View<const float, 1, B>& factors) {
+    if (factors.shape[0] != w.shape[0])
+        throw shape_error("scale_rows: " + shape_string(factors.shape) + " factors for the rows of " + shape_string(w.shape));
+}
+
+template <class B>
+void check_adamw_update(const View<float, 1, B>& w, const View<const float, 1, B>& g, const View<float, 1, B>& m,
+                        const View<float, 1, B>& v) {
+    for (const auto* x : {&w.shape, &m.shape, &v.shape})
+        if (*x != g.shape) throw_shape_mismatch("adamw_update: state against gradient", *x, g.shape);
+    if (!w.contiguous() || !g.contiguous() || !m.contiguous() || !v.contiguous())
+        throw shape_error("adamw_update: the views must be contiguous");
+}
+
+}  // namespace contract
 
 }  // namespace moonmoe::backend

@@ -74,42 +74,6 @@ View<T, 2> head_rows(const View<T, 3>& x, index_t r0, index_t n, index_t h) {
     return View<T, 2>(x.data + r0 * x.strides[0] + h * x.strides[1], {n, x.shape[2]}, {x.strides[0], 1});
 }
 
-inline void check_heads_view(const char* op, const char* name, const Shape<3>& shape, const Shape<3>& strides,
-                             index_t rows, index_t heads, index_t dim) {
-    if (shape[0] != rows || shape[1] != heads || (dim >= 0 && shape[2] != dim) || strides[2] != 1)
-        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(shape) + ", expected [" +
-                          std::to_string(rows) + ", " + std::to_string(heads) + ", " +
-                          (dim >= 0 ? std::to_string(dim) : std::string("dim")) + "] with a unit last stride");
-}
-
-inline void check_offsets(const char* op, std::span<const index_t> offsets, index_t rows) {
-    if (offsets.size() < 2 || offsets.front() != 0 || offsets.back() != rows)
-        throw shape_error(std::string(op) + ": offsets must run from 0 to the " + std::to_string(rows) +
-                          " query rows (" + std::to_string(offsets.size()) + " given)");
-    for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
-        if (offsets[s + 1] <= offsets[s])
-            throw shape_error(std::string(op) + ": offsets must increase strictly, sequence " + std::to_string(s) +
-                              " runs from " + std::to_string(offsets[s]) + " to " + std::to_string(offsets[s + 1]));
-}
-
-/// Checks queries and keys of one call; returns kv_heads. Keys have `key_rows` rows (-1: any).
-inline index_t check_operands(const char* op, const AttentionQueries<cpu>& q, const AttentionKeys<cpu>& kv,
-                              index_t key_rows) {
-    if (q.parts != 1 && q.parts != 2)
-        throw shape_error(std::string(op) + ": " + std::to_string(q.parts) + " query parts (1 or 2)");
-    const index_t rows = q.q[0].shape[0], heads = q.q[0].shape[1];
-    const index_t L = key_rows >= 0 ? key_rows : kv.k[0].shape[0], kv_heads = kv.k[0].shape[1];
-    if (kv_heads < 1 || heads % kv_heads != 0)
-        throw shape_error(std::string(op) + ": " + std::to_string(heads) + " query heads over " +
-                          std::to_string(kv_heads) + " key/value heads (must divide)");
-    for (int p = 0; p < q.parts; ++p) {
-        check_heads_view(op, p ? "q[1]" : "q[0]", q.q[p].shape, q.q[p].strides, rows, heads, -1);
-        check_heads_view(op, p ? "k[1]" : "k[0]", kv.k[p].shape, kv.k[p].strides, L, kv_heads, q.q[p].shape[2]);
-    }
-    check_heads_view(op, "v", kv.v.shape, kv.v.strides, L, kv_heads, -1);
-    return kv_heads;
-}
-
 /// One head against its keys: P = softmax(scale sum_p Q_p K_p^T) with row 0 at key causal_first; O = P V.
 inline float head_forward(const AttentionQueries<cpu>& q, const AttentionKeys<cpu>& kv, index_t q0, index_t n,
                           index_t k0, index_t L, index_t h, index_t g, float scale, View<float, 2> o, float* lse) {
@@ -130,12 +94,8 @@ struct AttentionOps<cpu> {
     /// RoPE in place over x [rows, heads, dim], HF-exact in f32 (nn/rope.hpp).
     static void rope(View<float, 3> x, View<const index_t, 1> positions, View<const float, 1> inv_freq,
                      float attention_factor, bool interleave, bool transpose) {
+        contract::check_rope(x, positions, inv_freq);
         const index_t rows = x.shape[0], heads = x.shape[1], dim = x.shape[2], half = dim / 2;
-        if (dim != 2 * inv_freq.shape[0] || x.strides[2] != 1 || (half > 1 && inv_freq.strides[0] != 1))
-            throw shape_error("rope: x " + shape_string(x.shape) + " against inv_freq " + shape_string(inv_freq.shape) +
-                              " (dim = 2 * frequencies, unit last stride)");
-        if (positions.shape[0] != rows || (rows > 1 && positions.strides[0] != 1))
-            throw shape_error("rope: positions " + shape_string(positions.shape) + " for x " + shape_string(x.shape));
         const float* freq = inv_freq.data;
         cpu_detail::parallel_for(rows, [&](index_t r) {
             std::vector<float> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half)), tmp(static_cast<std::size_t>(dim));
@@ -171,14 +131,8 @@ struct AttentionOps<cpu> {
                                   std::span<const index_t> offsets, float scale, View<float, 3> o, View<float, 1> lse,
                                   View<float, 1> max_logit) {
         using namespace cpu_detail;
-        const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
-        check_offsets("attention_forward", offsets, T);
-        const index_t G = H / check_operands("attention_forward", q, kv, T);
-        check_heads_view("attention_forward", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
-        if (lse.numel() != T * H || lse.strides[0] != 1 || max_logit.shape[0] != H || max_logit.strides[0] != 1)
-            throw shape_error("attention_forward: lse " + shape_string(lse.shape) + " and max_logit " +
-                              shape_string(max_logit.shape) + " for " + std::to_string(T) + " rows of " +
-                              std::to_string(H) + " heads");
+        const index_t H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+        const index_t G = contract::check_forward(q, kv, offsets, o, lse, max_logit);
         std::vector<float> task_max(static_cast<std::size_t>(N * H), -INFINITY);
         parallel_for(N * H, [&](index_t task) {
             const index_t s = task / H, h = task % H, t0 = offsets[s], S = offsets[s + 1] - t0;
@@ -194,22 +148,9 @@ struct AttentionOps<cpu> {
                                    std::span<const index_t> offsets, float scale, View<const float, 3> o,
                                    View<const float, 1> lse, View<const float, 3> d_o, const AttentionGrads<cpu>& grads) {
         using namespace cpu_detail;
-        const char* op = "attention_backward";
-        const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
-        check_offsets(op, offsets, T);
-        const index_t KV = check_operands(op, q, kv, T), G = H / KV, dim_v = kv.v.shape[2];
-        check_heads_view(op, "o", o.shape, o.strides, T, H, dim_v);
-        check_heads_view(op, "d_o", d_o.shape, d_o.strides, T, H, dim_v);
-        for (int p = 0; p < q.parts; ++p) {
-            check_heads_view(op, p ? "dq[1]" : "dq[0]", grads.dq[p].shape, grads.dq[p].strides, T, H, q.q[p].shape[2]);
-            check_heads_view(op, p ? "dk[1]" : "dk[0]", grads.dk[p].shape, grads.dk[p].strides, T, KV, q.q[p].shape[2]);
-            if (KV > 1 && grads.dk[p].strides[1] == 0) throw shape_error("attention_backward: dk needs a non-zero head stride");
-        }
-        check_heads_view(op, "dv", grads.dv.shape, grads.dv.strides, T, KV, dim_v);
-        if (KV > 1 && grads.dv.strides[1] == 0) throw shape_error("attention_backward: dv needs a non-zero head stride");
-        if (lse.numel() != T * H || lse.strides[0] != 1)
-            throw shape_error("attention_backward: lse " + shape_string(lse.shape) + " for " + std::to_string(T) +
-                              " rows of " + std::to_string(H) + " heads");
+        const index_t H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+        const index_t KV = contract::check_backward(q, kv, offsets, o, lse, d_o, grads), G = H / KV,
+                      dim_v = kv.v.shape[2];
         // one task per (sequence, key/value head): the query heads of a group add into the same dK, dV in order
         parallel_for(N * KV, [&](index_t task) {
             const index_t s = task / KV, g = task % KV, t0 = offsets[s], S = offsets[s + 1] - t0;
@@ -250,26 +191,13 @@ struct AttentionOps<cpu> {
     static void attention_decode(const AttentionQueries<cpu>& q, std::span<const AttentionKeys<cpu>> caches,
                                  std::span<const index_t> offsets, float scale, View<float, 3> o) {
         using namespace cpu_detail;
-        const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
-        check_offsets("attention_decode", offsets, T);
-        if (index_t(caches.size()) != N)
-            throw shape_error("attention_decode: " + std::to_string(caches.size()) + " caches for " + std::to_string(N) +
-                              " sequences");
-        std::vector<index_t> groups(static_cast<std::size_t>(N));
-        for (index_t s = 0; s < N; ++s) {
-            const AttentionKeys<cpu>& kv = caches[std::size_t(s)];
-            if (kv.k[0].shape[0] < offsets[s + 1] - offsets[s])
-                throw shape_error("attention_decode: sequence " + std::to_string(s) + " has " +
-                                  std::to_string(offsets[s + 1] - offsets[s]) + " new rows but its cache only " +
-                                  std::to_string(kv.k[0].shape[0]) + " keys");
-            groups[std::size_t(s)] = H / check_operands("attention_decode", q, kv, -1);
-            check_heads_view("attention_decode", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
-        }
+        const index_t H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
+        contract::check_decode(q, caches, offsets, o);
         parallel_for(N * H, [&](index_t task) {
             const index_t s = task / H, h = task % H, t0 = offsets[s], n = offsets[s + 1] - t0;
             const AttentionKeys<cpu>& kv = caches[std::size_t(s)];
-            head_forward(q, kv, t0, n, 0, kv.k[0].shape[0], h, h / groups[std::size_t(s)], scale, head_rows(o, t0, n, h),
-                         nullptr);
+            head_forward(q, kv, t0, n, 0, kv.k[0].shape[0], h, h / (H / kv.k[0].shape[1]), scale,
+                         head_rows(o, t0, n, h), nullptr);
         });
     }
 };

@@ -37,10 +37,6 @@ template <class T>
 MutMap<T> as_matrix(View<T, 2> v) {
     return MutMap<T>(v.data, v.shape[0], v.shape[1], Eigen::OuterStride<>(v.strides[0]));
 }
-inline void require_rows(const char* op, const char* name, index_t stride) {
-    if (stride != 1)
-        throw shape_error(std::string(op) + ": " + name + " must have contiguous rows (unit column stride)");
-}
 
 /// How Ops::gemm splits C [m, n] = op(A) op(B) over `threads` threads: into `chunks` panels of `width` columns
 /// (along_n) or rows, cut from the larger side. Each panel is one single-threaded Eigen product that re-packs the
@@ -97,16 +93,8 @@ struct BlasOps<cpu> {
                      View<const std::type_identity_t<T>, 2> B, std::type_identity_t<T> beta,
                      View<std::type_identity_t<T>, 2> C) {
         using namespace cpu_detail;
-        require_rows("gemm", "A", A.strides[1]);
-        require_rows("gemm", "B", B.strides[1]);
-        require_rows("gemm", "C", C.strides[1]);
-        const index_t m = ta == Trans::yes ? A.shape[1] : A.shape[0];
-        const index_t k = ta == Trans::yes ? A.shape[0] : A.shape[1];
-        const index_t kb = tb == Trans::yes ? B.shape[1] : B.shape[0];
-        const index_t n = tb == Trans::yes ? B.shape[0] : B.shape[1];
-        if (k != kb || C.shape[0] != m || C.shape[1] != n)
-            throw shape_error("gemm: op(A) " + shape_string(Shape<2>{m, k}) + " times op(B) " +
-                              shape_string(Shape<2>{kb, n}) + " into C " + shape_string(C.shape));
+        const contract::GemmShape shape = contract::check_gemm<T>("gemm", ta, tb, A, B, C);
+        const index_t m = shape.m, n = shape.n, k = shape.k;
         auto c = as_matrix<T>(C);
         if (m == 0 || n == 0) return;
         if (k == 0) {
@@ -153,12 +141,8 @@ struct BlasOps<cpu> {
     static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2> A,
                      std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2> C) {
         using namespace cpu_detail;
-        require_rows("syrk", "A", A.strides[1]);
-        require_rows("syrk", "C", C.strides[1]);
+        contract::check_syrk<T>(A, C);
         const index_t n = A.shape[0], k = A.shape[1];
-        if (C.shape[0] != n || C.shape[1] != n)
-            throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
-                              std::to_string(n) + "] result, C is " + shape_string(C.shape));
         constexpr index_t block = 256;
         const index_t nb = (n + block - 1) / block;
         std::vector<std::pair<index_t, index_t>> blocks;  // (i, j), j <= i: one parallel region for all of them
@@ -190,8 +174,7 @@ struct BlasOps<cpu> {
     /// The groups run one after the other, each GEMM on every thread (a segment is usually hundreds of rows).
     static void gemm_grouped(Trans tw, float alpha, View<const float, 2> X, View<const float, 3> W, float beta,
                              View<float, 2> Y, std::span<const index_t> offsets) {
-        check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
-        if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
+        contract::check_gemm_grouped(X, W, Y, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
@@ -202,8 +185,7 @@ struct BlasOps<cpu> {
     /// dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g for every group g: dY [rows, n], X [rows, k], dW [groups, n, k].
     static void gemm_grouped_weight_grad(float alpha, View<const float, 2> dY, View<const float, 2> X, float beta,
                                          View<float, 3> dW, std::span<const index_t> offsets) {
-        check_groups("gemm_grouped_weight_grad", dW.shape[0], offsets, X.shape[0]);
-        if (dY.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped_weight_grad: dY against X rows", dY.shape, X.shape);
+        contract::check_gemm_grouped_weight_grad(dY, X, dW, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) {
@@ -218,17 +200,6 @@ private:
     static void scale_in_place(View<float, 2> m, float beta) {
         for (index_t i = 0; i < m.shape[0]; ++i)
             for (index_t j = 0; j < m.shape[1]; ++j) m.data[i * m.strides[0] + j] *= beta;
-    }
-    static void check_groups(const char* op, index_t groups, std::span<const index_t> offsets, index_t rows) {
-        if (index_t(offsets.size()) != groups + 1)
-            throw shape_error(std::string(op) + ": " + std::to_string(offsets.size()) + " offsets for " +
-                              std::to_string(groups) + " groups (expected groups + 1)");
-        if (offsets.front() != 0 || offsets.back() != rows)
-            throw shape_error(std::string(op) + ": offsets run from " + std::to_string(offsets.front()) + " to " +
-                              std::to_string(offsets.back()) + ", the rows from 0 to " + std::to_string(rows));
-        for (std::size_t g = 0; g + 1 < offsets.size(); ++g)
-            if (offsets[g + 1] < offsets[g])
-                throw shape_error(std::string(op) + ": offsets decrease at group " + std::to_string(g));
     }
 };
 

@@ -20,10 +20,6 @@ decltype(auto) element(const View<T, 2>& v, index_t i, index_t j) {
     if constexpr (std::is_const_v<T>) return std::remove_const_t<T>(v.data[i * v.strides[0] + j * v.strides[1]]);
     else return (v.data[i * v.strides[0] + j * v.strides[1]]);
 }
-template <class First, class... Rest>
-void require_same_shapes([[maybe_unused]] const char* op, const First& first, const Rest&... rest) {
-    ((rest.shape == first.shape ? void() : throw_shape_mismatch(op, first.shape, rest.shape)), ...);
-}
 /// Calls body(i, j_begin, j_end) over [rows, cols] in pieces of whole rows, or of column blocks when rows are few.
 template <class Body>
 void for_each_block(index_t rows, index_t cols, Body&& body) {
@@ -34,6 +30,20 @@ void for_each_block(index_t rows, index_t cols, Body&& body) {
         body(i, per_row == 1 ? 0 : lo, per_row == 1 ? cols : std::min(cols, lo + block));
     });
 }
+/// dst [n, m] = op(src [m, n])^T element by element, in tiles of 32 x 32 so both sides are read and written in
+/// whole cache lines (MapOps::transpose, OptimOps::scaled_copy).
+template <class T, class Op>
+void transpose_tiled(View<const T, 2> src, View<T, 2> dst, const Op& op) {
+    const index_t m = src.shape[0], n = src.shape[1];
+    constexpr index_t tile = 32;
+    const index_t tiles_n = (n + tile - 1) / tile;
+    parallel_for(((m + tile - 1) / tile) * tiles_n, [&](index_t k) {
+        const index_t i0 = k / tiles_n * tile, j0 = k % tiles_n * tile;
+        for (index_t i = i0; i < std::min(m, i0 + tile); ++i)
+            for (index_t j = j0; j < std::min(n, j0 + tile); ++j)
+                dst.data[j * dst.strides[0] + i * dst.strides[1]] = op(src.data[i * src.strides[0] + j * src.strides[1]]);
+    });
+}
 }  // namespace cpu_detail
 
 template <>
@@ -42,7 +52,7 @@ struct MapOps<cpu> {
     template <class F, class... T>
     static void map(F f, View<T, 2>... v) {
         static_assert(sizeof...(T) > 0, "map: give at least one view");
-        cpu_detail::require_same_shapes("map", v...);
+        contract::require_same_shapes("map", v...);
         const auto& first = std::get<0>(std::tie(v...));
         cpu_detail::for_each_block(first.shape[0], first.shape[1], [&](index_t i, index_t lo, index_t hi) {
             for (index_t j = lo; j < hi; ++j) f(cpu_detail::element(v, i, j)...);
@@ -53,7 +63,7 @@ struct MapOps<cpu> {
     template <class F, class... T>
     static void map_indexed(F f, View<T, 2>... v) {
         static_assert(sizeof...(T) > 0, "map_indexed: give at least one view");
-        cpu_detail::require_same_shapes("map_indexed", v...);
+        contract::require_same_shapes("map_indexed", v...);
         const auto& first = std::get<0>(std::tie(v...));
         cpu_detail::for_each_block(first.shape[0], first.shape[1], [&](index_t i, index_t lo, index_t hi) {
             for (index_t j = lo; j < hi; ++j) f(i, j, cpu_detail::element(v, i, j)...);
@@ -63,7 +73,7 @@ struct MapOps<cpu> {
     /// dst = src (same shape, any row pitch)
     template <class T = float>
     static void copy(View<const std::type_identity_t<T>, 2> src, View<std::type_identity_t<T>, 2> dst) {
-        if (src.shape != dst.shape) throw_shape_mismatch("copy", src.shape, dst.shape);
+        contract::require_same_shapes("copy", src, dst);
         const index_t cols = src.shape[1];
         cpu_detail::parallel_for(src.shape[0], [&](index_t i) {
             std::memcpy(dst.data + i * dst.strides[0], src.data + i * src.strides[0], std::size_t(cols) * sizeof(T));
@@ -84,17 +94,8 @@ struct MapOps<cpu> {
     /// dst [n, m] = src [m, n]^T, in tiles of 32 x 32 so both sides are read and written in whole cache lines.
     template <class T = float>
     static void transpose(View<const std::type_identity_t<T>, 2> src, View<std::type_identity_t<T>, 2> dst) {
-        const index_t m = src.shape[0], n = src.shape[1];
-        if (dst.shape[0] != n || dst.shape[1] != m)
-            throw shape_error("transpose: " + shape_string(src.shape) + " into " + shape_string(dst.shape));
-        constexpr index_t tile = 32;
-        const index_t tiles_n = (n + tile - 1) / tile;
-        cpu_detail::parallel_for(((m + tile - 1) / tile) * tiles_n, [&](index_t k) {
-            const index_t i0 = k / tiles_n * tile, j0 = k % tiles_n * tile;
-            for (index_t i = i0; i < std::min(m, i0 + tile); ++i)
-                for (index_t j = j0; j < std::min(n, j0 + tile); ++j)
-                    dst.data[j * dst.strides[0] + i * dst.strides[1]] = src.data[i * src.strides[0] + j * src.strides[1]];
-        });
+        contract::check_transposed("transpose", src, dst);
+        cpu_detail::transpose_tiled<T>(src, dst, [](T x) { return x; });
     }
 };
 

@@ -16,6 +16,7 @@
 #include "../blas.hpp"
 #include "../functors.hpp"
 #include "../optim.hpp"
+#include "map.hpp"
 #include "threads.hpp"
 
 namespace moonmoe::backend {
@@ -48,7 +49,7 @@ template <class T>
 std::vector<ListBlock> list_blocks(std::span<const View<T, 1>> xs, index_t block = 16384) {
     std::vector<ListBlock> out;
     for (std::size_t i = 0; i < xs.size(); ++i) {
-        if (!xs[i].contiguous()) throw shape_error("optim list: view " + std::to_string(i) + " is strided");
+        contract::require_list_view(i, xs[i]);
         for (index_t lo = 0; lo < xs[i].shape[0]; lo += block) out.push_back({i, lo, std::min(block, xs[i].shape[0] - lo)});
     }
     return out;
@@ -61,7 +62,7 @@ struct OptimOps<cpu> {
     /// thread count. It is O(size) beside Newton-Schulz's O(n^2 m), where it is used.
     template <class T = float>
     static void sum_squares(View<const std::type_identity_t<T>, 2> x, View<double, 1> out) {
-        if (out.shape[0] != 1) throw shape_error("sum_squares: the result is " + shape_string(out.shape) + ", not [1]");
+        contract::require_one("sum_squares: the result", out);
         double sq = 0.0;
         for (index_t i = 0; i < x.shape[0]; ++i) {
             const T* row = x.data + i * x.strides[0];
@@ -80,10 +81,9 @@ struct OptimOps<cpu> {
     template <class T = float>
     static void scaled_copy(Trans t, View<const std::type_identity_t<T>, 2> src,
                             View<const std::type_identity_t<T>, 1> factor, View<std::type_identity_t<T>, 2> dst) {
-        if (factor.shape[0] != 1) throw shape_error("scaled_copy: the factor is " + shape_string(factor.shape) + ", not [1]");
+        contract::check_scaled_copy<T>(t, src, factor, dst);
         const T f = factor.data[0];
         if (t == Trans::no) {
-            if (src.shape != dst.shape) throw_shape_mismatch("scaled_copy", src.shape, dst.shape);
             const index_t cols = src.shape[1];
             cpu_detail::parallel_for(src.shape[0], [&](index_t i) {
                 const T* s = src.data + i * src.strides[0];
@@ -92,24 +92,14 @@ struct OptimOps<cpu> {
             });
             return;
         }
-        const index_t m = src.shape[0], n = src.shape[1];
-        if (dst.shape[0] != n || dst.shape[1] != m)
-            throw shape_error("scaled_copy (transposed): " + shape_string(src.shape) + " into " + shape_string(dst.shape));
-        constexpr index_t tile = 32;
-        const index_t tiles_n = (n + tile - 1) / tile;
-        cpu_detail::parallel_for(((m + tile - 1) / tile) * tiles_n, [&](index_t k) {
-            const index_t i0 = k / tiles_n * tile, j0 = k % tiles_n * tile;
-            for (index_t i = i0; i < std::min(m, i0 + tile); ++i)
-                for (index_t j = j0; j < std::min(n, j0 + tile); ++j)
-                    dst.data[j * dst.strides[0] + i * dst.strides[1]] = src.data[i * src.strides[0] + j * src.strides[1]] * f;
-        });
+        cpu_detail::transpose_tiled<T>(src, dst, [f](T x) { return x * f; });
     }
 
     /// out[0] = the first i whose xs[i] holds a NaN or an infinity, or xs.size(). One parallel loop over pieces
     /// of every view; a piece of a view after the first bad one found so far is not read, so the scan ends early
     /// after a find, yet the index is the lowest bad one whatever the thread timing.
     static void first_nonfinite(std::span<const View<const float, 1>> xs, View<index_t, 1> out) {
-        if (out.shape[0] != 1) throw shape_error("first_nonfinite: the result is " + shape_string(out.shape) + ", not [1]");
+        contract::require_one("first_nonfinite: the result", out);
         const std::vector<cpu_detail::ListBlock> blocks = cpu_detail::list_blocks(xs);
         std::atomic<std::size_t> first{xs.size()};
         cpu_detail::parallel_for(index_t(blocks.size()), [&](index_t k) {
@@ -134,8 +124,7 @@ struct OptimOps<cpu> {
 
     /// Row r of w *= factors[r], rows in parallel; rows whose factor is exactly 1 are left unwritten.
     static void scale_rows(View<float, 2> w, View<const float, 1> factors) {
-        if (factors.shape[0] != w.shape[0])
-            throw shape_error("scale_rows: " + shape_string(factors.shape) + " factors for the rows of " + shape_string(w.shape));
+        contract::check_scale_rows(w, factors);
         const index_t cols = w.shape[1];
         cpu_detail::parallel_for(w.shape[0], [&](index_t r) {
             const float f = factors.data[r * factors.strides[0]];
@@ -151,10 +140,7 @@ struct OptimOps<cpu> {
     /// those of fn::AdamWUpdate.
     static void adamw_update(const fn::AdamWUpdate& f, View<float, 1> w, View<const float, 1> g, View<float, 1> m,
                              View<float, 1> v) {
-        for (const auto* x : {&w.shape, &m.shape, &v.shape})
-            if (*x != g.shape) throw_shape_mismatch("adamw_update: state against gradient", *x, g.shape);
-        if (!w.contiguous() || !g.contiguous() || !m.contiguous() || !v.contiguous())
-            throw shape_error("adamw_update: the views must be contiguous");
+        contract::check_adamw_update(w, g, m, v);
         const index_t n = g.shape[0];
         constexpr index_t block = 16384;
         cpu_detail::parallel_for((n + block - 1) / block, [&](index_t k) {

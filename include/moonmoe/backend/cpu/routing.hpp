@@ -24,13 +24,7 @@ struct RoutingOps<cpu> {
     static void route_select(const MoEConfig& cfg, View<float, 2> scores, View<const float, 1> bias,
                              View<const index_t, 2> fixed, View<index_t, 2> idx, View<float, 2> weight) {
         const index_t T = scores.shape[0], E = scores.shape[1], K = idx.shape[1];
-        if (E != cfg.experts || bias.shape[0] != E || idx.shape[0] != T || weight.shape != idx.shape ||
-            (fixed.data && fixed.shape != idx.shape) || K > E)
-            throw shape_error("route_select: scores " + shape_string(scores.shape) + " (" + std::to_string(cfg.experts) +
-                              " experts), bias " + shape_string(bias.shape) + ", idx " + shape_string(idx.shape) +
-                              ", weight " + shape_string(weight.shape) +
-                              (fixed.data ? ", fixed " + shape_string(fixed.shape) : std::string()));
-        require_contiguous("route_select", scores, idx, weight);
+        contract::check_route_select(cfg, scores, bias, fixed, idx, weight);
         const index_t G = cfg.groups, per_group = G > 0 ? E / G : E;
         cpu_detail::parallel_for(T, [&](index_t t) {
             float* s = scores.data + t * E;
@@ -56,13 +50,7 @@ struct RoutingOps<cpu> {
     static void route_backward(const MoEConfig& cfg, View<const float, 2> scores, View<const index_t, 2> idx,
                                View<const float, 2> dweight, View<const float, 2> aux_grad, View<float, 2> dlogits) {
         const index_t T = scores.shape[0], E = scores.shape[1], K = idx.shape[1];
-        if (idx.shape[0] != T || dweight.shape != idx.shape || dlogits.shape != scores.shape ||
-            (aux_grad.data && aux_grad.shape != scores.shape))
-            throw shape_error("route_backward: scores " + shape_string(scores.shape) + ", idx " + shape_string(idx.shape) +
-                              ", dweight " + shape_string(dweight.shape) + ", dlogits " + shape_string(dlogits.shape) +
-                              (aux_grad.data ? ", aux_grad " + shape_string(aux_grad.shape) : std::string()));
-        require_contiguous("route_backward", scores, idx, dweight, dlogits);
-        if (aux_grad.data) require_contiguous("route_backward", aux_grad);
+        contract::check_route_backward(scores, idx, dweight, aux_grad, dlogits);
         const float scale = float(cfg.routed_scale);
         cpu_detail::parallel_for(T, [&](index_t t) {
             const float* s = scores.data + t * E;
@@ -91,7 +79,7 @@ struct RoutingOps<cpu> {
 
     /// counts[e] += the pairs routed to expert first + e.
     static void histogram(View<const index_t, 2> idx, index_t first, View<index_t, 1> counts) {
-        require_contiguous("histogram", idx);
+        contract::require_contiguous("histogram", idx);
         const index_t n = idx.numel(), L = counts.shape[0];
         for (index_t i = 0; i < n; ++i) {
             const index_t e = idx.data[i] - first;
@@ -101,7 +89,7 @@ struct RoutingOps<cpu> {
 
     /// bias[e] += gamma * sign(mean load - load[e]).
     static void update_bias(float gamma, View<const index_t, 1> load, View<float, 1> bias) {
-        if (load.shape != bias.shape) throw_shape_mismatch("update_bias: load against bias", load.shape, bias.shape);
+        contract::check_update_bias(load, bias);
         const index_t E = load.shape[0];
         if (E == 0) return;
         index_t total = 0;
@@ -114,11 +102,7 @@ struct RoutingOps<cpu> {
     static void dispatch_plan(View<const index_t, 2> idx, index_t first, View<index_t, 1> offsets,
                               View<index_t, 1> row_slot, View<index_t, 2> slot_row) {
         const index_t n = idx.numel(), L = offsets.shape[0] - 1;
-        if (L < 0 || row_slot.shape[0] != n || slot_row.shape != idx.shape)
-            throw shape_error("dispatch_plan: idx " + shape_string(idx.shape) + ", offsets " + shape_string(offsets.shape) +
-                              ", row_slot " + shape_string(row_slot.shape) + ", slot_row " + shape_string(slot_row.shape) +
-                              " (expected offsets [local experts + 1], row_slot [pairs], slot_row like idx)");
-        require_contiguous("dispatch_plan", idx, offsets, row_slot, slot_row);
+        contract::check_dispatch_plan(idx, offsets, row_slot, slot_row);
         std::vector<index_t> next(static_cast<std::size_t>(L) + 1, 0);
         for (index_t i = 0; i < n; ++i) {  // histogram
             const index_t e = idx.data[i] - first;
@@ -141,10 +125,7 @@ struct RoutingOps<cpu> {
 
     /// out[r, :] = x[row_slot[r] / k, :]: each pair's token row, rows in parallel.
     static void gather_pairs(View<const float, 2> x, View<const index_t, 1> row_slot, index_t k, View<float, 2> out) {
-        if (x.shape[1] != out.shape[1] || out.shape[0] > row_slot.shape[0] || k < 1)
-            throw shape_error("gather_pairs: x " + shape_string(x.shape) + ", row_slot " + shape_string(row_slot.shape) +
-                              ", k = " + std::to_string(k) + ", out " + shape_string(out.shape));
-        require_contiguous("gather_pairs", row_slot);
+        contract::check_gather_pairs(x, row_slot, k, out);
         const index_t cols = x.shape[1];
         cpu_detail::parallel_for(out.shape[0], [&](index_t r) {
             const float* src = x.data + row_slot.data[r] / k * x.strides[0];
@@ -157,12 +138,7 @@ struct RoutingOps<cpu> {
     static void combine(View<const float, 2> rows, View<const index_t, 2> slot_row, View<const float, 2> weight,
                         View<float, 2> y) {
         const index_t T = y.shape[0], K = slot_row.shape[1], cols = y.shape[1];
-        if (slot_row.shape[0] != T || rows.shape[1] != cols || (weight.data && weight.shape != slot_row.shape))
-            throw shape_error("combine: rows " + shape_string(rows.shape) + ", slot_row " + shape_string(slot_row.shape) +
-                              (weight.data ? ", weight " + shape_string(weight.shape) : std::string()) + ", y " +
-                              shape_string(y.shape));
-        require_contiguous("combine", slot_row);
-        if (weight.data) require_contiguous("combine", weight);
+        contract::check_combine(rows, slot_row, weight, y);
         cpu_detail::parallel_for(T, [&](index_t t) {
             std::vector<std::pair<index_t, float>> terms;  // (row, weight), sorted by row: ascending expert
             terms.reserve(static_cast<std::size_t>(K));
@@ -183,10 +159,7 @@ struct RoutingOps<cpu> {
     /// out.flat[row_slot[r]] = a[r, :] . b[r, :] in double, rows in parallel.
     static void pair_dot(View<const float, 2> a, View<const float, 2> b, View<const index_t, 1> row_slot,
                          View<float, 2> out) {
-        if (a.shape != b.shape || a.shape[0] > row_slot.shape[0] || row_slot.shape[0] != out.numel())
-            throw shape_error("pair_dot: a " + shape_string(a.shape) + ", b " + shape_string(b.shape) + ", row_slot " +
-                              shape_string(row_slot.shape) + ", out " + shape_string(out.shape));
-        require_contiguous("pair_dot", row_slot, out);
+        contract::check_pair_dot(a, b, row_slot, out);
         const index_t cols = a.shape[1];
         cpu_detail::parallel_for(a.shape[0], [&](index_t r) {
             const float* x = a.data + r * a.strides[0];
@@ -198,13 +171,6 @@ struct RoutingOps<cpu> {
     }
 
 private:
-    template <class... V>
-    static void require_contiguous(const char* op, const V&... v) {
-        ((v.contiguous() ? void() : throw shape_error(std::string(op) + ": a view of shape " + shape_string(v.shape) +
-                                                      " must be contiguous")),
-         ...);
-    }
-
     /// s = sigmoid(logits), or softmax with the exponentials' sum in double.
     static void to_scores(ScoreFunc score, float* s, index_t E) {
         if (score == ScoreFunc::sigmoid) {

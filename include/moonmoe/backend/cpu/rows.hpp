@@ -12,20 +12,6 @@
 
 namespace moonmoe::backend {
 
-namespace cpu_detail {
-template <class T>
-void require_vector(const char* op, const char* name, const View<T, 1>& v, index_t n) {
-    if (v.shape[0] != n || (n > 1 && v.strides[0] != 1))
-        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(v.shape) +
-                          (v.shape[0] == n ? " (strided)" : "") + ", expected [" + std::to_string(n) + "] contiguous");
-}
-template <class T>
-void require_unit_columns(const char* op, const char* name, const View<T, 2>& v) {
-    if (v.strides[1] != 1 && v.shape[1] > 1)
-        throw shape_error(std::string(op) + ": " + name + " " + shape_string(v.shape) + " must have contiguous rows");
-}
-}  // namespace cpu_detail
-
 template <>
 struct RowOps<cpu> {
     /// y = weight * x * rstd per row; rstd[r] = 1 / sqrt(mean(x[r]^2) + eps), the sum of squares in double.
@@ -33,11 +19,7 @@ struct RowOps<cpu> {
                                 View<float, 1> rstd) {
         using namespace cpu_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
-        if (y.shape != x.shape) throw_shape_mismatch("rmsnorm_forward: x against y", x.shape, y.shape);
-        require_unit_columns("rmsnorm_forward", "x", x);
-        require_unit_columns("rmsnorm_forward", "y", y);
-        require_vector("rmsnorm_forward", "weight", weight, n);
-        require_vector("rmsnorm_forward", "rstd", rstd, rows);
+        contract::check_rmsnorm_forward(x, weight, y, rstd);
         const float* w = weight.data;
         parallel_for(rows, [&](index_t r) {
             const float* xr = x.data + r * x.strides[0];
@@ -56,14 +38,7 @@ struct RowOps<cpu> {
                                  bool accumulate_dx) {
         using namespace cpu_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
-        if (dy.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dy", x.shape, dy.shape);
-        if (dx.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dx", x.shape, dx.shape);
-        require_unit_columns("rmsnorm_backward", "x", x);
-        require_unit_columns("rmsnorm_backward", "dy", dy);
-        require_unit_columns("rmsnorm_backward", "dx", dx);
-        require_vector("rmsnorm_backward", "weight", weight, n);
-        require_vector("rmsnorm_backward", "dweight", dweight, n);
-        require_vector("rmsnorm_backward", "rstd", rstd, rows);
+        contract::check_rmsnorm_backward(x, weight, rstd, dy, dx, dweight);
         const float* w = weight.data;
         parallel_for(rows, [&](index_t r) {
             const float* xr = x.data + r * x.strides[0];
@@ -104,13 +79,7 @@ struct RowOps<cpu> {
                               index_t count, View<float, 1> loss, View<float, 2> dlogits) {
         using namespace cpu_detail;
         const index_t T = logits.shape[0], V = logits.shape[1];
-        require_unit_columns("cross_entropy", "logits", logits);
-        require_vector("cross_entropy", "targets", targets, T);
-        require_vector("cross_entropy", "loss", loss, 1);
-        if (dlogits.data) {
-            if (dlogits.shape != logits.shape) throw_shape_mismatch("cross_entropy: logits against dlogits", logits.shape, dlogits.shape);
-            require_unit_columns("cross_entropy", "dlogits", dlogits);
-        }
+        contract::check_cross_entropy(logits, targets, loss, dlogits);
         std::vector<double> per_token(static_cast<std::size_t>(T), 0.0);
         parallel_for(T, [&](index_t t) {
             const float* z = logits.data + t * logits.strides[0];
@@ -139,8 +108,7 @@ struct RowOps<cpu> {
     /// out[t] = table[ids[t]] (ids checked by the caller).
     static void embedding_gather(View<const float, 2> table, View<const index_t, 1> ids, View<float, 2> out) {
         using namespace cpu_detail;
-        if (table.shape[1] != out.shape[1]) throw_shape_mismatch("embedding_gather: table against out", table.shape, out.shape);
-        require_vector("embedding_gather", "ids", ids, out.shape[0]);
+        contract::check_embedding_gather(table, ids, out);
         const index_t cols = out.shape[1];
         parallel_for(out.shape[0], [&](index_t t) {
             const float* src = table.data + ids.data[t] * table.strides[0];
@@ -152,8 +120,7 @@ struct RowOps<cpu> {
     /// Column blocks run in parallel (each reads every token), which keeps that order.
     static void embedding_scatter_add(View<const float, 2> dy, View<const index_t, 1> ids, View<float, 2> dtable) {
         using namespace cpu_detail;
-        if (dy.shape[1] != dtable.shape[1]) throw_shape_mismatch("embedding_scatter_add: dy against dtable", dy.shape, dtable.shape);
-        require_vector("embedding_scatter_add", "ids", ids, dy.shape[0]);
+        contract::check_embedding_scatter_add(dy, ids, dtable);
         constexpr index_t block = 256;
         const index_t cols = dy.shape[1], blocks = (cols + block - 1) / block;
         parallel_for(blocks, [&](index_t b) {
@@ -169,9 +136,7 @@ struct RowOps<cpu> {
     /// y[t, j] = sum over heads h, in order, of x[t, h, j] (f32).
     static void sum_heads(View<const float, 3> x, View<float, 2> y) {
         const index_t rows = x.shape[0], heads = x.shape[1], n = x.shape[2];
-        if (y.shape[0] != rows || y.shape[1] != n || (n > 1 && (x.strides[2] != 1 || y.strides[1] != 1)))
-            throw shape_error("sum_heads: x " + shape_string(x.shape) + " into y " + shape_string(y.shape) +
-                              " (expected [rows, n] = [" + std::to_string(rows) + ", " + std::to_string(n) + "], unit last strides)");
+        contract::check_sum_heads(x, y);
         cpu_detail::parallel_for(rows, [&](index_t t) {
             float* yr = y.data + t * y.strides[0];
             for (index_t j = 0; j < n; ++j) {

@@ -85,29 +85,15 @@ void cublas_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A
 #endif
 }
 
-inline void require_rows(const char* op, const char* name, index_t stride) {
-    if (stride != 1)
-        throw shape_error(std::string(op) + ": " + name + " must have contiguous rows (unit column stride)");
-}
-
 /// The row-major request of C = op(A) op(B), after checking shapes (both named on a mismatch) and layouts.
 template <class T>
 RowMajorGemm checked_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, cuda>& A,
                           const View<const T, 2, cuda>& B, const View<T, 2, cuda>& C) {
-    require_rows(op, "A", A.strides[1]);
-    require_rows(op, "B", B.strides[1]);
-    require_rows(op, "C", C.strides[1]);
-    const index_t m = ta == Trans::yes ? A.shape[1] : A.shape[0];
-    const index_t k = ta == Trans::yes ? A.shape[0] : A.shape[1];
-    const index_t kb = tb == Trans::yes ? B.shape[1] : B.shape[0];
-    const index_t n = tb == Trans::yes ? B.shape[0] : B.shape[1];
-    if (k != kb || C.shape[0] != m || C.shape[1] != n)
-        throw shape_error(std::string(op) + ": op(A) " + shape_string(Shape<2>{m, k}) + " times op(B) " +
-                          shape_string(Shape<2>{kb, n}) + " into C " + shape_string(C.shape));
+    const contract::GemmShape shape = contract::check_gemm<T>(op, ta, tb, A, B, C);
     require_pitch(op, "A", A.shape[0], A.shape[1], A.strides[0]);
     require_pitch(op, "B", B.shape[0], B.shape[1], B.strides[0]);
     require_pitch(op, "C", C.shape[0], C.shape[1], C.strides[0]);
-    return {ta, tb, m, n, k, A.strides[0], B.strides[0], C.strides[0]};
+    return {ta, tb, shape.m, shape.n, shape.k, A.strides[0], B.strides[0], C.strides[0]};
 }
 
 /// C = beta C, where a product has no terms (k = 0 or an empty group); C = 0 when beta is 0, as BLAS does.
@@ -127,18 +113,6 @@ struct MirrorUpper {
         if (i > j) x = c[j * pitch + i];
     }
 };
-
-inline void check_groups(const char* op, index_t groups, std::span<const index_t> offsets, index_t rows) {
-    if (index_t(offsets.size()) != groups + 1)
-        throw shape_error(std::string(op) + ": " + std::to_string(offsets.size()) + " offsets for " +
-                          std::to_string(groups) + " groups (expected groups + 1)");
-    if (offsets.front() != 0 || offsets.back() != rows)
-        throw shape_error(std::string(op) + ": offsets run from " + std::to_string(offsets.front()) + " to " +
-                          std::to_string(offsets.back()) + ", the rows from 0 to " + std::to_string(rows));
-    for (std::size_t g = 0; g + 1 < offsets.size(); ++g)
-        if (offsets[g + 1] < offsets[g])
-            throw shape_error(std::string(op) + ": offsets decrease at group " + std::to_string(g));
-}
 
 }  // namespace cuda_detail
 
@@ -168,12 +142,8 @@ struct BlasOps<cuda> {
     template <class T = float>
     static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2, cuda> A,
                      std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2, cuda> C) {
-        cuda_detail::require_rows("syrk", "A", A.strides[1]);
-        cuda_detail::require_rows("syrk", "C", C.strides[1]);
+        contract::check_syrk<T>(A, C);
         const index_t n = A.shape[0], k = A.shape[1];
-        if (C.shape[0] != n || C.shape[1] != n)
-            throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
-                              std::to_string(n) + "] result, C is " + shape_string(C.shape));
         cuda_detail::require_pitch("syrk", "A", n, k, A.strides[0]);
         cuda_detail::require_pitch("syrk", "C", n, n, C.strides[0]);
         if (n == 0) return;
@@ -208,8 +178,7 @@ struct BlasOps<cuda> {
     /// W [groups, ., .]. One GEMM per non-empty segment, queued on the current stream.
     static void gemm_grouped(Trans tw, float alpha, View<const float, 2, cuda> X, View<const float, 3, cuda> W,
                              float beta, View<float, 2, cuda> Y, std::span<const index_t> offsets) {
-        cuda_detail::check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
-        if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
+        contract::check_gemm_grouped(X, W, Y, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
@@ -221,9 +190,7 @@ struct BlasOps<cuda> {
     /// an empty group's dW_g is only scaled by beta.
     static void gemm_grouped_weight_grad(float alpha, View<const float, 2, cuda> dY, View<const float, 2, cuda> X,
                                          float beta, View<float, 3, cuda> dW, std::span<const index_t> offsets) {
-        cuda_detail::check_groups("gemm_grouped_weight_grad", dW.shape[0], offsets, X.shape[0]);
-        if (dY.shape[0] != X.shape[0])
-            throw_shape_mismatch("gemm_grouped_weight_grad: dY against X rows", dY.shape, X.shape);
+        contract::check_gemm_grouped_weight_grad(dY, X, dW, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) cuda_detail::scale_or_zero<float>(dW[g], beta);

@@ -76,6 +76,18 @@ inline void require_pitch(const char* op, const char* name, index_t rows, index_
 
 // ---- host implementations of the column-major calls, with cuBLAS's argument conventions ----
 
+/// Element (r, c) of op(M) for a column-major M with leading dimension ld.
+template <class T>
+T op_element(CublasOp op, const T* M, index_t ld, index_t r, index_t c) {
+    return op == CublasOp::n ? M[r + c * ld] : M[c + r * ld];
+}
+
+/// c = alpha s + beta c from the double sum s; c is not read when beta is 0 (as in BLAS).
+template <class T>
+void blend(T& c, T alpha, double s, T beta) {
+    c = beta == T(0) ? T(double(alpha) * s) : T(double(alpha) * s + double(beta) * double(c));
+}
+
 /// cublasGemmEx: C [m, n] = alpha op_a(A) op_b(B) + beta C, column-major, element (i, j) of X at X[i + j ld].
 /// C is not read when beta is 0 (as in BLAS). Sums in double; columns of C in parallel where OpenMP is on.
 template <class T>
@@ -87,13 +99,9 @@ void host_gemm(CublasOp op_a, CublasOp op_b, index_t m, index_t n, index_t k, T 
     for (index_t j = 0; j < n; ++j)
         for (index_t i = 0; i < m; ++i) {
             double s = 0.0;
-            for (index_t p = 0; p < k; ++p) {
-                const T a = op_a == CublasOp::n ? A[i + p * lda] : A[p + i * lda];
-                const T b = op_b == CublasOp::n ? B[p + j * ldb] : B[j + p * ldb];
-                s += double(a) * double(b);
-            }
-            T& c = C[i + j * ldc];
-            c = beta == T(0) ? T(double(alpha) * s) : T(double(alpha) * s + double(beta) * double(c));
+            for (index_t p = 0; p < k; ++p)
+                s += double(op_element(op_a, A, lda, i, p)) * double(op_element(op_b, B, ldb, p, j));
+            blend(C[i + j * ldc], alpha, s, beta);
         }
 }
 
@@ -116,13 +124,9 @@ void host_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A, 
     for (index_t j = 0; j < n; ++j)
         for (index_t i = j; i < n; ++i) {
             double s = 0.0;
-            for (index_t p = 0; p < k; ++p) {
-                const T a = trans == CublasOp::n ? A[i + p * lda] : A[p + i * lda];
-                const T b = trans == CublasOp::n ? A[j + p * lda] : A[p + j * lda];
-                s += double(a) * double(b);
-            }
-            T& c = C[i + j * ldc];
-            c = beta == T(0) ? T(double(alpha) * s) : T(double(alpha) * s + double(beta) * double(c));
+            for (index_t p = 0; p < k; ++p)
+                s += double(op_element(trans, A, lda, i, p)) * double(op_element(trans, A, lda, j, p));
+            blend(C[i + j * ldc], alpha, s, beta);
         }
 }
 

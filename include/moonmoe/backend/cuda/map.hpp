@@ -84,15 +84,11 @@ struct MapKernel<Indexed, F, std::index_sequence<I...>, T...> : Operand<I, T>...
     }
 };
 
-template <class First, class... Rest>
-void require_same_shapes([[maybe_unused]] const char* op, const First& first, const Rest&... rest) {
-    ((rest.shape == first.shape ? void() : throw_shape_mismatch(op, first.shape, rest.shape)), ...);
-}
 
 template <bool Indexed, class F, class... T>
 void run_map(const char* op, const F& f, const View<T, 2, cuda>&... v) {
     static_assert(sizeof...(T) > 0, "map: give at least one view");
-    require_same_shapes(op, v...);
+    contract::require_same_shapes(op, v...);
     const auto& first = std::get<0>(std::tie(v...));
     const index_t rows = first.shape[0], cols = first.shape[1];
     if (rows == 0 || cols == 0) return;
@@ -131,7 +127,7 @@ struct MapOps<cuda> {
     /// dst = src (same shape, any row pitch): one 2-D memcpy when both have whole, non-overlapping rows, else a map.
     template <class T = float>
     static void copy(View<const std::type_identity_t<T>, 2, cuda> src, View<std::type_identity_t<T>, 2, cuda> dst) {
-        if (src.shape != dst.shape) throw_shape_mismatch("copy", src.shape, dst.shape);
+        contract::require_same_shapes("copy", src, dst);
         const index_t rows = src.shape[0], cols = src.shape[1];
         if (rows == 0 || cols == 0) return;
         const auto whole_rows = [&](const auto& v) { return v.strides[1] == 1 && (rows <= 1 || v.strides[0] >= cols); };
@@ -159,9 +155,8 @@ struct MapOps<cuda> {
     /// dst [n, m] = src [m, n]^T, one thread per element of dst (coalesced writes).
     template <class T = float>
     static void transpose(View<const std::type_identity_t<T>, 2, cuda> src, View<std::type_identity_t<T>, 2, cuda> dst) {
+        contract::check_transposed("transpose", src, dst);
         const index_t m = src.shape[0], n = src.shape[1];
-        if (dst.shape[0] != n || dst.shape[1] != m)
-            throw shape_error("transpose: " + shape_string(src.shape) + " into " + shape_string(dst.shape));
         if (m == 0 || n == 0) return;
         cuda_detail::launch(n * m, cuda_detail::TransposeKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst), m});
     }

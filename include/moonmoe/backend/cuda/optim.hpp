@@ -84,7 +84,7 @@ inline Tensor<ListItem, 1, cuda> list_items(std::span<const View<const float, 1,
     items.reserve(xs.size());
     total = 0;
     for (std::size_t i = 0; i < xs.size(); ++i) {
-        if (!xs[i].contiguous()) throw shape_error("optim list: view " + std::to_string(i) + " is strided");
+        contract::require_list_view(i, xs[i]);
         total += xs[i].shape[0];
         items.push_back({xs[i].data, total});
     }
@@ -157,7 +157,7 @@ struct OptimOps<cuda> {
     /// pitch: already coalesced along rows.
     template <class T = float>
     static void sum_squares(View<const std::type_identity_t<T>, 2, cuda> x, View<double, 1, cuda> out) {
-        if (out.shape[0] != 1) throw shape_error("sum_squares: the result is " + shape_string(out.shape) + ", not [1]");
+        contract::require_one("sum_squares: the result", out);
         const index_t count = x.shape[0] * x.shape[1];
         cuda_detail::reduce_into(out.data, count, cuda_detail::SquareAt<T>{cuda_detail::strided(x), x.shape[1]},
                                  thrust::plus<double>{}, 0.0);
@@ -173,11 +173,8 @@ struct OptimOps<cuda> {
     template <class T = float>
     static void scaled_copy(Trans t, View<const std::type_identity_t<T>, 2, cuda> src,
                             View<const std::type_identity_t<T>, 1, cuda> factor, View<std::type_identity_t<T>, 2, cuda> dst) {
-        if (factor.shape[0] != 1) throw shape_error("scaled_copy: the factor is " + shape_string(factor.shape) + ", not [1]");
+        contract::check_scaled_copy<T>(t, src, factor, dst);
         const bool transposed = t == Trans::yes;
-        if (!transposed && src.shape != dst.shape) throw_shape_mismatch("scaled_copy", src.shape, dst.shape);
-        if (transposed && (dst.shape[0] != src.shape[1] || dst.shape[1] != src.shape[0]))
-            throw shape_error("scaled_copy (transposed): " + shape_string(src.shape) + " into " + shape_string(dst.shape));
         if (dst.shape[0] == 0 || dst.shape[1] == 0) return;
         cuda_detail::launch(dst.shape[0] * dst.shape[1],
                             cuda_detail::ScaledCopyKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst),
@@ -191,7 +188,7 @@ struct OptimOps<cuda> {
     /// the optimizer, whose next act is to read out[0] on the host. A faster kernel would give each block a tile
     /// of one view (no search per element) and vote per warp; this one is bound by the reads already.
     static void first_nonfinite(std::span<const View<const float, 1, cuda>> xs, View<index_t, 1, cuda> out) {
-        if (out.shape[0] != 1) throw shape_error("first_nonfinite: the result is " + shape_string(out.shape) + ", not [1]");
+        contract::require_one("first_nonfinite: the result", out);
         index_t total = 0;
         const Tensor<cuda_detail::ListItem, 1, cuda> items = cuda_detail::list_items(xs, total);
         const index_t count = index_t(xs.size());
@@ -202,7 +199,7 @@ struct OptimOps<cuda> {
     /// Every element of every view = 0: one stream-ordered memset per view (no host wait, no descriptor upload).
     static void zero_all(std::span<const View<float, 1, cuda>> xs) {
         for (std::size_t i = 0; i < xs.size(); ++i) {
-            if (!xs[i].contiguous()) throw shape_error("optim list: view " + std::to_string(i) + " is strided");
+            contract::require_list_view(i, xs[i]);
             Memory<cuda>::fill_zero(xs[i].data, std::size_t(xs[i].shape[0]) * sizeof(float));
         }
     }
@@ -210,8 +207,7 @@ struct OptimOps<cuda> {
     /// Row r of w *= factors[r], one thread per element; rows whose factor is exactly 1 are left unwritten.
     /// Bitwise the CPU's.
     static void scale_rows(View<float, 2, cuda> w, View<const float, 1, cuda> factors) {
-        if (factors.shape[0] != w.shape[0])
-            throw shape_error("scale_rows: " + shape_string(factors.shape) + " factors for the rows of " + shape_string(w.shape));
+        contract::check_scale_rows(w, factors);
         if (w.shape[0] == 0 || w.shape[1] == 0) return;
         cuda_detail::launch(w.shape[0] * w.shape[1], cuda_detail::ScaleRowsKernel{cuda_detail::strided(w), factors.data,
                                                                                   factors.strides[0], w.shape[1]});
@@ -225,10 +221,7 @@ struct OptimOps<cuda> {
     /// emulated mode at -O2 -march=native (AVX-512): m equal, v 1 ulp, w 1.8e-7 of that bound.
     static void adamw_update(const fn::AdamWUpdate& f, View<float, 1, cuda> w, View<const float, 1, cuda> g,
                              View<float, 1, cuda> m, View<float, 1, cuda> v) {
-        for (const auto* x : {&w.shape, &m.shape, &v.shape})
-            if (*x != g.shape) throw_shape_mismatch("adamw_update: state against gradient", *x, g.shape);
-        if (!w.contiguous() || !g.contiguous() || !m.contiguous() || !v.contiguous())
-            throw shape_error("adamw_update: the views must be contiguous");
+        contract::check_adamw_update(w, g, m, v);
         cuda_detail::launch(g.shape[0], cuda_detail::AdamWKernel{f, w.data, g.data, m.data, v.data});
     }
 };

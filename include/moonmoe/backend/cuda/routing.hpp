@@ -329,13 +329,7 @@ struct RoutingOps<cuda> {
                              View<const index_t, 2, cuda> fixed, View<index_t, 2, cuda> idx,
                              View<float, 2, cuda> weight) {
         const index_t T = scores.shape[0], E = scores.shape[1], K = idx.shape[1];
-        if (E != cfg.experts || bias.shape[0] != E || idx.shape[0] != T || weight.shape != idx.shape ||
-            (fixed.data && fixed.shape != idx.shape) || K > E)
-            throw shape_error("route_select: scores " + shape_string(scores.shape) + " (" + std::to_string(cfg.experts) +
-                              " experts), bias " + shape_string(bias.shape) + ", idx " + shape_string(idx.shape) +
-                              ", weight " + shape_string(weight.shape) +
-                              (fixed.data ? ", fixed " + shape_string(fixed.shape) : std::string()));
-        require_contiguous("route_select", scores, idx, weight);
+        contract::check_route_select(cfg, scores, bias, fixed, idx, weight);
         const index_t G = cfg.groups, per_group = G > 0 ? E / G : E;
         const bool limit_groups = G > 1 && cfg.top_groups < G;
         if (K > cuda_detail::route_max_top_k || (limit_groups && (G > cuda_detail::route_max_groups || E % G != 0)))
@@ -356,13 +350,7 @@ struct RoutingOps<cuda> {
                                View<const float, 2, cuda> dweight, View<const float, 2, cuda> aux_grad,
                                View<float, 2, cuda> dlogits) {
         const index_t T = scores.shape[0], E = scores.shape[1], K = idx.shape[1];
-        if (idx.shape[0] != T || dweight.shape != idx.shape || dlogits.shape != scores.shape ||
-            (aux_grad.data && aux_grad.shape != scores.shape))
-            throw shape_error("route_backward: scores " + shape_string(scores.shape) + ", idx " + shape_string(idx.shape) +
-                              ", dweight " + shape_string(dweight.shape) + ", dlogits " + shape_string(dlogits.shape) +
-                              (aux_grad.data ? ", aux_grad " + shape_string(aux_grad.shape) : std::string()));
-        require_contiguous("route_backward", scores, idx, dweight, dlogits);
-        if (aux_grad.data) require_contiguous("route_backward", aux_grad);
+        contract::check_route_backward(scores, idx, dweight, aux_grad, dlogits);
         cuda_detail::launch(T, cuda_detail::RouteBackwardToken{scores.data, idx.data, dweight.data, aux_grad.data,
                                                                dlogits.data, E, K, cfg.score == ScoreFunc::softmax,
                                                                cfg.norm_top_k, float(cfg.routed_scale)});
@@ -370,14 +358,14 @@ struct RoutingOps<cuda> {
 
     /// counts[e] += the pairs routed to expert first + e, one thread per pair.
     static void histogram(View<const index_t, 2, cuda> idx, index_t first, View<index_t, 1, cuda> counts) {
-        require_contiguous("histogram", idx);
+        contract::require_contiguous("histogram", idx);
         cuda_detail::launch(idx.numel(),
                             cuda_detail::CountPair{idx.data, first, counts.shape[0], counts.data, counts.strides[0]});
     }
 
     /// bias[e] += gamma * sign(mean load - load[e]), one thread per expert.
     static void update_bias(float gamma, View<const index_t, 1, cuda> load, View<float, 1, cuda> bias) {
-        if (load.shape != bias.shape) throw_shape_mismatch("update_bias: load against bias", load.shape, bias.shape);
+        contract::check_update_bias(load, bias);
         const index_t E = load.shape[0];
         cuda_detail::launch(E, cuda_detail::BiasStep{gamma, load.data, load.strides[0], bias.data, bias.strides[0], E});
     }
@@ -387,11 +375,7 @@ struct RoutingOps<cuda> {
     static void dispatch_plan(View<const index_t, 2, cuda> idx, index_t first, View<index_t, 1, cuda> offsets,
                               View<index_t, 1, cuda> row_slot, View<index_t, 2, cuda> slot_row) {
         const index_t n = idx.numel(), L = offsets.shape[0] - 1;
-        if (L < 0 || row_slot.shape[0] != n || slot_row.shape != idx.shape)
-            throw shape_error("dispatch_plan: idx " + shape_string(idx.shape) + ", offsets " + shape_string(offsets.shape) +
-                              ", row_slot " + shape_string(row_slot.shape) + ", slot_row " + shape_string(slot_row.shape) +
-                              " (expected offsets [local experts + 1], row_slot [pairs], slot_row like idx)");
-        require_contiguous("dispatch_plan", idx, offsets, row_slot, slot_row);
+        contract::check_dispatch_plan(idx, offsets, row_slot, slot_row);
         Tensor<index_t, 1, cuda> keys({n});  // scratch, released in stream order
         cuda_detail::launch(n, cuda_detail::PlanKeys{idx.data, first, L, keys.data(), row_slot.data});
         // A stable sort keeps each expert's pairs in slot order (Thrust sorts integer keys by a stable radix sort).
@@ -406,10 +390,7 @@ struct RoutingOps<cuda> {
     /// out[r, :] = x[row_slot[r] / k, :], one thread per element.
     static void gather_pairs(View<const float, 2, cuda> x, View<const index_t, 1, cuda> row_slot, index_t k,
                              View<float, 2, cuda> out) {
-        if (x.shape[1] != out.shape[1] || out.shape[0] > row_slot.shape[0] || k < 1)
-            throw shape_error("gather_pairs: x " + shape_string(x.shape) + ", row_slot " + shape_string(row_slot.shape) +
-                              ", k = " + std::to_string(k) + ", out " + shape_string(out.shape));
-        require_contiguous("gather_pairs", row_slot);
+        contract::check_gather_pairs(x, row_slot, k, out);
         const index_t cols = x.shape[1];
         if (cols == 0) return;
         cuda_detail::launch(out.shape[0] * cols, cuda_detail::GatherPair{cuda_detail::strided(x), row_slot.data, k, cols,
@@ -421,12 +402,7 @@ struct RoutingOps<cuda> {
     static void combine(View<const float, 2, cuda> rows, View<const index_t, 2, cuda> slot_row,
                         View<const float, 2, cuda> weight, View<float, 2, cuda> y) {
         const index_t T = y.shape[0], K = slot_row.shape[1], cols = y.shape[1];
-        if (slot_row.shape[0] != T || rows.shape[1] != cols || (weight.data && weight.shape != slot_row.shape))
-            throw shape_error("combine: rows " + shape_string(rows.shape) + ", slot_row " + shape_string(slot_row.shape) +
-                              (weight.data ? ", weight " + shape_string(weight.shape) : std::string()) + ", y " +
-                              shape_string(y.shape));
-        require_contiguous("combine", slot_row);
-        if (weight.data) require_contiguous("combine", weight);
+        contract::check_combine(rows, slot_row, weight, y);
         if (K > cuda_detail::route_max_top_k)
             throw std::invalid_argument("combine on cuda: slot_row " + shape_string(slot_row.shape) + " has more than " +
                                         std::to_string(cuda_detail::route_max_top_k) + " pairs per token");
@@ -438,20 +414,9 @@ struct RoutingOps<cuda> {
     /// out.flat[row_slot[r]] = a[r, :] . b[r, :] in double, one thread per row (a warp per row would be faster).
     static void pair_dot(View<const float, 2, cuda> a, View<const float, 2, cuda> b, View<const index_t, 1, cuda> row_slot,
                          View<float, 2, cuda> out) {
-        if (a.shape != b.shape || a.shape[0] > row_slot.shape[0] || row_slot.shape[0] != out.numel())
-            throw shape_error("pair_dot: a " + shape_string(a.shape) + ", b " + shape_string(b.shape) + ", row_slot " +
-                              shape_string(row_slot.shape) + ", out " + shape_string(out.shape));
-        require_contiguous("pair_dot", row_slot, out);
+        contract::check_pair_dot(a, b, row_slot, out);
         cuda_detail::launch(a.shape[0], cuda_detail::PairDot{cuda_detail::strided(a), cuda_detail::strided(b),
                                                              row_slot.data, a.shape[1], out.data});
-    }
-
-private:
-    template <class... V>
-    static void require_contiguous(const char* op, const V&... v) {
-        ((v.contiguous() ? void() : throw shape_error(std::string(op) + ": a view of shape " + shape_string(v.shape) +
-                                                      " must be contiguous")),
-         ...);
     }
 };
 

@@ -29,18 +29,6 @@ namespace moonmoe::backend {
 
 namespace cuda_rows_detail {
 
-template <class T>
-void require_vector(const char* op, const char* name, const View<T, 1, cuda>& v, index_t n) {
-    if (v.shape[0] != n || (n > 1 && v.strides[0] != 1))
-        throw shape_error(std::string(op) + ": " + name + " is " + shape_string(v.shape) +
-                          (v.shape[0] == n ? " (strided)" : "") + ", expected [" + std::to_string(n) + "] contiguous");
-}
-template <class T>
-void require_unit_columns(const char* op, const char* name, const View<T, 2, cuda>& v) {
-    if (v.strides[1] != 1 && v.shape[1] > 1)
-        throw shape_error(std::string(op) + ": " + name + " " + shape_string(v.shape) + " must have contiguous rows");
-}
-
 /// Rows of a row-major matrix with unit column stride: the pointer and the row pitch.
 template <class T>
 struct Rows {
@@ -215,11 +203,7 @@ struct RowOps<cuda> {
                                 View<float, 2, cuda> y, View<float, 1, cuda> rstd) {
         using namespace cuda_rows_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
-        if (y.shape != x.shape) throw_shape_mismatch("rmsnorm_forward: x against y", x.shape, y.shape);
-        require_unit_columns("rmsnorm_forward", "x", x);
-        require_unit_columns("rmsnorm_forward", "y", y);
-        require_vector("rmsnorm_forward", "weight", weight, n);
-        require_vector("rmsnorm_forward", "rstd", rstd, rows);
+        contract::check_rmsnorm_forward(x, weight, y, rstd);
         cuda_detail::launch(rows, RmsNormForwardRow{rows_of(x), weight.data, eps, rows_of(y), rstd.data, n});
     }
 
@@ -230,14 +214,7 @@ struct RowOps<cuda> {
                                  View<float, 1, cuda> dweight, bool accumulate_dx) {
         using namespace cuda_rows_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
-        if (dy.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dy", x.shape, dy.shape);
-        if (dx.shape != x.shape) throw_shape_mismatch("rmsnorm_backward: x against dx", x.shape, dx.shape);
-        require_unit_columns("rmsnorm_backward", "x", x);
-        require_unit_columns("rmsnorm_backward", "dy", dy);
-        require_unit_columns("rmsnorm_backward", "dx", dx);
-        require_vector("rmsnorm_backward", "weight", weight, n);
-        require_vector("rmsnorm_backward", "dweight", dweight, n);
-        require_vector("rmsnorm_backward", "rstd", rstd, rows);
+        contract::check_rmsnorm_backward(x, weight, rstd, dy, dx, dweight);
         cuda_detail::launch(rows, RmsNormBackwardRow{rows_of(x), weight.data, rstd.data, rows_of(dy), rows_of(dx), n,
                                                      accumulate_dx});
         constexpr index_t chunk_rows = 64;  // RowOps<cpu>'s chunking, so the sums are the CPU's
@@ -254,16 +231,8 @@ struct RowOps<cuda> {
                               index_t count, View<float, 1, cuda> loss, View<float, 2, cuda> dlogits) {
         using namespace cuda_rows_detail;
         const index_t T = logits.shape[0], V = logits.shape[1];
-        require_unit_columns("cross_entropy", "logits", logits);
-        require_vector("cross_entropy", "targets", targets, T);
-        require_vector("cross_entropy", "loss", loss, 1);
-        Rows<float> dz{nullptr, 0};
-        if (dlogits.data) {
-            if (dlogits.shape != logits.shape)
-                throw_shape_mismatch("cross_entropy: logits against dlogits", logits.shape, dlogits.shape);
-            require_unit_columns("cross_entropy", "dlogits", dlogits);
-            dz = rows_of(dlogits);
-        }
+        contract::check_cross_entropy(logits, targets, loss, dlogits);
+        const Rows<float> dz = dlogits.data ? rows_of(dlogits) : Rows<float>{nullptr, 0};
         Tensor<double, 1, cuda> per_row({T});
         cuda_detail::launch(T, CrossEntropyRow{rows_of(logits), targets.data, ignore, count, V, dz, per_row.data()});
         cuda_detail::launch(1, CrossEntropyTotal{per_row.data(), loss.data, T, count});
@@ -273,11 +242,9 @@ struct RowOps<cuda> {
     static void embedding_gather(View<const float, 2, cuda> table, View<const index_t, 1, cuda> ids,
                                  View<float, 2, cuda> out) {
         using namespace cuda_rows_detail;
-        if (table.shape[1] != out.shape[1])
-            throw_shape_mismatch("embedding_gather: table against out", table.shape, out.shape);
-        require_vector("embedding_gather", "ids", ids, out.shape[0]);
-        require_unit_columns("embedding_gather", "table", table);
-        require_unit_columns("embedding_gather", "out", out);
+        contract::check_embedding_gather(table, ids, out);
+        contract::require_unit_columns("embedding_gather", "table", table);
+        contract::require_unit_columns("embedding_gather", "out", out);
         const index_t cols = out.shape[1];
         if (cols == 0) return;
         cuda_detail::launch(out.shape[0] * cols, GatherElement{rows_of(table), ids.data, rows_of(out), cols});
@@ -287,21 +254,16 @@ struct RowOps<cuda> {
     static void embedding_scatter_add(View<const float, 2, cuda> dy, View<const index_t, 1, cuda> ids,
                                       View<float, 2, cuda> dtable) {
         using namespace cuda_rows_detail;
-        if (dy.shape[1] != dtable.shape[1])
-            throw_shape_mismatch("embedding_scatter_add: dy against dtable", dy.shape, dtable.shape);
-        require_vector("embedding_scatter_add", "ids", ids, dy.shape[0]);
-        require_unit_columns("embedding_scatter_add", "dy", dy);
-        require_unit_columns("embedding_scatter_add", "dtable", dtable);
+        contract::check_embedding_scatter_add(dy, ids, dtable);
+        contract::require_unit_columns("embedding_scatter_add", "dy", dy);
+        contract::require_unit_columns("embedding_scatter_add", "dtable", dtable);
         cuda_detail::launch(dy.shape[1], ScatterAddColumn{rows_of(dy), ids.data, rows_of(dtable), dy.shape[0]});
     }
 
     /// y[t, j] = sum over heads h, in order, of x[t, h, j] (f32); one thread per element of y.
     static void sum_heads(View<const float, 3, cuda> x, View<float, 2, cuda> y) {
         const index_t rows = x.shape[0], heads = x.shape[1], n = x.shape[2];
-        if (y.shape[0] != rows || y.shape[1] != n || (n > 1 && (x.strides[2] != 1 || y.strides[1] != 1)))
-            throw shape_error("sum_heads: x " + shape_string(x.shape) + " into y " + shape_string(y.shape) +
-                              " (expected [rows, n] = [" + std::to_string(rows) + ", " + std::to_string(n) +
-                              "], unit last strides)");
+        contract::check_sum_heads(x, y);
         if (n == 0) return;
         cuda_detail::launch(rows * n, cuda_rows_detail::SumHeadsElement{x.data, x.strides[0], x.strides[1],
                                                                          cuda_rows_detail::rows_of(y), heads, n});
