@@ -4,7 +4,7 @@
 #   tools/gpu_check.sh stage   on a machine with the packages (Debian's Eigen, doctest, nlohmann-json): copies
 #                              those header-only dependencies into build-gpu/deps, so the tree can travel to a GPU
 #                              machine that has the CUDA toolkit but no package registry
-#   tools/gpu_check.sh run     on the GPU machine: builds test/unit/backend_*.cpp and model_backends.cpp with nvcc
+#   tools/gpu_check.sh run     on the GPU machine: builds the unit tests written for every backend (test/unit/*.cpp naming MOONMOE_TEST_BACKENDS) with nvcc
 #                              into one doctest binary (the same tests the emulated build runs, now on the real
 #                              backend: every primitive against double loops, the transformers goldens, greedy
 #                              decoding, MuonClip steps against the CPU), runs it, then runs a short part of it under
@@ -40,7 +40,8 @@ run() {
     local flags=(-std=c++20 -O2 "-arch=$arch" -x cu -diag-suppress=20012,20015 -DMOONMOE_TEST_CUDA -I"$root/include" -I"$root/test"
                  -isystem "$deps/eigen3" -isystem "$deps"
                  "-DMOONMOE_TEST_SOURCE_DIR=\"$root/test\"" "-DMOONMOE_TEST_BINARY_DIR=\"$obj\"")
-    local sources=("$root"/test/unit/backend_*.cpp "$root/test/unit/model_backends.cpp")
+    # The files written once for every backend, as test/CMakeLists.txt picks them for the emulated build.
+    local sources=($(grep -l MOONMOE_TEST_BACKENDS "$root"/test/unit/*.cpp))
     local objects=() pids=()
     "$nvcc" "${flags[@]}" -c "$root/test/support/doctest_main.cpp" -o "$obj/doctest_main.o"
     for s in "${sources[@]}"; do

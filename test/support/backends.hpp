@@ -3,6 +3,8 @@
 // Use as TEST_CASE_TEMPLATE("...", B, MOONMOE_TEST_BACKENDS) and move data with the helpers below.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <span>
 #include <vector>
 
@@ -13,6 +15,12 @@
 #define MOONMOE_TEST_BACKENDS moonmoe::cpu, moonmoe::cuda
 #else
 #define MOONMOE_TEST_BACKENDS moonmoe::cpu
+#endif
+
+// Test names end in <cpu> or <cuda>: the emulated build registers only the <cuda> instances with ctest.
+TYPE_TO_STRING_AS("cpu", moonmoe::cpu);
+#if defined(MOONMOE_TEST_CUDA)
+TYPE_TO_STRING_AS("cuda", moonmoe::cuda);
 #endif
 
 namespace moonmoe::testing {
