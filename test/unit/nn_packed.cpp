@@ -1,5 +1,6 @@
 // Packed batches (sequences of different lengths in one batch, nn::TokenLayout::packed) and batched decoding
-// (several sequences, each with its own latent or K/V cache of its own length).
+// (several sequences, each with its own latent or K/V cache of its own length), on every backend of the build
+// (TokenLayout and the causal targets are host code, tested once).
 //
 // Oracles: test/data/packed/, written by tools/make_packed_reference.py, which runs each sequence alone through
 // transformers' DeepseekV3ForCausalLM (float32, eager) and greedy-decodes each prompt alone with generate().
@@ -12,6 +13,7 @@
 // two are bitwise equal; at the tiny models' widths (k = 16..96) Eigen's GEMM runs, whose kernels for the remainder
 // rows of a panel sum in another order, and the two differ by a few f32 roundings per layer (measured 0.8e-6 to
 // 1.6e-6 of the largest logit; held to 4e-6).
+#include "support/backends.hpp"
 #include "support/nn_testing.hpp"
 #include "support/reference.hpp"
 
@@ -27,30 +29,44 @@ namespace {
 
 using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
 
-template <class Model>
+/// A parameter's gradient, on the host.
+template <class B>
+std::vector<float> grad_to_host(const ParamRef& p) {
+    return to_host(View<const float, 1, B>(p.grad, {p.numel()}));
+}
+
+/// Rows [t0, t0 + n) of a [tokens, V] backend matrix.
+template <class T, class B>
+View<T, 2, B> rows_of(T* data, index_t t0, index_t n, index_t V) {
+    return View<T, 2, B>(data + t0 * V, {n, V});
+}
+
+template <class Model, class B>
 void check_packed_against_transformers(const std::string& name) {
     CAPTURE(name);
-    nn::Transformer<> model = load_transformer<Model>(data_dir(name));
+    const std::string backend = B::name;
+    CAPTURE(backend);
+    nn::Transformer<B> model = load_transformer<Model, B>(data_dir(name));
     const Reference ref(data_dir("packed") + "/" + name + ".safetensors");
     const std::vector<index_t> ids = ref.i64("input_ids"), lengths = ref.i64("lengths");
     const auto layout = nn::TokenLayout::packed(lengths);
     REQUIRE(layout.tokens() == index_t(ids.size()));
     REQUIRE(!layout.uniform());
 
-    nn::Transformer<>::Cache cache;
-    Mat logits = model.forward(ids.data(), layout, cache);
-    const double logit_error = scaled_error(logits.data(), ref.f32("logits"));
-    MESSAGE(name << " packed " << layout.sequences() << " sequences: logits error " << logit_error);
+    typename nn::Transformer<B>::Cache cache;
+    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache);
+    const double logit_error = scaled_error(to_host(logits).data(), ref.f32("logits"));
+    MESSAGE(name << " on " << backend << " packed " << layout.sequences() << " sequences: logits error " << logit_error);
     CHECK(logit_error < 1e-5);
 
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // QK-Clip's statistic: the max over every sequence
         const std::vector<float> expected = ref.f32("max_logit." + std::to_string(l));
-        for (std::size_t h = 0; h < expected.size(); ++h)
-            CHECK(model.layers[l].self_attn.max_logit_per_head(h) == doctest::Approx(expected[h]).epsilon(1e-5));
+        const std::vector<float> ours = to_host(model.layers[l].self_attn.max_logit_per_head);
+        for (std::size_t h = 0; h < expected.size(); ++h) CHECK(ours[h] == doctest::Approx(expected[h]).epsilon(1e-5));
     }
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // router choices, as sets
         if (model.layers[l].dense) continue;
-        const nn::Routing<>& routing = cache.layers[l].moe.router.routing;
+        const nn::Routing<B>& routing = cache.layers[l].moe.router.routing;
         const struct { index_t tokens, k; std::vector<index_t> idx; } r{routing.tokens, routing.k, to_host(routing.idx)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
         REQUIRE(r.tokens == layout.tokens());
@@ -63,14 +79,14 @@ void check_packed_against_transformers(const std::string& name) {
     // with respect to the logits is each sequence's own gradient in its rows
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
     const std::vector<float> expected_losses = ref.f32("loss.per_sequence");
-    Mat dlogits(logits.shape());
+    Tensor<float, 2, B> dlogits(logits.shape());
     double sum = 0.0;
     for (index_t s = 0; s < layout.sequences(); ++s) {
         CAPTURE(s);
         CHECK(targets[std::size_t(layout.end(s) - 1)] == nn::ignore_index);  // no target across the boundary
         const index_t t0 = layout.begin(s), n = layout.length(s), V = logits.size(1);
-        const float loss = nn::cross_entropy<cpu>(View<const float, 2>(logits.data() + t0 * V, {n, V}),
-                                                  targets.data() + t0, View<float, 2>(dlogits.data() + t0 * V, {n, V}));
+        const float loss = nn::cross_entropy<B>(rows_of<const float, B>(logits.data(), t0, n, V), targets.data() + t0,
+                                                rows_of<float, B>(dlogits.data(), t0, n, V));
         CHECK(loss == doctest::Approx(expected_losses[std::size_t(s)]).epsilon(1e-6));
         sum += loss;
     }
@@ -81,12 +97,12 @@ void check_packed_against_transformers(const std::string& name) {
     int compared = 0;
     model.visit_params([&](const ParamRef& p) {
         if (!p.grad) return;
-        const double e = scaled_error(p.grad, ref.f32("grad." + p.name));
+        const double e = scaled_error(grad_to_host<B>(p).data(), ref.f32("grad." + p.name));
         CAPTURE(p.name);
         CHECK(e < 2e-5);
         worst = std::max(worst, e), ++compared;
     });
-    MESSAGE(name << ": " << compared << " gradients of the sum of per-sequence losses, worst error " << worst);
+    MESSAGE(name << " on " << backend << ": " << compared << " gradients of the sum of per-sequence losses, worst error " << worst);
 
     // train_step on the packed batch: the mean over all its targets
     model.zero_grad();
@@ -100,15 +116,16 @@ struct Decoded {
     std::vector<std::vector<std::vector<float>>> step_logits;
 };
 
-Decoded greedy(nn::Transformer<>& model, const std::vector<std::vector<index_t>>& prompts, index_t new_tokens,
+template <class B>
+Decoded greedy(nn::Transformer<B>& model, const std::vector<std::vector<index_t>>& prompts, index_t new_tokens,
                const std::vector<std::vector<std::size_t>>& schedule) {
     const index_t V = model.config.dims.vocab;
-    std::vector<nn::Transformer<>::DecodeState> states;
+    std::vector<typename nn::Transformer<B>::DecodeState> states;
     for (const auto& p : prompts) states.push_back(model.start_decoding(index_t(p.size()) + new_tokens));
     Decoded d{std::vector<std::vector<index_t>>(prompts.size()), std::vector<std::vector<std::vector<float>>>(prompts.size())};
     for (const auto& step : schedule) {
         std::vector<index_t> ids, counts;
-        std::vector<nn::Transformer<>::DecodeState*> active;
+        std::vector<typename nn::Transformer<B>::DecodeState*> active;
         for (std::size_t s : step) {
             const bool prefill = states[s].length() == 0;
             if (prefill) ids.insert(ids.end(), prompts[s].begin(), prompts[s].end());
@@ -116,7 +133,7 @@ Decoded greedy(nn::Transformer<>& model, const std::vector<std::vector<index_t>>
             counts.push_back(prefill ? index_t(prompts[s].size()) : 1);
             active.push_back(&states[s]);
         }
-        const Mat logits = model.decode(ids.data(), counts, active);
+        const Mat logits = host(model.decode(ids.data(), counts, active));
         index_t row = -1;
         for (std::size_t i = 0; i < step.size(); ++i) {
             row += counts[i];
@@ -194,26 +211,30 @@ TEST_CASE("causal targets never cross a sequence boundary of a packed batch") {
     CHECK(targets == std::vector<index_t>{11, 12, nn::ignore_index, nn::ignore_index, 31, nn::ignore_index});
 }
 
-TEST_CASE("a module refuses a token layout that does not cover its input") {
-    nn::MLA<> attn(TinyK2::config);
-    Mat x = random_matrix(5, TinyK2::config.dims.hidden, 1), y(x.shape());
-    nn::MLA<>::Cache cache;
+TEST_CASE_TEMPLATE("a module refuses a token layout that does not cover its input", B, MOONMOE_TEST_BACKENDS) {
+    nn::MLA<B> attn(TinyK2::config);
+    Tensor<float, 2, B> x = random_matrix<B>(5, TinyK2::config.dims.hidden, 1), y(x.shape());
+    typename nn::MLA<B>::Cache cache;
     CHECK_THROWS_WITH_AS(attn.forward(x.view(), nn::TokenLayout::packed({2, 2}), y.view(), cache),
                          doctest::Contains("MLA.forward: the token layout covers 4 rows"), std::invalid_argument);
 }
 
-TEST_CASE("packed tiny Kimi K2 matches transformers run per sequence: logits, losses, gradients, max logits, routing") {
-    check_packed_against_transformers<TinyK2>("tiny_k2");
+TEST_CASE_TEMPLATE("packed tiny Kimi K2 matches transformers run per sequence: logits, losses, gradients, max logits, routing",
+                   B, MOONMOE_TEST_BACKENDS) {
+    check_packed_against_transformers<TinyK2, B>("tiny_k2");
 }
 
-TEST_CASE("packed tiny DeepSeek-V3 matches transformers run per sequence (expert groups, several dense layers)") {
-    check_packed_against_transformers<TinyV3>("tiny_v3");
+TEST_CASE_TEMPLATE("packed tiny DeepSeek-V3 matches transformers run per sequence (expert groups, several dense layers)", B,
+                   MOONMOE_TEST_BACKENDS) {
+    check_packed_against_transformers<TinyV3, B>("tiny_v3");
 }
 
-TEST_CASE("MHA and MLA: a packed batch equals its sequences run one by one, forward and backward") {
+TEST_CASE_TEMPLATE("MHA and MLA: a packed batch equals its sequences run one by one, forward and backward", B,
+                   MOONMOE_TEST_BACKENDS) {
+    using M = Tensor<float, 2, B>;
     const std::vector<index_t> lengths = {4, 1, 6};
     for (const ModelConfig& cfg : {TinyMHA::config, TinyK2::config}) {
-        nn::Transformer<> model(cfg);
+        nn::Transformer<B> model(cfg);
         randomize(model, 31);
         std::vector<index_t> ids;
         for (index_t t = 0; t < 11; ++t) ids.push_back((t * 37 + 5) % cfg.dims.vocab);
@@ -223,67 +244,70 @@ TEST_CASE("MHA and MLA: a packed batch equals its sequences run one by one, forw
         std::vector<float> alone_logits;
         model.zero_grad();
         for (index_t s = 0; s < layout.sequences(); ++s) {
-            nn::Transformer<>::Cache c;
+            typename nn::Transformer<B>::Cache c;
             const auto one = nn::TokenLayout::sequences(1, layout.length(s));
-            const Mat logits = model.forward(ids.data() + layout.begin(s), one, c);
-            alone_logits.insert(alone_logits.end(), logits.data(), logits.data() + logits.numel());
+            const M logits = model.forward(ids.data() + layout.begin(s), one, c);
+            const std::vector<float> h = to_host(logits);
+            alone_logits.insert(alone_logits.end(), h.begin(), h.end());
             const auto targets = nn::causal_targets(ids.data() + layout.begin(s), one);
-            Mat d(logits.shape());
-            nn::cross_entropy<cpu>(logits.view(), targets.data(), d.view());
+            M d(logits.shape());
+            nn::cross_entropy<B>(logits.view(), targets.data(), d.view());
             model.backward(d.view(), c);
         }
         std::vector<std::vector<float>> alone_grads;
         model.visit_params([&](const ParamRef& p) {
-            if (p.grad) alone_grads.emplace_back(p.grad, p.grad + p.numel());
+            if (p.grad) alone_grads.push_back(grad_to_host<B>(p));
         });
 
         model.zero_grad();
-        nn::Transformer<>::Cache c;
-        const Mat logits = model.forward(ids.data(), layout, c);
-        CHECK(scaled_error(logits.data(), alone_logits) < 1e-6);
+        typename nn::Transformer<B>::Cache c;
+        const M logits = model.forward(ids.data(), layout, c);
+        CHECK(scaled_error(to_host(logits).data(), alone_logits) < 1e-6);
         const auto targets = nn::causal_targets(ids.data(), layout);
-        Mat d(logits.shape());
+        M d(logits.shape());
         for (index_t s = 0; s < layout.sequences(); ++s) {
             const index_t t0 = layout.begin(s), n = layout.length(s), V = logits.size(1);
-            nn::cross_entropy<cpu>(View<const float, 2>(logits.data() + t0 * V, {n, V}), targets.data() + t0,
-                                   View<float, 2>(d.data() + t0 * V, {n, V}));
+            nn::cross_entropy<B>(rows_of<const float, B>(logits.data(), t0, n, V), targets.data() + t0,
+                                 rows_of<float, B>(d.data(), t0, n, V));
         }
         model.backward(d.view(), c);
         std::size_t i = 0;
         model.visit_params([&](const ParamRef& p) {
             if (!p.grad) return;
             CAPTURE(p.name);
-            CHECK(scaled_error(p.grad, alone_grads[i++]) < 1e-5);
+            CHECK(scaled_error(grad_to_host<B>(p).data(), alone_grads[i++]) < 1e-5);
         });
     }
 }
 
-TEST_CASE("MLA and MHA backward on a packed layout against finite differences") {
+TEST_CASE_TEMPLATE("MLA and MHA backward on a packed layout against finite differences", B, MOONMOE_TEST_BACKENDS) {
+    using M = Tensor<float, 2, B>;
     const auto layout = nn::TokenLayout::packed({3, 1, 5});
     const index_t T = layout.tokens(), hidden = TinyK2::config.dims.hidden;
     auto check_attention = [&](auto& attn) {
         randomize(attn, 41, 0.1f);  // logits of a few units: central differences stay in their quadratic range
-        Mat x = random_matrix(T, hidden, 42);
-        const Mat r = random_matrix(T, hidden, 43);
+        M x = random_matrix<B>(T, hidden, 42);
+        const M r = random_matrix<B>(T, hidden, 43);
         typename std::remove_reference_t<decltype(attn)>::Cache cache;
-        Mat y({T, hidden}), dx(x.shape());
+        M y({T, hidden}), dx(x.shape());
         attn.forward(x.view(), layout, y.view(), cache);
         attn.backward(r.view(), cache, dx.view());
         check_module_gradients(attn, x.data(), dx.data(), x.numel(), [&] {
             typename std::remove_reference_t<decltype(attn)>::Cache c;
-            Mat y2({T, hidden});
+            M y2({T, hidden});
             attn.forward(x.view(), layout, y2.view(), c);
             return dot(y2, r);
         });
     };
-    nn::MLA<> mla(TinyK2::config);
+    nn::MLA<B> mla(TinyK2::config);
     check_attention(mla);
-    nn::MHA<> mha(TinyMHA::config);
+    nn::MHA<B> mha(TinyMHA::config);
     check_attention(mha);
 }
 
-TEST_CASE("batched decoding with caches of different lengths equals decoding each alone, and transformers' generate") {
-    nn::Transformer<> model = load_transformer<TinyK2>(data_dir("tiny_k2"));
+TEST_CASE_TEMPLATE("batched decoding with caches of different lengths equals decoding each alone, and transformers' generate",
+                   B, MOONMOE_TEST_BACKENDS) {
+    nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
     const Reference gen(data_dir("packed") + "/generate_tiny_k2.safetensors");
     const std::vector<index_t> prompt_ids = gen.i64("prompt_ids"), lengths = gen.i64("prompt_lengths");
     const std::vector<index_t> expected = gen.i64("generated_ids");
@@ -312,14 +336,15 @@ TEST_CASE("batched decoding with caches of different lengths equals decoding eac
         CHECK(decode_error(*d, hf) < 1e-5);
     }
     const double e_together = decode_error(together, alone), e_joined = decode_error(joined, alone);
-    MESSAGE("batched decoding against one at a time: " << e_together << " (bitwise " << bitwise_equal(together, alone)
-            << "), staggered " << e_joined << " (bitwise " << bitwise_equal(joined, alone) << ")");
+    MESSAGE(std::string(B::name) << ": batched decoding against one at a time: " << e_together << " (bitwise "
+            << bitwise_equal(together, alone) << "), staggered " << e_joined << " (bitwise " << bitwise_equal(joined, alone)
+            << ")");
     CHECK(e_together < 4e-6);
     CHECK(e_joined < 4e-6);
 }
 
-TEST_CASE("an MHA model decodes several sequences at once as it decodes each alone") {
-    nn::Transformer<> model(TinyMHA::config);
+TEST_CASE_TEMPLATE("an MHA model decodes several sequences at once as it decodes each alone", B, MOONMOE_TEST_BACKENDS) {
+    nn::Transformer<B> model(TinyMHA::config);
     randomize(model, 51);
     const std::vector<std::vector<index_t>> prompts = {{3, 1, 4, 1, 5}, {9}, {2, 6, 5, 3, 5, 8, 9}};
     const Decoded alone = greedy(model, prompts, 5, one_at_a_time(prompts.size(), 5));
@@ -334,26 +359,31 @@ using WideK2 = TinyK2::with<Dims<Hidden<256>, Layers<2>, DenseLayers<1>, Vocab<2
                             Attention<MLA<Heads<4>, QRank<256>, KVRank<256>, NopeDim<64>, RopeDim<16>, VDim<64>>>,
                             MoE<Experts<64>, TopK<2>, Shared<1>, ExpertHidden<256>>>;
 
-TEST_CASE("batched decoding is bitwise equal to decoding each sequence alone where the row-independent GEMM runs") {
-    nn::Transformer<> model(WideK2::config);
+// Bitwise only where the CPU's row-independent kernel runs; cuBLAS promises no kernel choice independent of the row
+// count, so elsewhere the two agree within the bound of the tests above.
+TEST_CASE_TEMPLATE("batched decoding is bitwise equal to decoding each sequence alone where the row-independent GEMM runs",
+                   B, MOONMOE_TEST_BACKENDS) {
+    nn::Transformer<B> model(WideK2::config);
     randomize(model, 71, 0.05f);
     const std::vector<std::vector<index_t>> prompts = {{3, 1, 4, 1, 5}, {9}, {2, 6, 5, 3, 5, 8, 9}};
     const Decoded alone = greedy(model, prompts, 4, one_at_a_time(prompts.size(), 4));
     const Decoded joined = greedy(model, prompts, 4, staggered(prompts.size(), 4));
     CHECK(joined.tokens == alone.tokens);
-    if (backend::cpu_detail::small_gemm_available()) {
+    if (std::is_same_v<B, cpu> && backend::cpu_detail::small_gemm_available()) {
         CHECK(bitwise_equal(joined, alone));
     } else {
-        MESSAGE("no AVX-512: Eigen's GEMM for every product, compared within 4e-6");
+        const std::string why = std::is_same_v<B, cpu> ? "cpu without AVX-512: Eigen's GEMM for every product"
+                                                        : std::string(B::name) + ": the backend's GEMM for every product";
+        MESSAGE(why << ", compared within 4e-6 (bitwise " << bitwise_equal(joined, alone) << ")");
         CHECK(decode_error(joined, alone) < 4e-6);
     }
 }
 
-TEST_CASE("batched decoding refuses mismatched states, counts and positions") {
-    nn::Transformer<> model(TinyK2::config);
+TEST_CASE_TEMPLATE("batched decoding refuses mismatched states, counts and positions", B, MOONMOE_TEST_BACKENDS) {
+    nn::Transformer<B> model(TinyK2::config);
     randomize(model, 61);
     auto a = model.start_decoding(4), b = model.start_decoding(4);
-    std::vector<nn::Transformer<>::DecodeState*> states = {&a, &b};
+    std::vector<typename nn::Transformer<B>::DecodeState*> states = {&a, &b};
     const std::vector<index_t> ids = {1, 2, 3};
     const index_t one[1] = {3};
     CHECK_THROWS_WITH_AS(model.decode(ids.data(), one, states), doctest::Contains("1 token counts for 2 decode states"),
@@ -364,16 +394,16 @@ TEST_CASE("batched decoding refuses mismatched states, counts and positions") {
     const index_t more[2] = {1, 3};
     CHECK_THROWS_WITH_AS(model.decode(five.data(), more, states), doctest::Contains("sequence 1: 5 tokens exceed its capacity of 4"),
                          std::length_error);
-    nn::Transformer<>::DecodeState empty;
+    typename nn::Transformer<B>::DecodeState empty;
     CHECK_THROWS_WITH_AS(model.decode(ids.data(), 1, empty), doctest::Contains("make it with start_decoding"),
                          std::invalid_argument);
 
     // a layout whose positions do not continue the cache
-    nn::MLA<> attn(TinyK2::config);
-    nn::MLA<>::LatentCache cache(8, TinyK2::config.attention);
+    nn::MLA<B> attn(TinyK2::config);
+    typename nn::MLA<B>::LatentCache cache(8, TinyK2::config.attention);
     cache.length = 2;
-    Mat x = random_matrix(2, TinyK2::config.dims.hidden, 62), y(x.shape());
-    nn::MLA<>::LatentCache* caches[1] = {&cache};
+    Tensor<float, 2, B> x = random_matrix<B>(2, TinyK2::config.dims.hidden, 62), y(x.shape());
+    typename nn::MLA<B>::LatentCache* caches[1] = {&cache};
     CHECK_THROWS_WITH_AS(attn.forward_absorbed(x.view(), nn::TokenLayout::packed({2}), caches, y.view()),
                          doctest::Contains("token 0 of sequence 0 is at position 0, but its cache holds 2 tokens"),
                          std::invalid_argument);
