@@ -161,7 +161,8 @@ TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identit
     Ops::template cast<bf16, float>(mid.view(), twice.view());
     Ops::template cast<double, float>(fb.view(), d.view());
     Ops::template cast<float, double>(d.view(), mid.view());
-    const auto o = host(once), t = host(twice), m = host(mid);
+    const auto o = host(once), t = host(twice);  // nvcc wants one deduced type per declaration
+    const auto m = host(mid);
     int unstable = 0, inexact = 0, off = 0;
     for (index_t i = 0; i < f.numel(); ++i) {
         unstable += o.data()[i].bits != t.data()[i].bits;
