@@ -84,8 +84,8 @@ T op_element(CublasOp op, const T* M, index_t ld, index_t r, index_t c) {
     return op == CublasOp::n ? M[r + c * ld] : M[c + r * ld];
 }
 
-/// c = alpha s + beta c from the double sum s; c is not read when beta is 0 (as in BLAS). A bf16 c is rounded
-/// once (through f32), as cuBLAS rounds its f32 result.
+/// c = alpha s + beta c from the double sum s; c is not read when beta is 0 (as in BLAS). A bf16 c goes through
+/// f32 (convert), where cuBLAS rounds its f32 result once: the two differ only on f32-level ties.
 template <class TC, class S>
 void blend(TC& c, S alpha, double s, S beta) {
     c = convert<TC>(beta == S(0) ? double(alpha) * s : double(alpha) * s + double(beta) * convert<double>(c));
