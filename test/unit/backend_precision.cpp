@@ -332,7 +332,7 @@ TEST_CASE_TEMPLATE("Newton-Schulz in bf16 follows torch.optim.Muon's bf16 iterat
         if (c.rows * c.cols <= 48 * 48) CHECK(same / n >= 0.99);
 #endif
         CHECK(rms <= 0.5 * rms32);                       // much closer to torch than the f32 iteration
-        CHECK(d_torch <= 4.0 * std::ldexp(1.0, -9));     // a few ulps of the largest entries (below 0.5)
+        CHECK(d_torch <= 6.0 * std::ldexp(1.0, -9));     // a few ulps of the largest entries (below 0.5)
         // as far from f64 as torch's bf16 is (8 bits), which f32 is not
         CHECK(e_ours <= 1.5 * e_torch);
         CHECK(e_ours >= 0.25 * e_torch);
