@@ -18,11 +18,23 @@
 //                                               dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g: the expert weight
 //                                               gradients, dW [groups, n, k]
 // A group with no rows does nothing (and leaves dW_g times beta).
+//
+// Mixed precision (the bf16 policy, docs/precision.md): operands in bf16, products accumulated in f32, alpha and
+// beta f32, C in f32 or bf16 (TC = float or bf16; a bf16 C is read as f32 and the result rounded once to nearest
+// even). Every bf16 value is exact in f32, so the only rounding beyond an f32 product's is that of a bf16 C.
+//   gemm_bf16<TC>(ta, tb, alpha, A, B, beta, C)  C = alpha op(A) op(B) + beta C, A and B bf16
+//   gemm_bf16_strided_batched<TC>(count, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c)
+//                                               the same for count products, operand i at data + i * stride
+// The CPU backend widens the operands to f32 and runs its f32 GEMM (correct first; the fast AVX512_BF16 / AMX path
+// is issue 13's); the CUDA backend calls cublasGemmEx / cublasGemmStridedBatchedEx with CUDA_R_16BF operands and
+// CUBLAS_COMPUTE_32F (bf16 tensor cores, f32 accumulation).
 #pragma once
 
 #include <span>
 #include <string>
+#include <type_traits>
 
+#include "../numeric/bf16.hpp"
 #include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
@@ -51,10 +63,11 @@ struct GemmShape {
     index_t m, n, k;
 };
 
-/// Checks C = op(A) op(B) (contiguous rows, matching sizes, both named on a mismatch); returns its sizes.
-template <class T, class Bk>
-GemmShape check_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, Bk>& A, const View<const T, 2, Bk>& B,
-                     const View<T, 2, Bk>& C) {
+/// Checks C = op(A) op(B) (contiguous rows, matching sizes, both named on a mismatch); returns its sizes. The
+/// element types are free: the same checks serve gemm<T> and gemm_bf16<TC>.
+template <class TA, class TB, class TC, class Bk>
+GemmShape check_gemm_operands(const char* op, Trans ta, Trans tb, const View<TA, 2, Bk>& A, const View<TB, 2, Bk>& B,
+                              const View<TC, 2, Bk>& C) {
     require_rows(op, "A", A.strides[1]);
     require_rows(op, "B", B.strides[1]);
     require_rows(op, "C", C.strides[1]);
@@ -66,6 +79,27 @@ GemmShape check_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, 
         throw shape_error(std::string(op) + ": op(A) " + shape_string(Shape<2>{m, k}) + " times op(B) " +
                           shape_string(Shape<2>{kb, n}) + " into C " + shape_string(C.shape));
     return {m, n, k};
+}
+
+template <class T, class Bk>
+GemmShape check_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, Bk>& A, const View<const T, 2, Bk>& B,
+                     const View<T, 2, Bk>& C) {
+    return check_gemm_operands(op, ta, tb, A, B, C);
+}
+
+/// gemm_bf16's output type is f32 or bf16.
+template <class TC>
+inline constexpr bool bf16_gemm_output = std::is_same_v<TC, float> || std::is_same_v<TC, bf16>;
+
+/// A strided batch: a non-negative count and strides (a zero stride reuses one operand).
+inline void check_batch(const char* op, index_t count, index_t stride_a, index_t stride_b, index_t stride_c) {
+    if (count < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
+        throw shape_error(std::string(op) + ": negative count or stride (count " + std::to_string(count) +
+                          ", strides " + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
+                          std::to_string(stride_c) + ")");
+    if (count > 1 && stride_c == 0)
+        throw shape_error(std::string(op) + ": C's stride is 0 for " + std::to_string(count) +
+                          " products (each would overwrite the others)");
 }
 
 /// Checks C [n, n] = A A^T, A [n, k].

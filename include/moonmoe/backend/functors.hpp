@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "../config/macros.hpp"
+#include "../numeric/bf16.hpp"
 #include "../tensor/shape.hpp"
 
 namespace moonmoe::fn {
@@ -74,10 +75,11 @@ struct AddTo {
     MOONMOE_HD void operator()(T& y, T x) const { y += x; }
 };
 
-/// y = x, converting the element type (f32 master weights to a bf16 or f64 working copy, and back)
+/// y = x, converting the element type (f32 master weights to a bf16 or f64 working copy, and back): bf16 rounds to
+/// nearest even, as numeric/bf16.hpp's convert does (MapOps::cast)
 struct Convert {
     template <class To, class From>
-    MOONMOE_HD void operator()(To& y, From x) const { y = To(x); }
+    MOONMOE_HD void operator()(To& y, From x) const { y = convert<To>(x); }
 };
 
 // ---- SwiGLU ----

@@ -8,11 +8,16 @@
 //   fill<T>(dst, value)          dst[:] = value
 //   copy<T>(src, dst)            same shape, any row pitches
 //   transpose<T>(src, dst)       dst [n, m] = src [m, n]^T
+//   cast<To, From>(src, dst)     dst = convert<To>(src) (numeric/bf16.hpp), same shape, any row pitches: f32 -> bf16
+//                                rounds to nearest even (NaN stays NaN, inf stays inf), bf16 -> f32 is exact; also
+//                                f32 <-> f64 and bf16 <-> f64 (through f32)
 // Each element is computed on its own, so results never depend on the thread or block split.
 #pragma once
 
 #include <string>
+#include <type_traits>
 
+#include "../numeric/bf16.hpp"
 #include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
@@ -40,6 +45,10 @@ void check_transposed(const char* op, const S& src, const D& dst) {
     if (dst.shape[0] != src.shape[1] || dst.shape[1] != src.shape[0])
         throw shape_error(std::string(op) + ": " + shape_string(src.shape) + " into " + shape_string(dst.shape));
 }
+
+/// The element types cast converts between: float, double and bf16.
+template <class T>
+inline constexpr bool castable = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>;
 
 }  // namespace contract
 

@@ -1,9 +1,9 @@
 // moonmoe/config/model.hpp: `Model<Dims<...>, Attention<...>, RoPE<...>, MoE<...>, Optimizer<...>, Parallel<...>,
-// Backend<...>>`, a whole model as a type.
+// Backend<...>, Precision<...>>`, a whole model as a type.
 //
 // Components come in any order and each is optional: a missing one is Kimi K2's (and Parallel<1, 1, 1>,
-// Backend<cpu>). The type checks its configuration when it is used (any member access), and answers the
-// accounting questions at compile time when every size is static:
+// Backend<cpu>, Precision<F32>). The type checks its configuration when it is used (any member access), and
+// answers the accounting questions at compile time when every size is static:
 //
 //   using K2 = moonmoe::KimiK2;
 //   static_assert(K2::parameter_count() == 1'026'408'232'448);
@@ -17,7 +17,7 @@ namespace moonmoe {
 template <class... Components>
 struct Model {
     using accepted = detail::slot_list<slots::dims, slots::attention, slots::rope, slots::moe, slots::optimizer,
-                                       slots::parallel, slots::backend>;
+                                       slots::parallel, slots::backend, slots::precision>;
     MOONMOE_CHECK_ARGUMENTS("Model<...>", accepted, Components);
 
     using dims = detail::pick_t<slots::dims, Dims<>, Components...>;
@@ -27,9 +27,10 @@ struct Model {
     using optimizer = detail::pick_t<slots::optimizer, Optimizer<>, Components...>;
     using parallel = detail::pick_t<slots::parallel, Parallel<>, Components...>;
     using backend = typename detail::pick_t<slots::backend, Backend<>, Components...>::type;
+    using precision = detail::pick_t<slots::precision, Precision<>, Components...>;
 
     static constexpr ModelConfig config{dims::value,      attention::value, rope::value,  moe::value,
-                                        optimizer::value, parallel::value,  backend::kind};
+                                        optimizer::value, parallel::value,  backend::kind, precision::value};
 
 #define MOONMOE_STATIC_RULE(name, message, ...) static_assert(rules::name(config), message);
     MOONMOE_CONFIG_RULES(MOONMOE_STATIC_RULE)

@@ -17,6 +17,7 @@
 #include "moe.hpp"
 #include "optimizer.hpp"
 #include "parallel.hpp"
+#include "precision.hpp"
 #include "rope.hpp"
 
 namespace moonmoe {
@@ -29,6 +30,7 @@ struct ModelConfig {
     OptimizerConfig optimizer;
     ParallelConfig parallel;
     BackendKind backend;
+    PrecisionConfig precision{};  ///< Precision<...> (config/precision.hpp); f32 unless the type says otherwise
 
     /// True when every size is fixed (no Dynamic left, and whether the router has a correction bias), so exact counts
     /// can be computed.

@@ -13,6 +13,7 @@
 
 #include "detail/cmath.hpp"
 #include "named.hpp"
+#include "precision.hpp"
 
 namespace moonmoe {
 namespace slots {
@@ -78,6 +79,7 @@ struct MuonConfig {
     double scale_factor;  ///< K of MatchAdamWRMS<K>; 1 for ShapeScale
     double weight_decay;
     double learning_rate;
+    NumberFormat ns_precision = NumberFormat::f32;  ///< NSPrecision<F>: Newton-Schulz in f32 or bf16
 };
 
 namespace detail {
@@ -96,9 +98,12 @@ template <class... Args>
 struct Muon {
     using slot = slots::muon;
     using accepted = detail::slot_list<slots::momentum, slots::nesterov, slots::ns_steps, slots::ns_coefficients,
-                                       slots::update_scale, slots::weight_decay, slots::learning_rate>;
+                                       slots::update_scale, slots::weight_decay, slots::learning_rate,
+                                       slots::ns_precision>;
     MOONMOE_CHECK_ARGUMENTS("Muon<...>", accepted, Args);
     using coefficients = detail::policy_of<slots::ns_coefficients, KellerQuintic, Args...>;
+    using ns_precision = detail::policy_of<slots::ns_precision, F32, Args...>;
+    static_assert(number_format<ns_precision>, "NSPrecision<F>: F is moonmoe::F32 or moonmoe::BF16");
     using scale = detail::scale_of<detail::policy_of<slots::update_scale, MatchAdamWRMS<>, Args...>>;
     static constexpr MuonConfig value{
         .enabled = true,
@@ -109,6 +114,7 @@ struct Muon {
         .scale_factor = scale::factor,
         .weight_decay = detail::value_of<slots::weight_decay, 0.1, Args...>,
         .learning_rate = detail::value_of<slots::learning_rate, 2e-4, Args...>,
+        .ns_precision = ns_precision::format,
     };
 };
 
@@ -116,6 +122,7 @@ struct Muon {
 struct NoMuon {
     using slot = slots::muon;
     using coefficients = KellerQuintic;
+    using ns_precision = F32;
     static constexpr MuonConfig value{.enabled = false, .momentum = 0.95, .nesterov = true, .ns_steps = 5,
                                       .scale = UpdateScaleKind::match_adamw_rms, .scale_factor = 0.2,
                                       .weight_decay = 0.1, .learning_rate = 2e-4};

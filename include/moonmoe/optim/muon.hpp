@@ -21,10 +21,12 @@ inline double muon_update_scale(const MuonConfig& c, index_t rows, index_t cols)
     return std::sqrt(std::max(1.0, double(rows) / double(cols)));
 }
 
-/// Updates W [rows, cols] in place from its gradient; momentum (W's shape) is the Muon state, on the backend.
-template <class Coeffs = KellerQuintic, class B = cpu>
+/// Updates W [rows, cols] in place from its gradient; momentum (W's shape) is the Muon state, on the backend. The
+/// workspace chooses the Newton-Schulz precision: NSWorkspace<float, B> iterates in f32, NSWorkspaceBF16<B> in bf16
+/// as torch.optim.Muon does (newton_schulz.hpp); momentum, update and weights stay f32 either way.
+template <class Coeffs = KellerQuintic, class B = cpu, class Workspace = NSWorkspace<float, B>>
 void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const float, 2, B> grad,
-               View<float, 2, B> momentum, NSWorkspace<float, B>& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o,
+               View<float, 2, B> momentum, Workspace& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o,
                Products products = Products::symmetric) {
     using Ops = backend::Ops<B>;
     if (grad.shape != W.shape) throw_shape_mismatch("muon_step: gradient against weight", grad.shape, W.shape);
@@ -32,7 +34,7 @@ void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const f
     if (u.shape() != W.shape) u = Tensor<float, 2, B>(W.shape), o = Tensor<float, 2, B>(W.shape);
     // m.lerp_(g, 1 - beta); u = g.lerp(m, beta) with Nesterov, else m
     Ops::map(fn::MuonMomentum{float(c.momentum), c.nesterov}, momentum, u.view(), grad);
-    newton_schulz<Coeffs, float, B>(u.view(), o.view(), c.ns_steps, ws, products);
+    orthogonalise<Coeffs, B>(u.view(), o.view(), c.ns_steps, ws, products);
     const float decay = float(1.0 - lr * c.weight_decay);
     const float step = float(lr * muon_update_scale(c, W.shape[0], W.shape[1]));
     Ops::map(fn::DecayAndStep{decay, step}, W, View<const float, 2, B>(o.view()));

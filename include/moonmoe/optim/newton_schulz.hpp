@@ -7,6 +7,13 @@
 // X X^T and A A are symmetric: Products::symmetric computes them as SYRK (one triangle, half the FLOPs; A A = A A^T
 // because A is symmetric). Products::general uses plain GEMMs, kept for measurement and as the reference path.
 // Per iteration on n x m (n <= m): general 4 n^2 m + 2 n^3 FLOPs, symmetric 3 n^2 m + n^3.
+//
+// newton_schulz_bf16 is the same iteration in bf16, as torch.optim.Muon runs it (torch/optim/_muon.py,
+// _zeropower_via_newtonschulz): G is rounded to bf16 and divided by its norm (the norm of the rounded values,
+// itself rounded to bf16 and clamped at eps), then every product has bf16 operands, f32 accumulation and one
+// rounding of alpha * product + beta * C to bf16 (BlasOps::gemm_bf16 with a bf16 C, as torch's addmm and cuBLAS
+// do); the result is bf16, widened exactly into an f32 `out`. Products are general GEMMs (the bf16 SYRK is issue
+// 13's): per iteration 4 n^2 m + 2 n^3 FLOPs.
 #pragma once
 
 #include <type_traits>
@@ -57,6 +64,79 @@ struct NSWorkspace {
     }
 };
 
+/// Scratch for the bf16 iteration on one matrix shape (Muon keeps one per shape); all of it on the backend.
+template <class B = cpu>
+struct NSWorkspaceBF16 {
+    Tensor<float, 2, B> g32;   ///< G rounded to bf16, as f32 (the norm is the rounded values')
+    Tensor<bf16, 2, B> g16;    ///< G / norm in bf16, as stored (transposed into x when G is tall)
+    Tensor<bf16, 2, B> x, x_next, a, b;
+    Tensor<double, 1, B> sum_squares{Shape<1>{1}};
+    Tensor<float, 1, B> norm{Shape<1>{1}};
+    void fit(index_t rows, index_t cols) {
+        const index_t n = rows > cols ? cols : rows, m = rows > cols ? rows : cols;
+        if (g32.size(0) == rows && g32.size(1) == cols) return;
+        g32 = Tensor<float, 2, B>({rows, cols}), g16 = Tensor<bf16, 2, B>({rows, cols});
+        x = Tensor<bf16, 2, B>({n, m}), x_next = Tensor<bf16, 2, B>({n, m});
+        a = Tensor<bf16, 2, B>({n, n}), b = Tensor<bf16, 2, B>({n, n});
+    }
+};
+
+namespace detail {
+/// torch's `X.norm().clamp(min=eps)` on a bf16 X: the norm (summed here in double) rounded to bf16, then the
+/// clamp, whose result is bf16 too.
+struct BF16Norm {
+    float clamp_eps;
+    MOONMOE_HD void operator()(float& norm, double sum_squares) const {
+        const float rounded = bf16::from_float(float(sqrt(sum_squares))).to_float();
+        norm = bf16::from_float(rounded < clamp_eps ? clamp_eps : rounded).to_float();  // NaN kept
+    }
+};
+/// y = bf16(x / norm): torch's in-place div_ of a bf16 tensor by a bf16 scalar (divided in f32, rounded once).
+struct DivideToBF16 {
+    const float* norm;  // one element, on the backend
+    MOONMOE_HD void operator()(bf16& y, float x) const { y = bf16::from_float(x / *norm); }
+};
+}  // namespace detail
+
+/// out = NS(G) in bf16 (see the header comment), G and out f32 [rows, cols]; the schedule `Coeffs`, `steps`
+/// iterations, clamp_eps torch's eps.
+template <class Coeffs = KellerQuintic, class B = cpu>
+void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<float, 2, B> out, int steps,
+                        NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7) {
+    using Ops = backend::Ops<B>;
+    using backend::Trans;
+    const index_t rows = G.shape[0], cols = G.shape[1];
+    if (out.shape != G.shape) throw_shape_mismatch("newton_schulz_bf16", out.shape, G.shape);
+    const bool tall = rows > cols;
+    ws.fit(rows, cols);
+    // X = bf16(G) / norm(bf16(G)), transposed when G is tall
+    Ops::template cast<bf16, float>(G, ws.g16.view());
+    Ops::template cast<float, bf16>(ws.g16.view(), ws.g32.view());
+    Ops::template sum_squares<float>(ws.g32.view(), ws.sum_squares.view());
+    Ops::map(detail::BF16Norm{float(clamp_eps)}, ws.norm.template reshape<2>({1, 1}),
+             View<const double, 2, B>(ws.sum_squares.template reshape<2>({1, 1})));
+    Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.g16.view(), View<const float, 2, B>(ws.g32.view()));
+    if (tall) Ops::template transpose<bf16>(ws.g16.view(), ws.x.view());
+    else Ops::template copy<bf16>(ws.g16.view(), ws.x.view());
+    for (int it = 0; it < steps; ++it) {
+        const NSCoefficients k = detail::coefficients<Coeffs>(it);
+        Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, 1.0f, ws.x.view(), ws.x.view(), 0.0f, ws.a.view());
+        Ops::template copy<bf16>(ws.a.view(), ws.b.view());  // B = c A A + b A, rounded once (torch's addmm)
+        Ops::template gemm_bf16<bf16>(Trans::no, Trans::no, float(k.c), ws.a.view(), ws.a.view(), float(k.b),
+                                      ws.b.view());
+        Ops::template copy<bf16>(ws.x.view(), ws.x_next.view());  // X = a X + B X, rounded once
+        Ops::template gemm_bf16<bf16>(Trans::no, Trans::no, 1.0f, ws.b.view(), ws.x.view(), float(k.a),
+                                      ws.x_next.view());
+        std::swap(ws.x, ws.x_next);
+    }
+    if (tall) {
+        Ops::template transpose<bf16>(ws.x.view(), ws.g16.view());
+        Ops::template cast<float, bf16>(ws.g16.view(), out);
+    } else {
+        Ops::template cast<float, bf16>(ws.x.view(), out);
+    }
+}
+
 /// out = NS(G) with the schedule `Coeffs`, `steps` iterations; G and out are [rows, cols], T = float or double.
 template <class Coeffs = KellerQuintic, class T = float, class B = cpu>
 void newton_schulz(std::type_identity_t<View<const T, 2, B>> G, View<T, 2, B> out, int steps, NSWorkspace<T, B>& ws,
@@ -90,6 +170,18 @@ void newton_schulz(std::type_identity_t<View<const T, 2, B>> G, View<T, 2, B> ou
     }
     if (tall) Ops::template transpose<T>(ws.x.view(), out);
     else Ops::template copy<T>(ws.x.view(), out);
+}
+
+/// The Newton-Schulz of a workspace's precision: f32 (NSWorkspace<float>) or bf16 (NSWorkspaceBF16); Muon's step
+/// calls this, so the workspace it is handed chooses the policy.
+template <class Coeffs, class B>
+void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, NSWorkspace<float, B>& ws,
+                   Products products) {
+    newton_schulz<Coeffs, float, B>(G, out, steps, ws, products);
+}
+template <class Coeffs, class B>
+void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, NSWorkspaceBF16<B>& ws, Products) {
+    newton_schulz_bf16<Coeffs, B>(G, out, steps, ws);
 }
 
 }  // namespace moonmoe::optim

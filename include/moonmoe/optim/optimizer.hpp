@@ -182,9 +182,13 @@ public:
             if (s.route == Route::muon) {
                 const index_t rows = s.param.shape[0], cols = s.param.shape[1];
                 auto& ws = workspaces_[{rows, cols}];
-                muon_step<Coefficients, B>(config.muon, r.muon_lr, View<float, 2, B>(s.param.value, {rows, cols}),
-                                           View<const float, 2, B>(s.param.grad, {rows, cols}),
-                                           s.momentum.template reshape<2>({rows, cols}), ws.ns, ws.u, ws.o, products);
+                const auto step_with = [&](auto& ns) {  // the workspace's type is the Newton-Schulz precision
+                    muon_step<Coefficients, B>(config.muon, r.muon_lr, View<float, 2, B>(s.param.value, {rows, cols}),
+                                               View<const float, 2, B>(s.param.grad, {rows, cols}),
+                                               s.momentum.template reshape<2>({rows, cols}), ns, ws.u, ws.o, products);
+                };
+                if (config.muon.ns_precision == NumberFormat::bf16) step_with(ws.ns_bf16);
+                else step_with(ws.ns);
             } else if (s.route == Route::adamw) {
                 adamw_step<B>(config.adamw, r.adamw_lr, step_, s.param.value, s.param.grad, s.exp_avg.data(),
                               s.exp_avg_sq.data(), s.param.numel());
@@ -207,6 +211,7 @@ public:
 private:
     struct Workspace {
         NSWorkspace<float, B> ns;
+        NSWorkspaceBF16<B> ns_bf16;  ///< used when config.muon.ns_precision is bf16 (Muon<NSPrecision<BF16>>)
         Tensor<float, 2, B> u, o;
     };
 

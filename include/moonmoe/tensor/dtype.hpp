@@ -1,7 +1,7 @@
 // moonmoe/tensor/dtype.hpp: element types of stored tensors, and the 16- and 8-bit floats as value types.
 //
 // DType names the element type of a tensor on disk or in memory, spelled as safetensors spells it ("BF16",
-// "F8_E4M3", ...). bf16, f16 and f8_e4m3 hold raw bits and convert to and from float exactly as PyTorch's
+// "F8_E4M3", ...). bf16 (numeric/bf16.hpp), f16 and f8_e4m3 hold raw bits and convert to and from float exactly as PyTorch's
 // c10::BFloat16, c10::Half and c10::Float8_e4m3fn do (round to nearest, ties to even), so a checkpoint written by
 // torch decodes to the same floats here. The conversions are constexpr and host-and-device (MOONMOE_HD), so CUDA
 // kernels and the CPU reference share them.
@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "../config/macros.hpp"
+#include "../numeric/bf16.hpp"
 
 namespace moonmoe {
 
@@ -71,9 +72,6 @@ constexpr std::optional<DType> parse_dtype(std::string_view name) {
 }
 
 namespace detail {
-MOONMOE_HD constexpr std::uint32_t float_bits(float x) { return __builtin_bit_cast(std::uint32_t, x); }
-MOONMOE_HD constexpr float bits_float(std::uint32_t u) { return __builtin_bit_cast(float, u); }
-
 /// v / 2^shift rounded to nearest, ties to even; 0 < shift < 32.
 MOONMOE_HD constexpr std::uint32_t shift_round_even(std::uint32_t v, int shift) {
     const std::uint32_t q = v >> shift, rest = v & ((std::uint32_t{1} << shift) - 1),
@@ -93,21 +91,7 @@ MOONMOE_HD constexpr std::uint32_t subnormal_units(std::uint32_t magnitude, int 
 }
 }  // namespace detail
 
-/// bfloat16: the top half of an IEEE float (8-bit exponent, 7-bit mantissa). Storage of K2's norms and embeddings.
-struct bf16 {
-    std::uint16_t bits;
-
-    MOONMOE_HD constexpr float to_float() const { return detail::bits_float(std::uint32_t{bits} << 16); }
-    MOONMOE_HD constexpr bool is_nan() const { return (bits & 0x7F80u) == 0x7F80u && (bits & 0x7Fu) != 0; }
-
-    /// Round to nearest even; every NaN becomes the quiet NaN 0x7FC0, as c10::BFloat16's scalar conversion does
-    /// (torch's vectorised CPU cast writes 0xFFFF instead; either way a NaN stays a NaN).
-    MOONMOE_HD static constexpr bf16 from_float(float x) {
-        const std::uint32_t u = detail::float_bits(x);
-        if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bf16{0x7FC0};
-        return bf16{std::uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};  // overflow carries into inf
-    }
-};
+// bf16 (bfloat16) is numeric/bf16.hpp: the compute path and io share it.
 
 /// IEEE binary16 (5-bit exponent, bias 15, 10-bit mantissa, max 65504, with infinities).
 struct f16 {

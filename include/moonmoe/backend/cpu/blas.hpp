@@ -17,6 +17,7 @@
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
 #include "gemm_small.hpp"
+#include "map.hpp"
 #include "threads.hpp"
 
 namespace moonmoe::backend {
@@ -196,7 +197,50 @@ struct BlasOps<cpu> {
         }
     }
 
+    /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp).
+    /// Correct first: the operands are widened to f32 (exact) and the f32 gemm runs on them, so the result is that
+    /// of gemm<float> on the widened operands, bitwise; a bf16 C is widened when beta reads it and rounded once at
+    /// the end. Costs a f32 copy of each operand (issue 13 brings AVX512_BF16 / AMX kernels that read bf16).
+    template <class TC = float>
+    static void gemm_bf16(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
+                          View<std::type_identity_t<TC>, 2> C) {
+        static_assert(contract::bf16_gemm_output<TC>, "gemm_bf16: C is float or bf16");
+        contract::check_gemm_operands("gemm_bf16", ta, tb, A, B, C);
+        const Tensor<float, 2> a = widened(A), b = widened(B);
+        if constexpr (std::is_same_v<TC, float>) {
+            gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, C);
+        } else {
+            Tensor<float, 2> c(C.shape);  // zeroed; C is read only when beta is not 0, as in BLAS
+            if (beta != 0.0f) MapOps<cpu>::cast<float, bf16>(C, c.view());
+            gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, c.view());
+            MapOps<cpu>::cast<bf16, float>(c.view(), C);
+        }
+    }
+
+    /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count with bf16 operands (gemm_bf16), operand i at data + i *
+    /// stride (0 reuses one operand); the batch runs in parallel, each product on one thread.
+    template <class TC = float>
+    static void gemm_bf16_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const bf16, 2> A,
+                                          index_t stride_a, View<const bf16, 2> B, index_t stride_b, float beta,
+                                          View<std::type_identity_t<TC>, 2> C, index_t stride_c) {
+        static_assert(contract::bf16_gemm_output<TC>, "gemm_bf16_strided_batched: C is float or bf16");
+        contract::check_gemm_operands("gemm_bf16_strided_batched", ta, tb, A, B, C);
+        contract::check_batch("gemm_bf16_strided_batched", count, stride_a, stride_b, stride_c);
+        cpu_detail::parallel_for(count, [&](index_t i) {
+            gemm_bf16<TC>(ta, tb, alpha, View<const bf16, 2>(A.data + i * stride_a, A.shape, A.strides),
+                          View<const bf16, 2>(B.data + i * stride_b, B.shape, B.strides), beta,
+                          View<TC, 2>(C.data + i * stride_c, C.shape, C.strides));
+        });
+    }
+
 private:
+    /// A contiguous f32 copy of a bf16 matrix (exact).
+    static Tensor<float, 2> widened(View<const bf16, 2> v) {
+        Tensor<float, 2> out(v.shape);
+        MapOps<cpu>::cast<float, bf16>(v, out.view());
+        return out;
+    }
+
     static void scale_in_place(View<float, 2> m, float beta) {
         for (index_t i = 0; i < m.shape[0]; ++i)
             for (index_t j = 0; j < m.shape[1]; ++j) m.data[i * m.strides[0] + j] *= beta;

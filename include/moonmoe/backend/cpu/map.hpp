@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "../../tensor/tensor.hpp"
+#include "../functors.hpp"
 #include "../map.hpp"
 #include "threads.hpp"
 
@@ -96,6 +97,14 @@ struct MapOps<cpu> {
     static void transpose(View<const std::type_identity_t<T>, 2> src, View<std::type_identity_t<T>, 2> dst) {
         contract::check_transposed("transpose", src, dst);
         cpu_detail::transpose_tiled<T>(src, dst, [](T x) { return x; });
+    }
+
+    /// dst = convert<To>(src) (f32 <-> bf16, f32 <-> f64; backend/map.hpp), rows in parallel.
+    template <class To, class From>
+    static void cast(View<const std::type_identity_t<From>, 2> src, View<std::type_identity_t<To>, 2> dst) {
+        static_assert(contract::castable<To> && contract::castable<From>, "cast: float, double or bf16");
+        contract::require_same_shapes("cast", src, dst);
+        map(fn::Convert{}, dst, src);
     }
 };
 

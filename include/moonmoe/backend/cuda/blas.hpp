@@ -85,6 +85,43 @@ void cublas_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A
 #endif
 }
 
+/// cuBLAS's type of a bf16 product's C: CUDA_R_32F or CUDA_R_16BF.
+#if !MOONMOE_CUDA_EMULATED
+template <class TC>
+inline constexpr cudaDataType bf16_output_type = std::is_same_v<TC, bf16> ? CUDA_R_16BF : CUDA_R_32F;
+#endif
+
+/// `count` column-major products with bf16 operands, f32 scalars and accumulation (CUBLAS_COMPUTE_32F: bf16 tensor
+/// cores, f32 sums), C f32 or bf16, operand i at pointer + i * stride: cublasGemmEx for one, else
+/// cublasGemmStridedBatchedEx; or their host stand-in.
+template <class TC>
+void cublas_gemm_bf16(const CublasGemm& g, float alpha, const bf16* first, index_t stride_first, const bf16* second,
+                      index_t stride_second, float beta, TC* C, index_t stride_c, index_t count) {
+#if MOONMOE_CUDA_EMULATED
+    host_gemm_strided_batched<bf16, TC, float>(g.op_first, g.op_second, g.m, g.n, g.k, alpha, first, g.ld_first,
+                                               stride_first, second, g.ld_second, stride_second, beta, C, g.ldc,
+                                               stride_c, count);
+#else
+    if (count == 1)
+        MOONMOE_CUBLAS_CHECK(cublasGemmEx_64(cublas_handle(), cublas_op(g.op_first), cublas_op(g.op_second), g.m, g.n,
+                                             g.k, &alpha, first, CUDA_R_16BF, g.ld_first, second, CUDA_R_16BF,
+                                             g.ld_second, &beta, C, bf16_output_type<TC>, g.ldc, CUBLAS_COMPUTE_32F,
+                                             CUBLAS_GEMM_DEFAULT));
+    else
+        MOONMOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
+            cublas_handle(), cublas_op(g.op_first), cublas_op(g.op_second), g.m, g.n, g.k, &alpha, first, CUDA_R_16BF,
+            g.ld_first, stride_first, second, CUDA_R_16BF, g.ld_second, stride_second, &beta, C,
+            bf16_output_type<TC>, g.ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+#endif
+}
+
+/// x = beta x for a product without terms, in f32 and rounded back for a bf16 x; x = 0 when beta is 0 (as BLAS).
+template <class TC>
+struct ScaleConverted {
+    float beta;
+    MOONMOE_HD void operator()(TC& x) const { x = convert<TC>(beta == 0.0f ? 0.0f : beta * convert<float>(x)); }
+};
+
 /// The row-major request of C = op(A) op(B), after checking shapes (both named on a mismatch) and layouts.
 template <class T>
 RowMajorGemm checked_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, cuda>& A,
@@ -172,6 +209,41 @@ struct BlasOps<cuda> {
                                                         c.a_is_first ? stride_a : stride_b,
                                                         c.a_is_first ? B.data : A.data,
                                                         c.a_is_first ? stride_b : stride_a, beta, C.data, stride_c, count);
+    }
+
+    /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp):
+    /// one cublasGemmEx with CUDA_R_16BF operands and CUBLAS_COMPUTE_32F.
+    template <class TC = float>
+    static void gemm_bf16(Trans ta, Trans tb, float alpha, View<const bf16, 2, cuda> A, View<const bf16, 2, cuda> B,
+                          float beta, View<std::type_identity_t<TC>, 2, cuda> C) {
+        gemm_bf16_strided_batched<TC>(1, ta, tb, alpha, A, 0, B, 0, beta, C, 0);
+    }
+
+    /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count with bf16 operands (gemm_bf16), operand i at data + i *
+    /// stride (0 reuses one operand): one cublasGemmStridedBatchedEx.
+    template <class TC = float>
+    static void gemm_bf16_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const bf16, 2, cuda> A,
+                                          index_t stride_a, View<const bf16, 2, cuda> B, index_t stride_b, float beta,
+                                          View<std::type_identity_t<TC>, 2, cuda> C, index_t stride_c) {
+        static_assert(contract::bf16_gemm_output<TC>, "gemm_bf16: C is float or bf16");
+        const char* op = count == 1 ? "gemm_bf16" : "gemm_bf16_strided_batched";
+        const contract::GemmShape shape = contract::check_gemm_operands(op, ta, tb, A, B, C);
+        contract::check_batch(op, count, stride_a, stride_b, stride_c);
+        cuda_detail::require_pitch(op, "A", A.shape[0], A.shape[1], A.strides[0]);
+        cuda_detail::require_pitch(op, "B", B.shape[0], B.shape[1], B.strides[0]);
+        cuda_detail::require_pitch(op, "C", C.shape[0], C.shape[1], C.strides[0]);
+        if (count == 0 || shape.m == 0 || shape.n == 0) return;
+        if (shape.k == 0) {
+            for (index_t i = 0; i < count; ++i)  // no terms: each C_i is only scaled (a corner case)
+                MapOps<cuda>::map(cuda_detail::ScaleConverted<TC>{beta},
+                                  View<TC, 2, cuda>(C.data + i * stride_c, C.shape, C.strides));
+            return;
+        }
+        const cuda_detail::CublasGemm c = cuda_detail::to_cublas(
+            {ta, tb, shape.m, shape.n, shape.k, A.strides[0], B.strides[0], C.strides[0]});
+        cuda_detail::cublas_gemm_bf16<TC>(c, alpha, c.a_is_first ? A.data : B.data, c.a_is_first ? stride_a : stride_b,
+                                          c.a_is_first ? B.data : A.data, c.a_is_first ? stride_b : stride_a, beta,
+                                          C.data, stride_c, count);
     }
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]) (host offsets);

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
+#include "../../numeric/bf16.hpp"
 #include "../../tensor/shape.hpp"
 #include "../blas.hpp"
 
@@ -82,17 +84,20 @@ T op_element(CublasOp op, const T* M, index_t ld, index_t r, index_t c) {
     return op == CublasOp::n ? M[r + c * ld] : M[c + r * ld];
 }
 
-/// c = alpha s + beta c from the double sum s; c is not read when beta is 0 (as in BLAS).
-template <class T>
-void blend(T& c, T alpha, double s, T beta) {
-    c = beta == T(0) ? T(double(alpha) * s) : T(double(alpha) * s + double(beta) * double(c));
+/// c = alpha s + beta c from the double sum s; c is not read when beta is 0 (as in BLAS). A bf16 c goes through
+/// f32 (convert), where cuBLAS rounds its f32 result once: the two differ only on f32-level ties.
+template <class TC, class S>
+void blend(TC& c, S alpha, double s, S beta) {
+    c = convert<TC>(beta == S(0) ? double(alpha) * s : double(alpha) * s + double(beta) * convert<double>(c));
 }
 
 /// cublasGemmEx: C [m, n] = alpha op_a(A) op_b(B) + beta C, column-major, element (i, j) of X at X[i + j ld].
 /// C is not read when beta is 0 (as in BLAS). Sums in double; columns of C in parallel where OpenMP is on.
-template <class T>
-void host_gemm(CublasOp op_a, CublasOp op_b, index_t m, index_t n, index_t k, T alpha, const T* A, index_t lda,
-               const T* B, index_t ldb, T beta, T* C, index_t ldc) {
+/// T is the operands' type, TC C's and S alpha's and beta's: all T, or bf16 operands with an f32 or bf16 C and f32
+/// scalars (CUDA_R_16BF with CUBLAS_COMPUTE_32F).
+template <class T, class TC = T, class S = std::conditional_t<std::is_same_v<T, bf16>, float, T>>
+void host_gemm(CublasOp op_a, CublasOp op_b, index_t m, index_t n, index_t k, S alpha, const T* A, index_t lda,
+               const T* B, index_t ldb, S beta, TC* C, index_t ldc) {
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif
@@ -100,18 +105,19 @@ void host_gemm(CublasOp op_a, CublasOp op_b, index_t m, index_t n, index_t k, T 
         for (index_t i = 0; i < m; ++i) {
             double s = 0.0;
             for (index_t p = 0; p < k; ++p)
-                s += double(op_element(op_a, A, lda, i, p)) * double(op_element(op_b, B, ldb, p, j));
-            blend(C[i + j * ldc], alpha, s, beta);
+                s += convert<double>(op_element(op_a, A, lda, i, p)) * convert<double>(op_element(op_b, B, ldb, p, j));
+            blend<TC, S>(C[i + j * ldc], alpha, s, beta);
         }
 }
 
 /// cublasGemmStridedBatchedEx: host_gemm on matrix i of each operand at X + i * stride_x.
-template <class T>
-void host_gemm_strided_batched(CublasOp op_a, CublasOp op_b, index_t m, index_t n, index_t k, T alpha, const T* A,
-                               index_t lda, index_t stride_a, const T* B, index_t ldb, index_t stride_b, T beta, T* C,
+template <class T, class TC = T, class S = std::conditional_t<std::is_same_v<T, bf16>, float, T>>
+void host_gemm_strided_batched(CublasOp op_a, CublasOp op_b, index_t m, index_t n, index_t k, S alpha, const T* A,
+                               index_t lda, index_t stride_a, const T* B, index_t ldb, index_t stride_b, S beta, TC* C,
                                index_t ldc, index_t stride_c, index_t count) {
     for (index_t i = 0; i < count; ++i)
-        host_gemm<T>(op_a, op_b, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
+        host_gemm<T, TC, S>(op_a, op_b, m, n, k, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+                            C + i * stride_c, ldc);
 }
 
 /// cublasSsyrk / cublasDsyrk with CUBLAS_FILL_MODE_LOWER: the lower triangle (i >= j) of C [n, n] =
@@ -126,7 +132,7 @@ void host_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A, 
             double s = 0.0;
             for (index_t p = 0; p < k; ++p)
                 s += double(op_element(trans, A, lda, i, p)) * double(op_element(trans, A, lda, j, p));
-            blend(C[i + j * ldc], alpha, s, beta);
+            blend<T, T>(C[i + j * ldc], alpha, s, beta);
         }
 }
 

@@ -160,6 +160,13 @@ struct MapOps<cuda> {
         if (m == 0 || n == 0) return;
         cuda_detail::launch(n * m, cuda_detail::TransposeKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst), m});
     }
+
+    /// dst = convert<To>(src) (f32 <-> bf16, f32 <-> f64; backend/map.hpp), one thread per element.
+    template <class To, class From>
+    static void cast(View<const std::type_identity_t<From>, 2, cuda> src, View<std::type_identity_t<To>, 2, cuda> dst) {
+        static_assert(contract::castable<To> && contract::castable<From>, "cast: float, double or bf16");
+        cuda_detail::run_map<false>("cast", fn::Convert{}, dst, src);
+    }
 };
 
 }  // namespace moonmoe::backend
