@@ -183,7 +183,7 @@ TEST_CASE("fast attention: forward and backward against the portable path") {
         const ForwardOut ref = forward(p, false), fast = forward(p, true);
         expect_close(c.name + ": o", to_host(fast.o), to_host(ref.o), 1e-5);
         expect_close(c.name + ": lse", to_host(fast.lse), to_host(ref.lse), 1e-5);
-        expect_close(c.name + ": max_logit", to_host(fast.max_logit), to_host(ref.max_logit), 1e-6);
+        expect_close(c.name + ": max_logit", to_host(fast.max_logit), to_host(ref.max_logit), 1e-5);
         // Both backward paths from the same forward outputs.
         const Grads gr = backward(p, ref, false), gf = backward(p, ref, true);
         expect_close(c.name + ": dq nope", to_host(gf.dq0), to_host(gr.dq0), 1e-5);
@@ -275,6 +275,7 @@ TEST_CASE("fast router: route_select against the portable path") {
         {"DeepSeek-V3: 256 experts in 8 groups, top 4 groups", config(256, 8, 8, 4, ScoreFunc::sigmoid, true, true, 2.5, GroupScoreFunc::top_two_sum), 300, false},
         {"softmax, 160 experts in 8 groups by their maximum, top 6", config(160, 6, 8, 3, ScoreFunc::softmax, false, false, 16.0, GroupScoreFunc::max), 300, false},
         {"softmax, 20 experts, top 4, normalised", config(20, 4, 1, 1, ScoreFunc::softmax, false, true, 1.0, GroupScoreFunc::top_two_sum), 37, false},
+        {"128 experts in 64 groups (two per lane), top 8 groups", config(128, 4, 64, 8, ScoreFunc::sigmoid, true, true, 1.0, GroupScoreFunc::top_two_sum), 50, false},
         {"Kimi K2 with fixed experts", config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum), 64, true},
         {"one token, 512 experts, top 32", config(512, 32, 1, 1, ScoreFunc::sigmoid, true, true, 1.0, GroupScoreFunc::top_two_sum), 1, false},
     };

@@ -399,11 +399,11 @@ AttentionArgs<T> attention_args(const AttentionQueries<cuda>& q, const Attention
     return a;
 }
 
-/// Whether the fused kernels take this problem: query/key dims up to 256 in all, value dims up to 128, and the
-/// backward's shared memory within what the device grants a block.
+/// Whether the fused kernels take this problem: query/key dims up to 256 in all, value dims up to 128, heads within
+/// a grid's second dimension, and the backward's shared memory within what the device grants a block.
 inline bool attention_supported(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv) {
-    const index_t D = q.q[0].shape[2] + (q.parts == 2 ? q.q[1].shape[2] : 0), dv = kv.v.shape[2];
-    if (q.q[0].shape[1] < 1 || D < 1 || D > attention_max_qk || dv < 1 || dv > attention_max_v) return false;
+    const index_t D = q.q[0].shape[2] + (q.parts == 2 ? q.q[1].shape[2] : 0), dv = kv.v.shape[2], H = q.q[0].shape[1];
+    if (H < 1 || H > 65535 || D < 1 || D > attention_max_qk || dv < 1 || dv > attention_max_v) return false;
     static const std::size_t limit = max_shared_bytes();  // the first device asked; sm_90 grants 227 KiB
     return backward_shared_bytes(int(D), int(dv)) <= limit;
 }
