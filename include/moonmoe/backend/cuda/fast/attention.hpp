@@ -42,7 +42,7 @@
 
 namespace moonmoe::backend::cuda_fast {
 
-inline constexpr int attention_tile = 32;     // rows per tile, queries and keys alike
+inline constexpr int attention_tile = 32;  // rows per tile, queries and keys alike
 inline constexpr int attention_threads = 128;
 inline constexpr int attention_max_qk = 256;  // dim_nope + dim_rope (K2: 128 + 64)
 inline constexpr int attention_max_v = 128;   // dim_v (K2: 128)
@@ -138,8 +138,10 @@ __device__ void store_rows(const float (&acc)[8][E], const float* scale, const H
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             const int c = lane + 32 * e;
-            if (c < da) a.at(first + r0 + i, h)[c] = T(acc[i][e] * s);
-            else if (c < da + db) b.at(first + r0 + i, h)[c - da] = T(acc[i][e] * s);
+            if (c < da)
+                a.at(first + r0 + i, h)[c] = T(acc[i][e] * s);
+            else if (c < da + db)
+                b.at(first + r0 + i, h)[c - da] = T(acc[i][e] * s);
         }
     }
 }
@@ -253,8 +255,8 @@ __global__ void __launch_bounds__(attention_threads)
 
 /// delta[t * heads + h] = rowsum(dO * O) of row t, head h: a warp per (row, head).
 template <class T>
-__global__ void __launch_bounds__(128)
-    attention_delta_kernel(HeadsOf<const T> d_o, HeadsOf<const T> o, int dv, index_t rows, index_t heads, float* delta) {
+__global__ void __launch_bounds__(128) attention_delta_kernel(HeadsOf<const T> d_o, HeadsOf<const T> o, int dv,
+                                                              index_t rows, index_t heads, float* delta) {
     const index_t k = index_t(blockIdx.x) * 4 + threadIdx.x / 32;
     if (k >= rows * heads) return;  // the whole warp leaves together
     const index_t t = k / heads, h = k % heads;
@@ -387,8 +389,8 @@ __global__ void __launch_bounds__(attention_threads)
 
 /// The kernels' arguments for the sequence [t0, t0 + S).
 template <class T>
-AttentionArgs<T> attention_args(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv, float scale,
-                                index_t t0, index_t S) {
+AttentionArgs<T> attention_args(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv, float scale, index_t t0,
+                                index_t S) {
     AttentionArgs<T> a{};
     a.q[0] = heads_of(q.q[0]), a.k[0] = heads_of(kv.k[0]), a.v = heads_of(kv.v);
     a.q[1] = a.q[0], a.k[1] = a.k[0];  // never read when d1 = 0
@@ -419,8 +421,8 @@ inline void attention_forward(const AttentionQueries<cuda>& q, const AttentionKe
         const std::size_t bytes = forward_shared_bytes(a.d0 + a.d1, a.dv);
         allow_shared(attention_forward_kernel<float>, bytes);
         const dim3 grid(unsigned((S + attention_tile - 1) / attention_tile), unsigned(H));
-        attention_forward_kernel<float><<<grid, attention_threads, bytes, current_stream()>>>(
-            a, heads_of(o), lse.data + t0 * H, max_logit.data);
+        attention_forward_kernel<float>
+            <<<grid, attention_threads, bytes, current_stream()>>>(a, heads_of(o), lse.data + t0 * H, max_logit.data);
         check_launch("attention_forward_kernel<<<...>>>");
     }
 }
@@ -433,11 +435,12 @@ inline void attention_backward(const AttentionQueries<cuda>& q, const AttentionK
     const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], KV = kv.k[0].shape[1], N = index_t(offsets.size()) - 1;
     const int dv = int(kv.v.shape[2]);
     Tensor<float, 1, cuda> delta({T * H});  // released in stream order, after the kernels below
-    attention_delta_kernel<float><<<unsigned((T * H + 3) / 4), 128, 0, current_stream()>>>(
-        heads_of(d_o), heads_of(o), dv, T, H, delta.data());
+    attention_delta_kernel<float>
+        <<<unsigned((T * H + 3) / 4), 128, 0, current_stream()>>>(heads_of(d_o), heads_of(o), dv, T, H, delta.data());
     check_launch("attention_delta_kernel<<<...>>>");
     const HeadsOf<float> dq0 = heads_of(grads.dq[0]), dk0 = heads_of(grads.dk[0]);
-    const HeadsOf<float> dq1 = q.parts == 2 ? heads_of(grads.dq[1]) : dq0, dk1 = q.parts == 2 ? heads_of(grads.dk[1]) : dk0;
+    const HeadsOf<float> dq1 = q.parts == 2 ? heads_of(grads.dq[1]) : dq0,
+                         dk1 = q.parts == 2 ? heads_of(grads.dk[1]) : dk0;
     for (index_t s = 0; s < N; ++s) {
         const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
         const AttentionArgs<float> a = attention_args<float>(q, kv, scale, t0, S);
@@ -445,7 +448,8 @@ inline void attention_backward(const AttentionQueries<cuda>& q, const AttentionK
         const std::size_t bytes = backward_shared_bytes(a.d0 + a.d1, a.dv);
         const unsigned tiles = unsigned((S + attention_tile - 1) / attention_tile);
         allow_shared(attention_dq_kernel<float>, bytes);
-        attention_dq_kernel<float><<<dim3(tiles, unsigned(H)), attention_threads, bytes, current_stream()>>>(a, b, dq0, dq1);
+        attention_dq_kernel<float>
+            <<<dim3(tiles, unsigned(H)), attention_threads, bytes, current_stream()>>>(a, b, dq0, dq1);
         check_launch("attention_dq_kernel<<<...>>>");
         allow_shared(attention_dkv_kernel<float>, bytes);
         attention_dkv_kernel<float><<<dim3(tiles, unsigned(KV)), attention_threads, bytes, current_stream()>>>(

@@ -111,9 +111,9 @@ inline void rmsnorm_backward_dx(View<const float, 2, cuda> x, View<const float, 
     const index_t rows = x.shape[0], n = x.shape[1];
     if (rows == 0) return;
     if (n > rmsnorm_block_columns) {
-        rmsnorm_dx_kernel<256><<<unsigned(rows), 256, 0, current_stream()>>>(
-            x.data, x.strides[0], weight.data, rstd.data, dy.data, dy.strides[0], dx.data, dx.strides[0], rows, n,
-            accumulate_dx);
+        rmsnorm_dx_kernel<256><<<unsigned(rows), 256, 0, current_stream()>>>(x.data, x.strides[0], weight.data,
+                                                                             rstd.data, dy.data, dy.strides[0], dx.data,
+                                                                             dx.strides[0], rows, n, accumulate_dx);
     } else {
         rmsnorm_dx_kernel<32><<<unsigned((rows + 3) / 4), 128, 0, current_stream()>>>(
             x.data, x.strides[0], weight.data, rstd.data, dy.data, dy.strides[0], dx.data, dx.strides[0], rows, n,

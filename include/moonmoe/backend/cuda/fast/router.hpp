@@ -2,7 +2,8 @@
 // header-check: nvcc-only
 //
 // The contract is route_select's (backend/routing.hpp), selected inside it when CudaFastKernels::router is on
-// (fast/select.hpp). Lane l holds experts l + 32 k (k < 16, so up to 512 experts; Kimi K2 has 384) in registers:
+// (fast/select.hpp). Lane l holds experts l + 32 k (k < 4, 8, 12 or 16 by E: up to 512 experts; Kimi K2 has 384)
+// in registers:
 //   scores      sigmoid (fn::sigmoid, the portable expression) or softmax (the maximum by shuffles, the sum of the
 //               exponentials in double, per lane then a tree), written back to `scores` as the contract says
 //   groups      each group's score (its largest choice, or the sum of its two largest: per-lane top-2 merged by
@@ -28,7 +29,7 @@
 
 namespace moonmoe::backend::cuda_fast {
 
-inline constexpr int router_experts_per_lane = 16;  // experts up to 32 * 16 = 512
+inline constexpr int router_experts_per_lane = 16;  // experts up to 32 * 16 = 512 (the kernel takes 4, 8, 12 or 16)
 inline constexpr index_t router_max_top_k = 32;     // a lane per chosen expert
 inline constexpr index_t router_max_groups = 64;    // two per lane, and the bits of the kept mask
 
@@ -52,16 +53,19 @@ __device__ __forceinline__ bool beats(float v, index_t e, float best, index_t be
 }
 
 /// Bit g set when group g is among the top_groups groups by score, ties to the lower group (as the portable path).
-__device__ std::uint64_t kept_groups(const RouterArgs& a, const float (&c)[router_experts_per_lane], int lane) {
+template <int PerLane>
+__device__ std::uint64_t kept_groups(const RouterArgs& a, const float (&c)[PerLane], int lane) {
     float mine0 = -INFINITY, mine1 = -INFINITY;  // the scores of groups lane and lane + 32
     for (index_t g = 0; g < a.groups; ++g) {
         float first = -INFINITY, second = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k) {
+        for (int k = 0; k < PerLane; ++k) {
             const index_t e = lane + 32 * k;
             if (e < a.E && e / a.per_group == g) {
-                if (c[k] > first) second = first, first = c[k];
-                else if (c[k] > second) second = c[k];
+                if (c[k] > first)
+                    second = first, first = c[k];
+                else if (c[k] > second)
+                    second = c[k];
             }
         }
         for (int off = 16; off > 0; off /= 2) {  // merge two lanes' top-2 (equal values count twice)
@@ -86,45 +90,46 @@ __device__ std::uint64_t kept_groups(const RouterArgs& a, const float (&c)[route
     return keep;
 }
 
-/// route_select for token 4 blockIdx.x + warp.
+/// route_select for token 4 blockIdx.x + warp; lanes hold PerLane experts each (E <= 32 PerLane).
+template <int PerLane>
 __global__ void __launch_bounds__(128) route_select_kernel(RouterArgs a) {
     const int lane = threadIdx.x % 32;
     const index_t t = index_t(blockIdx.x) * 4 + threadIdx.x / 32;
     if (t >= a.T) return;  // the whole warp leaves together
     float* row = a.scores + t * a.E;
-    float s[router_experts_per_lane];
+    float s[PerLane];
 #pragma unroll
-    for (int k = 0; k < router_experts_per_lane; ++k) {
+    for (int k = 0; k < PerLane; ++k) {
         const index_t e = lane + 32 * k;
         s[k] = e < a.E ? row[e] : -INFINITY;
     }
     if (!a.softmax) {
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k) s[k] = fn::sigmoid(s[k]);
+        for (int k = 0; k < PerLane; ++k) s[k] = fn::sigmoid(s[k]);
     } else {
         float m = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k) m = fmaxf(m, s[k]);
+        for (int k = 0; k < PerLane; ++k) m = fmaxf(m, s[k]);
         m = group_max(m);
         double sum = 0.0;
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k)
+        for (int k = 0; k < PerLane; ++k)
             if (lane + 32 * k < a.E) sum += exp(double(s[k] - m));
         sum = group_sum(sum);
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k) s[k] = float(exp(double(s[k] - m)) / sum);
+        for (int k = 0; k < PerLane; ++k) s[k] = float(exp(double(s[k] - m)) / sum);
     }
 #pragma unroll
-    for (int k = 0; k < router_experts_per_lane; ++k)
+    for (int k = 0; k < PerLane; ++k)
         if (lane + 32 * k < a.E) row[lane + 32 * k] = s[k];
 
     index_t mine = 0;  // lane j < K: the j-th chosen expert
     if (a.fixed) {
         if (lane < a.K) mine = a.fixed[t * a.fixed_pitch + lane * a.fixed_step];
     } else if (a.K > 0) {
-        float c[router_experts_per_lane];  // the selection values
+        float c[PerLane];  // the selection values
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k) {
+        for (int k = 0; k < PerLane; ++k) {
             const index_t e = lane + 32 * k;
             c[k] = e < a.E && a.correction_bias ? s[k] + a.bias[e * a.bias_step] : s[k];
         }
@@ -132,21 +137,22 @@ __global__ void __launch_bounds__(128) route_select_kernel(RouterArgs a) {
             const std::uint64_t keep = kept_groups(a, c, lane);
             const float dropped = a.group_max ? 0.0f : -INFINITY;
 #pragma unroll
-            for (int k = 0; k < router_experts_per_lane; ++k) {
+            for (int k = 0; k < PerLane; ++k) {
                 const index_t e = lane + 32 * k;
                 if (e < a.E && !((keep >> (e / a.per_group)) & 1u)) c[k] = dropped;
             }
         }
         unsigned taken = 0;  // bit k: expert lane + 32 k is taken (or past E)
 #pragma unroll
-        for (int k = 0; k < router_experts_per_lane; ++k)
+        for (int k = 0; k < PerLane; ++k)
             if (lane + 32 * k >= a.E) taken |= 1u << k;
         for (index_t j = 0; j < a.K; ++j) {
             float best = -INFINITY;
             index_t best_e = a.E;  // none yet
 #pragma unroll
-            for (int k = 0; k < router_experts_per_lane; ++k)
-                if (!((taken >> k) & 1u) && beats(c[k], lane + 32 * k, best, best_e)) best = c[k], best_e = lane + 32 * k;
+            for (int k = 0; k < PerLane; ++k)
+                if (!((taken >> k) & 1u) && beats(c[k], lane + 32 * k, best, best_e))
+                    best = c[k], best_e = lane + 32 * k;
             for (int off = 16; off > 0; off /= 2) {
                 const float v = __shfl_xor_sync(full_warp, best, off);
                 const index_t e = __shfl_xor_sync(full_warp, best_e, off);
@@ -181,11 +187,36 @@ inline void route_select(const MoEConfig& cfg, View<float, 2, cuda> scores, View
                          View<const index_t, 2, cuda> fixed, View<index_t, 2, cuda> idx, View<float, 2, cuda> weight) {
     const index_t T = scores.shape[0], E = scores.shape[1], K = idx.shape[1], G = cfg.groups;
     if (T == 0) return;
-    const RouterArgs a{scores.data, bias.data, bias.strides[0], fixed.data, fixed.strides[0], fixed.strides[1],
-                       idx.data, weight.data, T, E, K, G, cfg.top_groups, G > 0 ? E / G : E,
-                       cfg.score == ScoreFunc::softmax, cfg.group_score == GroupScoreFunc::max, cfg.correction_bias,
-                       cfg.norm_top_k, G > 1 && cfg.top_groups < G, float(cfg.routed_scale)};
-    route_select_kernel<<<unsigned((T + 3) / 4), 128, 0, current_stream()>>>(a);
+    const RouterArgs a{scores.data,
+                       bias.data,
+                       bias.strides[0],
+                       fixed.data,
+                       fixed.strides[0],
+                       fixed.strides[1],
+                       idx.data,
+                       weight.data,
+                       T,
+                       E,
+                       K,
+                       G,
+                       cfg.top_groups,
+                       G > 0 ? E / G : E,
+                       cfg.score == ScoreFunc::softmax,
+                       cfg.group_score == GroupScoreFunc::max,
+                       cfg.correction_bias,
+                       cfg.norm_top_k,
+                       G > 1 && cfg.top_groups < G,
+                       float(cfg.routed_scale)};
+    const unsigned blocks = unsigned((T + 3) / 4);
+    // The fewest experts per lane that hold E: fewer registers, and no loop over lanes' empty slots.
+    if (E <= 128)
+        route_select_kernel<4><<<blocks, 128, 0, current_stream()>>>(a);
+    else if (E <= 256)
+        route_select_kernel<8><<<blocks, 128, 0, current_stream()>>>(a);
+    else if (E <= 384)
+        route_select_kernel<12><<<blocks, 128, 0, current_stream()>>>(a);
+    else
+        route_select_kernel<16><<<blocks, 128, 0, current_stream()>>>(a);
     check_launch("route_select_kernel<<<...>>>");
 }
 

@@ -35,8 +35,10 @@ __device__ __forceinline__ float group_max(float v) {
 /// signed integers, that of negative floats the reverse of their order as unsigned integers. A maximum does not
 /// depend on the order of the updates, so the result is deterministic.
 __device__ __forceinline__ void atomic_max(float* address, float v) {
-    if (v >= 0.0f) atomicMax(reinterpret_cast<int*>(address), __float_as_int(v));
-    else atomicMin(reinterpret_cast<unsigned*>(address), __float_as_uint(v));
+    if (v >= 0.0f)
+        atomicMax(reinterpret_cast<int*>(address), __float_as_int(v));
+    else
+        atomicMin(reinterpret_cast<unsigned*>(address), __float_as_uint(v));
 }
 
 /// Throws cuda_error when the kernel launch just made failed (bad configuration, too much shared memory).
