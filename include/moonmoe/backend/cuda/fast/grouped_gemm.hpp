@@ -17,6 +17,7 @@
 #if defined(MOONMOE_CUDA_EMULATED)  // else warp.hpp has stopped with an #error
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -58,28 +59,46 @@ inline bool grouped_gemm_supported(std::span<const index_t> offsets, index_t inn
     return non_empty <= grouped_max_segments;
 }
 
-/// The non-empty segments' products C_g = alpha op(A_g) op(B_g) + beta C_g, all of shape `shape` but for the
-/// rows that come from the segment (m when rows_are_m, else k), as one grouped cuBLAS call.
-inline void grouped_call(cuda_detail::RowMajorGemm shape, bool rows_are_m, float alpha, float beta,
-                         GroupedPointers<float>& p, std::span<const index_t> offsets) {
-    using namespace cuda_detail;
-    std::vector<cublasOperation_t> op_first, op_second;
-    std::vector<std::int64_t> m, n, k, ld_first, ld_second, ldc, size;
+/// The grouped call's host arrays in cuBLAS's column-major terms, one problem per non-empty segment, and the
+/// segments' indices and first rows in `p` (for the pointer kernel).
+struct GroupedPlan {
+    std::vector<cuda_detail::CublasOp> op_first, op_second;
+    std::vector<std::int64_t> m, n, k, ld_first, ld_second, ldc;
+};
+
+/// The plan of the products C_g = op(A_g) op(B_g) of the non-empty segments, all of shape `shape` but for the rows
+/// that come from the segment (m when rows_are_m, else k).
+inline GroupedPlan plan_grouped(cuda_detail::RowMajorGemm shape, bool rows_are_m, GroupedPointers<float>& p,
+                                std::span<const index_t> offsets) {
+    GroupedPlan plan;
     p.count = 0;
     for (std::size_t g = 0; g + 1 < offsets.size(); ++g) {
         const index_t rows = offsets[g + 1] - offsets[g];
         if (rows == 0) continue;
-        RowMajorGemm r = shape;
+        cuda_detail::RowMajorGemm r = shape;
         (rows_are_m ? r.m : r.k) = rows;
-        const CublasGemm c = to_cublas(r);
-        op_first.push_back(static_cast<cublasOperation_t>(int(c.op_first)));
-        op_second.push_back(static_cast<cublasOperation_t>(int(c.op_second)));
-        m.push_back(c.m), n.push_back(c.n), k.push_back(c.k);
-        ld_first.push_back(c.ld_first), ld_second.push_back(c.ld_second), ldc.push_back(c.ldc), size.push_back(1);
+        const cuda_detail::CublasGemm c = cuda_detail::to_cublas(r);
+        plan.op_first.push_back(c.op_first), plan.op_second.push_back(c.op_second);
+        plan.m.push_back(c.m), plan.n.push_back(c.n), plan.k.push_back(c.k);
+        plan.ld_first.push_back(c.ld_first), plan.ld_second.push_back(c.ld_second), plan.ldc.push_back(c.ldc);
         p.segment[p.count] = index_t(g), p.first_row[p.count] = offsets[g];
         ++p.count;
     }
+    return plan;
+}
+
+/// C_g = alpha op(A_g) op(B_g) + beta C_g for the non-empty segments (plan_grouped) as one grouped cuBLAS call.
+inline void grouped_call(cuda_detail::RowMajorGemm shape, bool rows_are_m, float alpha, float beta,
+                         GroupedPointers<float>& p, std::span<const index_t> offsets) {
+    const GroupedPlan plan = plan_grouped(shape, rows_are_m, p, offsets);
     if (p.count == 0) return;
+    const auto ops = [](const std::vector<cuda_detail::CublasOp>& v) {
+        std::vector<cublasOperation_t> out;
+        for (cuda_detail::CublasOp op : v) out.push_back(static_cast<cublasOperation_t>(int(op)));
+        return out;
+    };
+    const std::vector<cublasOperation_t> op_first = ops(plan.op_first), op_second = ops(plan.op_second);
+    const std::vector<std::int64_t> size(std::size_t(p.count), 1);  // one problem per group
     const std::vector<float> alphas(std::size_t(p.count), alpha), betas(std::size_t(p.count), beta);
     // Stream-ordered scratch: released after the cuBLAS call queued on the same stream.
     Tensor<void*, 1, cuda> pointers({3 * index_t(p.count)});
@@ -87,9 +106,9 @@ inline void grouped_call(cuda_detail::RowMajorGemm shape, bool rows_are_m, float
     check_launch("grouped_pointers_kernel<<<...>>>");
     void** ptr = pointers.data();
     MOONMOE_CUBLAS_CHECK(cublasGemmGroupedBatchedEx_64(
-        cublas_handle(), op_first.data(), op_second.data(), m.data(), n.data(), k.data(), alphas.data(), ptr,
-        CUDA_R_32F, ld_first.data(), ptr + p.count, CUDA_R_32F, ld_second.data(), betas.data(), ptr + 2 * p.count,
-        CUDA_R_32F, ldc.data(), p.count, size.data(), CUBLAS_COMPUTE_32F));
+        cuda_detail::cublas_handle(), op_first.data(), op_second.data(), plan.m.data(), plan.n.data(), plan.k.data(),
+        alphas.data(), ptr, CUDA_R_32F, plan.ld_first.data(), ptr + p.count, CUDA_R_32F, plan.ld_second.data(),
+        betas.data(), ptr + 2 * p.count, CUDA_R_32F, plan.ldc.data(), p.count, size.data(), CUBLAS_COMPUTE_32F));
 }
 
 /// gemm_grouped (backend/blas.hpp): Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g] over the non-empty
