@@ -179,7 +179,8 @@ struct BlasOps<cuda> {
     }
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]) (host offsets);
-    /// W [groups, ., .]. One GEMM per non-empty segment, queued on the current stream.
+    /// W [groups, ., .]. One GEMM per non-empty segment, queued on the current stream (or, opt-in under nvcc, one
+    /// grouped cuBLAS call for all of them: fast/grouped_gemm.hpp).
     static void gemm_grouped(Trans tw, float alpha, View<const float, 2, cuda> X, View<const float, 3, cuda> W,
                              float beta, View<float, 2, cuda> Y, std::span<const index_t> offsets) {
         contract::check_gemm_grouped(X, W, Y, offsets);

@@ -13,8 +13,9 @@
 // many thousands) per row with a shuffle reduction: one thread per row reads a row serially, its warp's loads fall
 // a row pitch apart (uncoalesced), and a few thousand rows leave most of the device idle. Under nvcc the RMSNorm
 // ones can take fast/rmsnorm.hpp (opt-in: fast/select.hpp), checked against these functors by
-// test/nvcc/fast_kernels.cu; cross_entropy's remains to be written. The rest (dweight's chunk partials, the gathers, the per-column scatter, sum_heads)
-// is already one thread per output element or column, with coalesced reads.
+// test/nvcc/fast_kernels.cu; cross_entropy's remains to be written. The rest (dweight's chunk partials, the
+// gathers, the per-column scatter, sum_heads) is already one thread per output element or column, with coalesced
+// reads.
 #pragma once
 
 #include "map.hpp"
