@@ -8,7 +8,9 @@
 #                              into one doctest binary (the same tests the emulated build runs, now on the real
 #                              backend: every primitive against double loops, the transformers goldens, greedy
 #                              decoding, MuonClip steps against the CPU), runs it, then runs a short part of it under
-#                              compute-sanitizer (memcheck). Writes build-gpu/results/{tests,sanitizer,device}.txt.
+#                              compute-sanitizer (memcheck); then builds and runs test/nvcc/fast_kernels.cu (the
+#                              fast kernels against the portable path) and sanitizes it (memcheck, racecheck).
+#                              Writes build-gpu/results/{tests,fast_kernels,sanitizer,device}.txt.
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), ARCH (default sm_90), JOBS (default: the core count).
 set -euo pipefail
@@ -56,6 +58,16 @@ run() {
     (cd "$obj" && ./cuda_tests --duration=true) 2>&1 | tee "$results/tests.txt"
     "$cuda/bin/compute-sanitizer" --tool memcheck --error-exitcode 1 "$obj/cuda_tests" \
         --test-case='*greedy decoding*,*dispatch*,*rmsnorm*' 2>&1 | tail -20 | tee "$results/sanitizer.txt"
+    # The fast kernels (backend/cuda/fast/) against the portable path: test/nvcc/fast_kernels.cu, a program of its
+    # own (it switches the kernels on and off itself), run, then under memcheck, and racecheck for the attention
+    # kernels' shared-memory tiles. Writes build-gpu/results/fast_kernels.txt (the largest differences).
+    "$nvcc" "${flags[@]}" -c "$root/test/nvcc/fast_kernels.cu" -o "$obj/fast_kernels.o"
+    "$nvcc" "-arch=$arch" "$obj/fast_kernels.o" -lcublas -o "$obj/fast_kernels"
+    "$obj/fast_kernels" 2>&1 | tee "$results/fast_kernels.txt"
+    "$cuda/bin/compute-sanitizer" --tool memcheck --error-exitcode 1 "$obj/fast_kernels" 2>&1 | tail -20 \
+        | tee -a "$results/sanitizer.txt"
+    "$cuda/bin/compute-sanitizer" --tool racecheck --error-exitcode 1 "$obj/fast_kernels" --test-case='fast attention*' \
+        2>&1 | tail -20 | tee -a "$results/sanitizer.txt"
 }
 
 case "${1:-}" in

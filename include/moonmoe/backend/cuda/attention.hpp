@@ -24,15 +24,10 @@
 // contraction and device expf (2 ulp) add differences of the same order. rope is bitwise the CPU's in the
 // emulated mode (same f32 expressions, glibc's cosf / sinf).
 //
-// For speed, an nvcc-only kernel behind `#if defined(__CUDACC__)` would replace the forward, backward and decode
-// functors: FlashAttention-2 tiles (Dao, arXiv:2307.08691) with a block per (query tile, head), Q tiles of both
-// parts in shared memory, K_nope / K_rope / V tiles streamed through shared memory (the shared rope key loaded once
-// per tile for all heads of the block), the two-part scores as two tensor-core products into one accumulator, and
-// the per-head maximum reduced in the block then max-accumulated once per block; the backward as FlashAttention-2's
-// (a block per key tile accumulating dK, dV; dQ by a second pass or atomics), and decode split over the cache
-// length (flash-decoding) over a device array of cache descriptors, in a single launch for all sequences (here each
-// sequence costs a launch, which a decode batch of many short sequences feels most). HeadMax's one thread per head
-// over all rows would become a block reduction, or disappear into the fused forward. This file stays its reference.
+// For speed, under nvcc, forward and backward can take the fused FlashAttention-2 kernels of fast/attention.hpp
+// (opt-in: fast/select.hpp), which keep this contract and are checked against these functors by
+// test/nvcc/fast_kernels.cu. Decode stays here; a flash-decoding kernel (split over the cache length, one launch for
+// all sequences over a device array of cache descriptors) would be its fast form. This file stays the reference.
 #pragma once
 
 #include "map.hpp"
@@ -44,6 +39,10 @@
 
 #include "../../tensor/tensor.hpp"
 #include "../attention.hpp"
+#if !MOONMOE_CUDA_EMULATED
+#include "fast/attention.hpp"  // the fused kernels, opt-in (fast/select.hpp)
+#include "fast/select.hpp"
+#endif
 
 namespace moonmoe::backend {
 
@@ -300,6 +299,10 @@ struct AttentionOps<cuda> {
         using namespace cuda_detail;
         const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
         const index_t G = contract::check_forward(q, kv, offsets, o, lse, max_logit);
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().attention && cuda_fast::attention_supported(q, kv))
+            return cuda_fast::attention_forward(q, kv, offsets, scale, o, lse, max_logit);
+#endif
         Tensor<float, 1, cuda> row_max({T * H});
         const Scores sc = scores(q, kv, scale);
         for (index_t s = 0; s < N; ++s) {
@@ -318,6 +321,10 @@ struct AttentionOps<cuda> {
         using namespace cuda_detail;
         const index_t T = q.q[0].shape[0], H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
         const index_t KV = contract::check_backward(q, kv, offsets, o, lse, d_o, grads), G = H / KV;
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().attention && cuda_fast::attention_supported(q, kv))
+            return cuda_fast::attention_backward(q, kv, offsets, scale, o, lse, d_o, grads);
+#endif
         Tensor<float, 1, cuda> delta({T * H});
         launch(T * H, RowDot{head_rows(d_o), head_rows(o), delta.data(), H});
         HeadRows<float> dq[2] = {head_rows(grads.dq[0]), {}}, dk[2] = {head_rows(grads.dk[0]), {}};

@@ -18,6 +18,10 @@
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
 #include "layout.hpp"
+#if !MOONMOE_CUDA_EMULATED
+#include "fast/grouped_gemm.hpp"  // one grouped cuBLAS call, opt-in (fast/select.hpp)
+#include "fast/select.hpp"
+#endif
 
 namespace moonmoe::backend {
 
@@ -247,10 +251,15 @@ struct BlasOps<cuda> {
     }
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]) (host offsets);
-    /// W [groups, ., .]. One GEMM per non-empty segment, queued on the current stream.
+    /// W [groups, ., .]. One GEMM per non-empty segment, queued on the current stream (or, opt-in under nvcc, one
+    /// grouped cuBLAS call for all of them: fast/grouped_gemm.hpp).
     static void gemm_grouped(Trans tw, float alpha, View<const float, 2, cuda> X, View<const float, 3, cuda> W,
                              float beta, View<float, 2, cuda> Y, std::span<const index_t> offsets) {
         contract::check_gemm_grouped(X, W, Y, offsets);
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, X.shape[1]))
+            return cuda_fast::gemm_grouped(tw, alpha, X, W, beta, Y, offsets);
+#endif
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
@@ -263,6 +272,13 @@ struct BlasOps<cuda> {
     static void gemm_grouped_weight_grad(float alpha, View<const float, 2, cuda> dY, View<const float, 2, cuda> X,
                                          float beta, View<float, 3, cuda> dW, std::span<const index_t> offsets) {
         contract::check_gemm_grouped_weight_grad(dY, X, dW, offsets);
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, 1)) {
+            for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g)
+                if (offsets[g + 1] == offsets[g]) cuda_detail::scale_or_zero<float>(dW[g], beta);
+            return cuda_fast::gemm_grouped_weight_grad(alpha, dY, X, beta, dW, offsets);
+        }
+#endif
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) cuda_detail::scale_or_zero<float>(dW[g], beta);

@@ -11,8 +11,9 @@
 // gather_pairs are integer work or copies: bitwise everywhere.
 //
 // One thread per token is the simple form: route_select and route_backward loop over the E experts of their token
-// (E = 384 for Kimi K2) and pair_dot over a whole row; a warp per token (a warp-wide top-k and reductions) and a
-// warp per pair row would be the fast nvcc-only kernels.
+// (E = 384 for Kimi K2) and pair_dot over a whole row. Under nvcc route_select can take fast/router.hpp's warp per
+// token (opt-in: fast/select.hpp, checked against RouteSelectToken by test/nvcc/fast_kernels.cu); route_backward
+// and pair_dot would be the next such kernels.
 #pragma once
 
 #include "map.hpp"
@@ -36,6 +37,10 @@
 #include "../../tensor/tensor.hpp"
 #include "../functors.hpp"
 #include "../routing.hpp"
+#if !MOONMOE_CUDA_EMULATED
+#include "fast/router.hpp"  // a warp per token, opt-in (fast/select.hpp)
+#include "fast/select.hpp"
+#endif
 
 namespace moonmoe::backend {
 
@@ -338,6 +343,10 @@ struct RoutingOps<cuda> {
                                         " groups of " + std::to_string(E) + " experts (at most " +
                                         std::to_string(cuda_detail::route_max_groups) + ", dividing the experts)");
         if (E == 0) return;
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().router && cuda_fast::router_supported(cfg, E, K))
+            return cuda_fast::route_select(cfg, scores, bias, fixed, idx, weight);
+#endif
         cuda_detail::launch(T, cuda_detail::RouteSelectToken{
                                    scores.data, bias.data, bias.strides[0], fixed.data, fixed.strides[0],
                                    fixed.strides[1], idx.data, weight.data, E, K, G, cfg.top_groups, per_group,

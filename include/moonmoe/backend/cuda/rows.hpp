@@ -11,9 +11,11 @@
 //
 // For speed on a GPU, rmsnorm_forward, rmsnorm_backward's dx and cross_entropy want a warp (or a block for V of
 // many thousands) per row with a shuffle reduction: one thread per row reads a row serially, its warp's loads fall
-// a row pitch apart (uncoalesced), and a few thousand rows leave most of the device idle. Such a kernel sums in another order, so it would be checked against these
-// functors with a tolerance. The rest (dweight's chunk partials, the gathers, the per-column scatter, sum_heads)
-// is already one thread per output element or column, with coalesced reads.
+// a row pitch apart (uncoalesced), and a few thousand rows leave most of the device idle. Under nvcc the RMSNorm
+// ones can take fast/rmsnorm.hpp (opt-in: fast/select.hpp), checked against these functors by
+// test/nvcc/fast_kernels.cu; cross_entropy's remains to be written. The rest (dweight's chunk partials, the
+// gathers, the per-column scatter, sum_heads) is already one thread per output element or column, with coalesced
+// reads.
 #pragma once
 
 #include "map.hpp"
@@ -24,6 +26,10 @@
 
 #include "../../tensor/tensor.hpp"
 #include "../rows.hpp"
+#if !MOONMOE_CUDA_EMULATED
+#include "fast/rmsnorm.hpp"  // a warp or block per row, opt-in (fast/select.hpp)
+#include "fast/select.hpp"
+#endif
 
 namespace moonmoe::backend {
 
@@ -204,6 +210,9 @@ struct RowOps<cuda> {
         using namespace cuda_rows_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
         contract::check_rmsnorm_forward(x, weight, y, rstd);
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().rmsnorm) return cuda_fast::rmsnorm_forward(x, weight, eps, y, rstd);
+#endif
         cuda_detail::launch(rows, RmsNormForwardRow{rows_of(x), weight.data, eps, rows_of(y), rstd.data, n});
     }
 
@@ -215,8 +224,12 @@ struct RowOps<cuda> {
         using namespace cuda_rows_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
         contract::check_rmsnorm_backward(x, weight, rstd, dy, dx, dweight);
-        cuda_detail::launch(rows, RmsNormBackwardRow{rows_of(x), weight.data, rstd.data, rows_of(dy), rows_of(dx), n,
-                                                     accumulate_dx});
+#if !MOONMOE_CUDA_EMULATED
+        if (cuda_fast_kernels().rmsnorm) cuda_fast::rmsnorm_backward_dx(x, weight, rstd, dy, dx, accumulate_dx);
+        else
+#endif
+            cuda_detail::launch(rows, RmsNormBackwardRow{rows_of(x), weight.data, rstd.data, rows_of(dy), rows_of(dx),
+                                                         n, accumulate_dx});
         constexpr index_t chunk_rows = 64;  // RowOps<cpu>'s chunking, so the sums are the CPU's
         const index_t chunks = (rows + chunk_rows - 1) / chunk_rows;
         // Stream-ordered: released after the kernels below are queued, reused only by later work on the stream.
