@@ -258,7 +258,7 @@ inline std::string device_description() {
 #endif
 }
 
-inline int main(int argc, char** argv) {
+inline int main(int argc, char** argv) try {
     moonmoe::set_threads(threads());
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
@@ -284,6 +284,9 @@ inline int main(int argc, char** argv) {
         return 1;
     }
     return 0;
+} catch (const std::exception& e) {  // e.g. no GPU or driver for moonmoe_cuda_bench: say so instead of terminate()
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
 }
 
 }  // namespace bench
