@@ -77,6 +77,7 @@ bench() {
     [ -d "$deps/eigen3" ] && [ -d "$deps/benchmark" ] && [ -d "$deps/lib" ] ||
         { echo "gpu_check: run 'tools/gpu_check.sh stage' first (no $deps/eigen3, $deps/benchmark or $deps/lib)" >&2; exit 1; }
     local nvcc="$cuda/bin/nvcc" obj="$out/bench-obj" results="$out/results/bench"
+    rm -rf "$results"
     mkdir -p "$obj" "$results/parts"
     local flags=(-std=c++20 -O2 "-arch=$arch" -x cu -diag-suppress=20012,20015 -DMOONMOE_BENCH_CUDA
                  -DMOONMOE_BENCH_COMBINED -I"$root/include" -isystem "$deps/eigen3" -isystem "$deps")
@@ -113,16 +114,22 @@ bench() {
             filter="^$prefix/.*$smoke"
         fi
         echo "==== [$(date '+%T')] moonmoe_cuda_bench --benchmark_filter='$filter'" >&2
+        # a family that fails (out of memory, a CUDA error) is reported and left out; the others still run
         "$obj/moonmoe_cuda_bench" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
-            --benchmark_out="$results/parts/$f.json" --benchmark_out_format=json
+            --benchmark_out="$results/parts/$f.json" --benchmark_out_format=json ||
+            { echo "gpu_check: family $f failed (exit $?); left out of moonmoe_cuda.json" | tee -a "$results/failed.txt" >&2
+              rm -f "$results/parts/$f.json"; }
     done
     python3 - "$results/moonmoe_cuda.json" "$results/parts" "${families[@]}" <<'PY'
 import json, sys
 out, parts, families = sys.argv[1], sys.argv[2], sys.argv[3:]
 merged = {"context": None, "benchmarks": []}
 for f in families:
-    with open(f"{parts}/{f}.json") as fh:
-        run = json.load(fh)
+    try:
+        with open(f"{parts}/{f}.json") as fh:
+            run = json.load(fh)
+    except (OSError, ValueError):
+        continue  # the family failed (gpu_check said so)
     merged["context"] = merged["context"] or run["context"]
     for b in run["benchmarks"]:
         b["family"] = f
@@ -134,8 +141,9 @@ PY
     local torch_json=()
     if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' >/dev/null 2>&1; then
         python3 "$root/bench/torch_suite.py" --device cuda --dtypes f32,bf16 --min-time "${MIN_TIME:-0.5}" \
-            $([ "${QUICK:-0}" = 1 ] && echo --quick) --out "$results/torch_cuda.json"
-        torch_json=(--torch "$results/torch_cuda.json")
+            $([ "${QUICK:-0}" = 1 ] && echo --quick) --out "$results/torch_cuda.json" ||
+            echo "gpu_check: bench/torch_suite.py --device cuda failed (exit $?)" | tee -a "$results/failed.txt" >&2
+        [ -f "$results/torch_cuda.json" ] && torch_json=(--torch "$results/torch_cuda.json")
     else
         echo "gpu_check: PyTorch with CUDA (and transformers) is not importable on this machine: no PyTorch side," \
              "ours alone (the PyTorch targets read 'not measured')" | tee "$results/torch_absent.txt" >&2
