@@ -12,7 +12,8 @@
 // also as <name>_cuda with -DMOONMOE_BUILD_CUDA=ON, or by hand
 //   nvcc -std=c++20 -O2 -arch=sm_90 -x cu -I<moonmoe>/include -isystem /usr/include/eigen3 examples/hf_forward.cpp
 //       -lcublas -o hf_forward_cuda
-// A binary built by the C++ compiler alone refuses `--backend cuda` with a message saying so.
+// A binary built by the C++ compiler alone refuses `--backend cuda` with a message saying so (unless it was built
+// on the emulated CUDA backend, see below).
 #pragma once
 
 #include <cerrno>
@@ -24,7 +25,10 @@
 #include <vector>
 
 #include <moonmoe/moonmoe.hpp>
-#if defined(__CUDACC__)
+// nvcc: the real CUDA backend. A host compile with Thrust's OpenMP device system (-fopenmp
+// -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem <cuda>/include/cccl -isystem <cuda>/include): the CUDA
+// backend emulated on the host (backend/cuda/memory.hpp), so `--backend cuda` runs the same code there, without a GPU.
+#if defined(__CUDACC__) || defined(THRUST_DEVICE_SYSTEM)
 #include <moonmoe/backend/cuda.hpp>
 #define MOONMOE_EXAMPLE_HAS_CUDA 1
 #else
@@ -161,7 +165,8 @@ void describe(const moonmoe::nn::Transformer<B>& model, const char* dir) {
     const moonmoe::ModelConfig& c = model.config;
     std::printf("%s%s: %lld layers (%lld dense), hidden %lld, %lld heads, %lld experts (top-%lld, %lld shared), "
                 "vocab %lld, %lld parameters\n",
-                dir, std::is_same_v<B, moonmoe::cpu> ? "" : " (on the GPU)", (long long)c.dims.layers, (long long)c.dims.dense_layers, (long long)c.dims.hidden,
+                dir, std::is_same_v<B, moonmoe::cpu> ? "" : " (on the CUDA backend)", (long long)c.dims.layers,
+                (long long)c.dims.dense_layers, (long long)c.dims.hidden,
                 (long long)c.attention.heads, (long long)c.moe.experts, (long long)c.moe.top_k,
                 (long long)c.moe.shared, (long long)c.dims.vocab, (long long)moonmoe::count_parameters(c).total);
 }

@@ -97,7 +97,7 @@ double peak_rss_gib() {
 /// Waits for the GPU's queued work before a clock is read (the CPU's work is done when its call returns).
 template <class B>
 void wait_for_device() {
-#if MOONMOE_EXAMPLE_HAS_CUDA
+#if MOONMOE_EXAMPLE_HAS_CUDA && !MOONMOE_CUDA_EMULATED
     if constexpr (std::is_same_v<B, moonmoe::cuda>)
         MOONMOE_CUDA_CHECK(cudaStreamSynchronize(moonmoe::backend::current_stream()));
 #endif
@@ -105,7 +105,7 @@ void wait_for_device() {
 
 /// Whether this binary can run the layer on a GPU, and one is present.
 bool gpu_present() {
-#if MOONMOE_EXAMPLE_HAS_CUDA
+#if MOONMOE_EXAMPLE_HAS_CUDA && !MOONMOE_CUDA_EMULATED
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 #else
