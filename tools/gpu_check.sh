@@ -94,7 +94,7 @@ bench() {
     for p in "${pids[@]}"; do wait "$p"; done
     local lib
     lib=$(ls "$deps"/lib/libbenchmark.so.* | head -1)
-    "$nvcc" "-arch=$arch" "${objects[@]}" -lcublas "$lib" -Xlinker -rpath -Xlinker "$deps/lib" -lpthread \
+    "$nvcc" "-arch=$arch" "${objects[@]}" -lcublas -Xlinker "$lib" -Xlinker -rpath -Xlinker "$deps/lib" -lpthread \
         -o "$obj/moonmoe_cuda_bench"
     echo "moonmoe_cuda_bench: ${#families[@]} families compiled and linked by nvcc in $((SECONDS - start)) s" \
          "with ${JOBS:-$(nproc)} jobs" | tee "$results/build.txt"
