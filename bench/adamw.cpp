@@ -18,10 +18,8 @@ void adamw(benchmark::State& state, index_t rows, index_t cols) {
     const double n = double(rows) * cols;
     long long t = 0;
     measure(state, {14.0 * n, 28.0 * n},
-            [&] { moonmoe::optim::adamw_step(cfg, 1e-3, ++t, w.data(), g.data(), m.data(), v.data(), rows * cols); });
+            [&] { moonmoe::optim::adamw_step<Backend>(cfg, 1e-3, ++t, w.data(), g.data(), m.data(), v.data(), rows * cols); });
 }
-
-}  // namespace
 
 void register_benchmarks() {
     for (auto [rows, cols] : {std::pair<index_t, index_t>{16384, 7168}, {256, 512}})
@@ -29,6 +27,7 @@ void register_benchmarks() {
             [rows, cols](benchmark::State& s) { adamw(s, rows, cols); });
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -1,7 +1,8 @@
 // GEMM primitives at Kimi K2 shapes (bench/SUITE.md): every projection of MLA at 1024 tokens as x W^T, one expert's
 // gate at 64 tokens, the backward forms (dy W and dy^T x), and the symmetric X X^T of Newton-Schulz.
 // FLOPs: 2 m n k per product; SYRK is counted at the 2 n^2 k of the full product it replaces (so its FLOP/s and
-// of_sgemm compare wall time with a plain GEMM of the same result).
+// of_sgemm compare wall time with a plain GEMM of the same result). On the GPU (moonmoe_cuda_bench) also the dense
+// bf16 cuBLAS product, gemm/bf16_cublas (support/cublas_bf16.hpp).
 // bench-smoke-filter: :256/
 #include "support/suite.hpp"
 
@@ -26,7 +27,14 @@ void syrk(benchmark::State& state, index_t n, index_t k) {
     measure(state, {2.0 * n * n * k, 4.0 * (n * k + n * n)}, [&] { Ops::syrk(1.0f, x.view(), 0.0f, c.view()); });
 }
 
-}  // namespace
+#if MOONMOE_BENCH_HAVE_CUBLAS
+/// The dense bf16 cuBLAS product of support/cublas_bf16.hpp, as a row of its own (label bf16).
+void bf16_cublas(benchmark::State& state, index_t m, index_t n, index_t k) {
+    const Bf16Gemm g(m, n, k);
+    measure(state, {g.flops(), 2.0 * double(m * k + k * n + m * n)}, [&] { g.run(); });
+    state.SetLabel("bf16");
+}
+#endif
 
 void register_benchmarks() {
     struct Case {
@@ -51,7 +59,14 @@ void register_benchmarks() {
             [c](benchmark::State& s) { gemm(s, c.ta, c.tb, c.m, c.n, c.k); });
     add("syrk/" + shape_args({{"n", 2048}, {"k", 7168}}), [](benchmark::State& s) { syrk(s, 2048, 7168); });
     add("syrk/" + shape_args({{"n", 256}, {"k", 256}}), [](benchmark::State& s) { syrk(s, 256, 256); });
+#if MOONMOE_BENCH_HAVE_CUBLAS
+    for (index_t n : {index_t(8192), index_t(256)})
+        add("gemm/bf16_cublas/" + shape_args({{"m", n}, {"n", n}, {"k", n}}),
+            [n](benchmark::State& s) { bf16_cublas(s, n, n, n); });
+#endif
 }
+
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -11,18 +11,18 @@
 namespace bench {
 namespace {
 
-using moonmoe::nn::DecoderLayer;
+using DecoderLayer = moonmoe::nn::DecoderLayer<Backend>;
 
 void layer(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
-    DecoderLayer<>& l = fixture<DecoderLayer<>>(cfg, [&] {  // layer dense_layers: the first MoE layer
-        return std::make_unique<DecoderLayer<>>(cfg, cfg.dims.dense_layers, 0, local_experts(cfg));
+    DecoderLayer& l = fixture<DecoderLayer>(cfg, [&] {  // layer dense_layers: the first MoE layer
+        return std::make_unique<DecoderLayer>(cfg, cfg.dims.dense_layers, 0, local_experts(cfg));
     });
     const index_t H = cfg.dims.hidden;
     Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
     Ops::fill_normal(h.view(), 0.0f, 1.0f, 3);
     Ops::fill_normal(dout.view(), 0.0f, 1.0f, 4);
     const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
-    DecoderLayer<>::Cache cache;
+    DecoderLayer::Cache cache;
     l.forward(h.view(), layout, out.view(), cache);  // the pair count for the FLOPs
     const index_t pairs = tokens * cfg.moe.top_k - l.moe.skipped_assignments;
     const double f = flops::mla_forward(cfg, tokens) + flops::moe_forward(cfg, tokens, pairs);
@@ -33,8 +33,6 @@ void layer(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tok
     state.counters["pairs"] = double(pairs);
 }
 
-}  // namespace
-
 void register_benchmarks() {
     for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(256)}, {&small, "small", index_t(128)}})
         for (bool backward : {false, true})
@@ -43,6 +41,7 @@ void register_benchmarks() {
                 [cfg, tokens, backward](benchmark::State& s) { layer(s, *cfg, tokens, backward); });
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -11,16 +11,16 @@
 namespace bench {
 namespace {
 
-using moonmoe::nn::MLA;
+using MLA = moonmoe::nn::MLA<Backend>;
 
 void forward(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t seq, bool backward) {
-    MLA<>& mla = fixture<MLA<>>(cfg, [&] { return std::make_unique<MLA<>>(cfg); });
+    MLA& mla = fixture<MLA>(cfg, [&] { return std::make_unique<MLA>(cfg); });
     const index_t H = cfg.dims.hidden;
     Mat x({seq, H}), out({seq, H}), dout({seq, H}), dx({seq, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);
     Ops::fill_normal(dout.view(), 0.0f, 1.0f, 4);
     const auto layout = moonmoe::nn::TokenLayout::sequences(1, seq);
-    MLA<>::Cache cache;
+    MLA::Cache cache;
     const double f = flops::mla_forward(cfg, seq);
     measure(state, {backward ? 3.0 * f : f}, [&] {
         mla.forward(x.view(), layout, out.view(), cache);
@@ -29,8 +29,8 @@ void forward(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t s
 }
 
 void decode(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t length) {
-    MLA<>& mla = fixture<MLA<>>(cfg, [&] { return std::make_unique<MLA<>>(cfg); });
-    MLA<>::LatentCache cache(length, cfg.attention);
+    MLA& mla = fixture<MLA>(cfg, [&] { return std::make_unique<MLA>(cfg); });
+    MLA::LatentCache cache(length, cfg.attention);
     Ops::fill_normal(cache.kv.view(), 0.0f, 1.0f, 5);
     Ops::fill_normal(cache.pe.view(), 0.0f, 1.0f, 6);
     Mat x({1, cfg.dims.hidden}), out({1, cfg.dims.hidden});
@@ -41,8 +41,6 @@ void decode(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t le
                 mla.forward_absorbed(x.view(), cache, out.view());
             });
 }
-
-}  // namespace
 
 void register_benchmarks() {
     struct Case {
@@ -61,6 +59,7 @@ void register_benchmarks() {
     }
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -3,7 +3,7 @@
 // and forward + backward (bench/SUITE.md). Counters besides the suite's: `pairs`, the (token, expert) pairs
 // computed here, and `overhead`, the share of the time spent routing and moving rows (router, sorting pairs,
 // gathering inputs, scattering outputs) rather than in expert arithmetic. FLOPs: bench/support/flops.hpp, for the
-// pairs actually computed.
+// pairs actually computed. `moe/experts` times the routed experts' grouped GEMMs alone (issue 11's MoE target).
 // bench-smoke-filter: /small/
 #include "support/configs.hpp"
 #include "support/flops.hpp"
@@ -14,16 +14,16 @@
 namespace bench {
 namespace {
 
-using moonmoe::nn::MoE;
+using MoE = moonmoe::nn::MoE<Backend>;
 
 void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
-    MoE<>& block = fixture<MoE<>>(
-        cfg, [&] { return std::make_unique<MoE<>>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    MoE& block = fixture<MoE>(
+        cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
     const index_t H = cfg.dims.hidden;
     Mat x({tokens, H}), y({tokens, H}), dy({tokens, H}), dx({tokens, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);
     Ops::fill_normal(dy.view(), 0.0f, 1.0f, 4);
-    MoE<>::Cache cache;
+    MoE::Cache cache;
     // The routing depends only on x, so one forward tells the pair count of every iteration.
     block.forward(x.view(), y.view(), cache);
     const index_t pairs = tokens * cfg.moe.top_k - block.skipped_assignments;
@@ -37,19 +37,50 @@ void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t token
         total += seconds_since(t);
     });
     state.counters["pairs"] = double(pairs);
-    state.counters["overhead"] = (block.times.router + block.times.dispatch) / total;
+    // MoE's part timers read the host clock without waiting for the device: meaningful on the CPU only.
+    if constexpr (moonmoe::backend::host_visible<Backend>)
+        state.counters["overhead"] = (block.times.router + block.times.dispatch) / total;
 }
 
-}  // namespace
+/// The routed experts' grouped GEMMs alone (gate, up, down over the segments of the routing of `tokens` random
+/// tokens; SwiGLU, gather and combine left out): the rate issue 11 compares with a dense GEMM of the same run
+/// (of_sgemm, and of_bf16_cublas on the GPU).
+void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
+    using moonmoe::backend::Trans;
+    MoE& block = fixture<MoE>(
+        cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    const index_t H = cfg.dims.hidden, I = cfg.moe.expert_hidden;
+    Mat u({tokens, H}), y({tokens, H});
+    Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
+    MoE::Cache cache;
+    block.forward(u.view(), y.view(), cache);  // the routing, for the segment sizes
+    const std::vector<index_t> offsets = cache.plan.offsets;
+    const index_t pairs = cache.plan.pairs();
+    cache = {};
+    Mat x({pairs, H}), g({pairs, I}), up({pairs, I}), out({pairs, H});
+    Ops::fill_normal(x.view(), 0.0f, 1.0f, 5);
+    measure(state, {flops::expert_forward(cfg, pairs, I)}, [&] {
+        Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), block.experts.gate_proj.value.view(), 0.0f, g.view(), offsets);
+        Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), block.experts.up_proj.value.view(), 0.0f, up.view(), offsets);
+        Ops::gemm_grouped(Trans::yes, 1.0f, g.view(), block.experts.down_proj.value.view(), 0.0f, out.view(),
+                          offsets);
+    });
+    state.counters["pairs"] = double(pairs);
+    state.counters["experts"] = double(index_t(offsets.size()) - 1);
+}
 
 void register_benchmarks() {
-    for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(1024)}, {&small, "small", index_t(256)}})
+    for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(1024)}, {&small, "small", index_t(256)}}) {
         for (bool backward : {false, true})
             add(std::string("moe/") + (backward ? "forward_backward/" : "forward/") + name + "/" +
                     shape_args({{"tokens", tokens}}),
                 [cfg, tokens, backward](benchmark::State& s) { moe(s, *cfg, tokens, backward); });
+        add(std::string("moe/experts/") + name + "/" + shape_args({{"tokens", tokens}}),
+            [cfg, tokens](benchmark::State& s) { experts(s, *cfg, tokens); });
+    }
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -14,17 +14,15 @@ using moonmoe::optim::Products;
 
 void muon(benchmark::State& state, index_t rows, index_t cols) {
     const moonmoe::MuonConfig cfg = moonmoe::KimiK2::config.optimizer.muon;
-    Mat w({rows, cols}), g({rows, cols}), u, o;
+    Mat w({rows, cols}), g({rows, cols}), momentum({rows, cols}), u, o;
     init_uniform_matrix(w.view());
     Ops::fill_normal(g.view(), 0.0f, 1.0f, 2);
-    std::vector<float> momentum(static_cast<std::size_t>(rows * cols), 0.0f);
-    moonmoe::optim::NSWorkspace<float> ws;
+    moonmoe::optim::NSWorkspace<float, Backend> ws;
     measure(state, {moonmoe::optim::newton_schulz_flops(rows, cols, cfg.ns_steps, Products::general)}, [&] {
-        moonmoe::optim::muon_step<moonmoe::KellerQuintic>(cfg, 0.02, w.view(), moonmoe::View<const float, 2>(g.view()), moonmoe::View<float, 2>(momentum.data(), {rows, cols}), ws, u, o);
+        moonmoe::optim::muon_step<moonmoe::KellerQuintic, Backend>(cfg, 0.02, w.view(), moonmoe::View<const float, 2, Backend>(g.view()),
+                                                                   momentum.view(), ws, u, o);
     });
 }
-
-}  // namespace
 
 void register_benchmarks() {
     const std::pair<index_t, index_t> shapes[] = {
@@ -42,6 +40,7 @@ void register_benchmarks() {
             [rows, cols](benchmark::State& s) { muon(s, rows, cols); });
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

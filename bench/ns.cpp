@@ -16,9 +16,9 @@ template <class Policy>
 void newton_schulz(benchmark::State& state, index_t rows, index_t cols, Products products) {
     Mat g({rows, cols}), out({rows, cols});
     Ops::fill_normal(g.view(), 0.0f, 1.0f, 1);
-    moonmoe::optim::NSWorkspace<float> ws;
+    moonmoe::optim::NSWorkspace<float, Backend> ws;
     measure(state, {moonmoe::optim::newton_schulz_flops(rows, cols, 5, Products::general)},
-            [&] { moonmoe::optim::newton_schulz<Policy, float>(g.view(), out.view(), 5, ws, products); });
+            [&] { moonmoe::optim::newton_schulz<Policy, float, Backend>(g.view(), out.view(), 5, ws, products); });
 }
 
 template <class Policy>
@@ -30,14 +30,13 @@ void add_policy(const char* name) {
                 [rows, cols, p](benchmark::State& s) { newton_schulz<Policy>(s, rows, cols, p); });
 }
 
-}  // namespace
-
 void register_benchmarks() {
     add_policy<moonmoe::KellerQuintic>("keller");
     add_policy<moonmoe::PolarExpress>("polar_express");
     add_policy<moonmoe::YouQuintic>("you");
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -26,11 +26,9 @@ void qk_clip(benchmark::State& state, const moonmoe::ModelConfig& cfg) {
     const double bytes = 8.0 * (double(H) * dqk * a.q_rank + double(H) * a.nope_dim * a.kv_rank);
     measure(
         state, {0, bytes},
-        [&] { moonmoe::optim::clip_mla_heads(q_b.data(), a.q_rank, kv_b.data(), a.kv_rank, layout, maxima, clip); },
+        [&] { moonmoe::optim::clip_mla_heads<Backend>(q_b.data(), a.q_rank, kv_b.data(), a.kv_rank, layout, maxima, clip); },
         [&] { Ops::copy(q_b0.view(), q_b.view()), Ops::copy(kv_b0.view(), kv_b.view()); });
 }
-
-}  // namespace
 
 void register_benchmarks() {
     for (auto [cfg, name] : {std::pair{&k2, "k2"}, {&small, "small"}})
@@ -38,6 +36,7 @@ void register_benchmarks() {
             [cfg](benchmark::State& s) { qk_clip(s, *cfg); });
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

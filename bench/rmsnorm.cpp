@@ -10,11 +10,11 @@ namespace bench {
 namespace {
 
 void rmsnorm(benchmark::State& state, index_t tokens, index_t dim, bool backward) {
-    moonmoe::nn::RMSNorm<> norm(dim, 1e-6);
+    moonmoe::nn::RMSNorm<Backend> norm(dim, 1e-6);
     Mat x({tokens, dim}), y({tokens, dim}), dy({tokens, dim}), dx({tokens, dim});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 1);
     Ops::fill_normal(dy.view(), 0.0f, 1.0f, 2);
-    moonmoe::Tensor<float, 1> rstd({tokens});
+    moonmoe::Tensor<float, 1, Backend> rstd({tokens});
     const double n = double(tokens) * dim;
     Work work{backward ? 10.0 * n : 4.0 * n, backward ? 4.0 * 5 * n : 4.0 * 2 * n};
     measure(state, work, [&] {
@@ -23,8 +23,6 @@ void rmsnorm(benchmark::State& state, index_t tokens, index_t dim, bool backward
     });
 }
 
-}  // namespace
-
 void register_benchmarks() {
     for (auto [tokens, dim] : {std::pair<index_t, index_t>{4096, 7168}, {64, 512}})
         for (bool backward : {false, true})
@@ -32,6 +30,8 @@ void register_benchmarks() {
                     shape_args({{"tokens", tokens}, {"dim", dim}}),
                 [=](benchmark::State& s) { rmsnorm(s, tokens, dim, backward); });
 }
+
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -12,18 +12,16 @@ namespace {
 
 void rope(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
     const index_t H = cfg.attention.heads, nope = cfg.attention.nope_dim, R = cfg.attention.rope_dim;
-    moonmoe::nn::RotaryEmbedding emb(cfg.rope, R);
+    moonmoe::nn::RotaryEmbedding<Backend> emb(cfg.rope, R);
     Mat q({tokens, H * (nope + R)});
     Ops::fill_normal(q.view(), 0.0f, 1.0f, 1);
     std::vector<index_t> host_positions(static_cast<std::size_t>(tokens));
     for (index_t t = 0; t < tokens; ++t) host_positions[t] = t;
-    const auto positions = moonmoe::to_device<moonmoe::cpu>(host_positions);
-    moonmoe::View<float, 3> part(q.data() + nope, {tokens, H, R}, {H * (nope + R), nope + R, 1});
+    const auto positions = moonmoe::to_device<Backend>(host_positions);
+    moonmoe::View<float, 3, Backend> part(q.data() + nope, {tokens, H, R}, {H * (nope + R), nope + R, 1});
     const double values = double(tokens) * H * R;
     measure(state, {3.0 * values, 8.0 * values}, [&] { emb.apply(part, positions.view()); });
 }
-
-}  // namespace
 
 void register_benchmarks() {
     for (auto [cfg, tokens] : {std::pair{&k2, index_t(4096)}, {&small, index_t(64)}}) {
@@ -32,6 +30,8 @@ void register_benchmarks() {
             [&c, tokens](benchmark::State& s) { rope(s, c, tokens); });
     }
 }
+
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -11,15 +11,13 @@ namespace bench {
 namespace {
 
 void router(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
-    moonmoe::nn::Router<> gate(cfg.moe, cfg.dims.hidden);
+    moonmoe::nn::Router<Backend> gate(cfg.moe, cfg.dims.hidden);
     init_params(gate);
     Mat x({tokens, cfg.dims.hidden});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);
-    moonmoe::nn::Router<>::Cache cache;
+    moonmoe::nn::Router<Backend>::Cache cache;
     measure(state, {flops::router_forward(cfg, tokens)}, [&] { gate.forward(x.view(), cache); });
 }
-
-}  // namespace
 
 void register_benchmarks() {
     for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(4096)}, {&small, "small", index_t(256)}})
@@ -27,6 +25,7 @@ void register_benchmarks() {
             [cfg, tokens](benchmark::State& s) { router(s, *cfg, tokens); });
 }
 
+}  // namespace
 }  // namespace bench
 
 MOONMOE_BENCH_MAIN()

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch side of the benchmark suite (bench/SUITE.md): the same benchmark names as our Google Benchmark
-binaries, run in PyTorch on the CPU in float32, written as JSON for bench/compare.py.
+binaries, run in PyTorch on the CPU in float32 (or on a GPU, --device cuda, in float32 and bfloat16), written as JSON
+for bench/compare.py.
 
     python3 bench/torch_suite.py [--quick] [--threads N] [--filter REGEX] [--min-time S] [--out PATH]
+    python3 bench/torch_suite.py --device cuda [--dtypes f32,bf16] [--quick] ...   # -> results/torch_cuda.json
     python3 bench/torch_suite.py --list [--quick]     # the names, nothing run
     python3 bench/torch_suite.py --check              # semantic checks on small shapes (causality, decode, Muon)
 
@@ -19,6 +21,13 @@ between timed calls, outside the timer.
 backward needs, as ours does; `forward_backward` rows add `out.backward(dout)` with a fixed random dout. The
 gradients of the parameters and of the input are set to None between calls (outside the timer), so every timed
 backward writes fresh gradients (as the first micro-batch of a step does) instead of accumulating into old ones.
+
+On the GPU (--device cuda): inputs, weights and modules live on the device; every timed call ends with
+torch.cuda.synchronize() (as every timed call of moonmoe_cuda_bench ends with a stream synchronisation), so the time
+is the GPU's. TF32 is off (torch.backends.cuda.matmul.allow_tf32 = False, float32 matmul precision "highest"): f32
+rows are true float32, as our CUDA backend's pedantic cuBLAS calls. Each name has one row per --dtypes entry
+(`variant` f32 or bf16: weights, inputs and activations in that type), except Muon (float32 weights; the variant is
+the Newton-Schulz precision, as on the CPU) and AdamW (default and fused, float32).
 """
 
 from __future__ import annotations
@@ -89,6 +98,11 @@ SUITE = [
 # Rows per name: Muon has torch's float32-patched and default bfloat16 Newton-Schulz; AdamW default and fused.
 VARIANTS = {"muon": ["f32", "bf16"], "adamw": ["f32", "fused"]}
 
+# Where the child runs (--device, --dtypes): every other family has one row per dtype; DTYPE is the current one.
+DEVICE = "cpu"
+DTYPES = ["f32"]
+DTYPE = "f32"
+
 CONFIGS = {
     "k2": dict(hidden=7168, heads=64, q_rank=1536, kv_rank=512, nope=128, rope=64, v=128, experts=384, top_k=8,
                routed_scale=2.827, expert_hidden=2048, shared_hidden=2048, local_experts=24),
@@ -142,25 +156,49 @@ def selected(quick: bool, pattern: str | None, family: str | None = None) -> lis
 
 
 def rows_of(name: str) -> list[str]:
-    return VARIANTS.get(name.split("/")[0], ["f32"])
+    return VARIANTS.get(name.split("/")[0], DTYPES)
 
 
 # =====================================================================================================================
 # Everything below runs in the per-family child (torch imported lazily so --list is instant).
 # =====================================================================================================================
 
+def torch_dtype():
+    import torch
+    return {"f32": torch.float32, "bf16": torch.bfloat16}[DTYPE]
+
+
+def place(x):
+    """A tensor or module on DEVICE, floating point in DTYPE (tensors are built on the CPU from seeded generators, so
+    every device and dtype starts from the same numbers)."""
+    import torch
+    if isinstance(x, torch.Tensor) and not x.is_floating_point():
+        return x.to(DEVICE)
+    return x.to(device=DEVICE, dtype=torch_dtype())
+
+
+def sync():
+    """Waits for the GPU's queued work (nothing to wait for on the CPU)."""
+    if DEVICE == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
 def time_call(fn, min_time: float, reset=None) -> tuple[float, int]:
     """One untimed warm-up call, then timed calls until >= min_time s timed and >= 1 call; (mean ms, calls).
-    `reset`, if given, runs before every call, outside the timer."""
+    `reset`, if given, runs before every call, outside the timer. On the GPU each call is timed to its end."""
     if reset:
         reset()
     fn()
+    sync()
     total, calls = 0.0, 0
     while calls < 1 or total < min_time:
         if reset:
             reset()
+            sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         total += time.perf_counter() - t0
         calls += 1
     return total / calls * 1e3, calls
@@ -187,8 +225,8 @@ def rope_tables(config, positions):
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
     rotary = DeepseekV3RotaryEmbedding(config)
     assert rotary.rope_type == "yarn", rotary.rope_type
-    pos = torch.as_tensor(positions).view(1, -1)
-    return rotary(torch.empty(1, dtype=torch.float32), pos)
+    pos = torch.as_tensor(positions).cpu().view(1, -1)
+    return tuple(place(t) for t in rotary(torch.empty(1, dtype=torch.float32), pos))
 
 
 def rope_interleave(x, cos, sin):
@@ -204,7 +242,7 @@ def rope_interleave(x, cos, sin):
 def make_attention(cfg: str):
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
     config = hf_config(cfg)
-    return config, DeepseekV3Attention(config, layer_idx=0).float()
+    return config, place(DeepseekV3Attention(config, layer_idx=0))
 
 
 def attention_inputs(config, x):
@@ -212,7 +250,7 @@ def attention_inputs(config, x):
     (for sdpa without padding the mask is None and sdpa runs with is_causal=True)."""
     import torch
     from transformers.masking_utils import create_causal_mask
-    pos = torch.arange(x.shape[1]).unsqueeze(0)
+    pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
     mask = create_causal_mask(config=config, inputs_embeds=x, attention_mask=None, past_key_values=None,
                               position_ids=pos)
     return rope_tables(config, pos[0]), mask
@@ -282,7 +320,7 @@ def build_moe(cfg: str):
             self.pairs = pairs
             return y + self.shared(x)
 
-    return MoE()
+    return place(MoE())
 
 
 def build_layer(cfg: str):
@@ -303,7 +341,7 @@ def build_layer(cfg: str):
             moe = self.mlp(self.post_attention_layernorm(h).view(-1, hidden)).view_as(h)
             return h + moe
 
-    return config, Layer()
+    return config, place(Layer())
 
 
 def training_calls(module, inputs, forward, backward: bool):
@@ -312,7 +350,7 @@ def training_calls(module, inputs, forward, backward: bool):
     if not backward:
         return forward, None
     out = forward()
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    dout = place(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)))
     del out
 
     def call():
@@ -330,7 +368,7 @@ def training_calls(module, inputs, forward, backward: bool):
 
 def randn(*shape, seed=0):
     import torch
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return place(torch.randn(*shape, generator=torch.Generator().manual_seed(seed)))
 
 
 def run_gemm(name, words, a, min_time):
@@ -349,7 +387,7 @@ def run_syrk(name, words, a, min_time):
 
 def run_rmsnorm(name, words, a, min_time):
     backward = words[1] == "forward_backward"
-    norm = rmsnorm(a["dim"])
+    norm = place(rmsnorm(a["dim"]))
     x = randn(a["tokens"], a["dim"]).requires_grad_(backward)
     call, reset = training_calls(norm, [x], lambda: norm(x), backward)
     ms, it = time_call(call, min_time, reset)
@@ -420,8 +458,8 @@ def run_router(name, words, a, min_time):
     import torch
     c = CONFIGS[words[2]]
     x = randn(a["tokens"], c["hidden"])
-    weight = fill_uniform_fan_in(torch.empty(c["experts"], c["hidden"]))
-    bias = torch.zeros(c["experts"])
+    weight = place(fill_uniform_fan_in(torch.empty(c["experts"], c["hidden"])))
+    bias = place(torch.zeros(c["experts"]))
     ms, it = time_call(lambda: route(x, weight, bias, c["top_k"], c["routed_scale"]), min_time)
     return [dict(real_time_ms=ms, iterations=it)]
 
@@ -526,7 +564,7 @@ def run_qk_clip(name, words, a, min_time):
     q_b0 = randn(H * (dn + dr), c["q_rank"]) * 0.02
     kv_b0 = randn(H * (dn + dv), c["kv_rank"], seed=1) * 0.02
     q_b, kv_b = q_b0.clone(), kv_b0.clone()
-    max_logit = torch.linspace(150.0, 250.0, H)  # every head over tau
+    max_logit = place(torch.linspace(150.0, 250.0, H))  # every head over tau
 
     def clip():
         gamma = (QK_CLIP_TAU / max_logit).clamp(max=1.0)[:, None, None]  # [H, 1, 1]
@@ -565,19 +603,41 @@ def run_adamw(name, words, a, min_time):
 RUNNERS = {f: globals()[f"run_{f}"] for f in FAMILIES}
 
 
+def run_dtypes(family, name, words, a, min_time) -> list[dict]:
+    """The rows of one name: the family's own variants (Muon, AdamW; float32 tensors), or one run per dtype."""
+    global DTYPE
+    if family in VARIANTS:
+        DTYPE = "f32"
+        return RUNNERS[family](name, words, a, min_time)
+    rows = []
+    for dtype in DTYPES:
+        DTYPE = dtype
+        import torch
+        torch.manual_seed(0)
+        rows += [dict(r, variant=dtype) for r in RUNNERS[family](name, words, a, min_time)]
+        gc.collect()
+    return rows
+
+
 def run_family(args) -> None:
     import torch
     torch.set_num_threads(args.threads)
+    if DEVICE == "cuda":  # f32 rows are true float32, as our CUDA backend's pedantic cuBLAS calls
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
     names = selected(args.quick, args.filter, args.family)
     index, rows = args.index_base, []
     for name in names:
         words, a = parse_name(name)
         torch.manual_seed(0)  # per benchmark: forward and forward_backward of a config get the same weights
         try:
-            results = RUNNERS[args.family](name, words, a, args.min_time)
+            results = run_dtypes(args.family, name, words, a, args.min_time)
         except Exception as e:  # report and go on with the family's other rows
             print(f"[{index + 1}/{args.total}] {name} ... FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             index += len(rows_of(name))
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
             continue
         for r in results:
             index += 1
@@ -617,9 +677,14 @@ def run_suite(args) -> None:
     import transformers
     context = dict(torch=torch.__version__, transformers=transformers.__version__, threads=args.threads,
                    cpu=cpu_model(), date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                   min_time_s=args.min_time, quick=args.quick)
+                   min_time_s=args.min_time, quick=args.quick, device=DEVICE, dtypes=DTYPES)
+    if DEVICE == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("torch_suite: --device cuda, but torch sees no CUDA device")
+        context.update(gpu=torch.cuda.get_device_name(), torch_cuda=torch.version.cuda, tf32=False)
     benchmarks, index = [], 0
-    print(f"torch_suite: {len(names)} benchmarks ({total} rows), {args.threads} threads", file=sys.stderr)
+    print(f"torch_suite: {len(names)} benchmarks ({total} rows), {args.threads} threads, on {DEVICE}",
+          file=sys.stderr)
     for family in FAMILIES:
         family_names = [n for n in names if n.split("/")[0] == family]
         if not family_names:
@@ -628,6 +693,7 @@ def run_suite(args) -> None:
             tmp_path = tmp.name
         cmd = [sys.executable, os.path.abspath(__file__), "--family", family, "--out", tmp_path,
                "--threads", str(args.threads), "--min-time", str(args.min_time),
+               "--device", args.device, "--dtypes", ",".join(DTYPES),
                "--index-base", str(index), "--total", str(total)]
         if args.quick:
             cmd.append("--quick")
@@ -825,13 +891,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="only the small (CI) shapes")
     ap.add_argument("--filter", help="regex, re.search on benchmark names")
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of timed calls per benchmark (>= 1 call)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "torch.json"))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where PyTorch runs")
+    ap.add_argument("--dtypes", help="comma-separated, of f32 and bf16: one row per dtype (default: f32 on the CPU, "
+                                     "f32,bf16 on cuda)")
+    ap.add_argument("--out", help="default: results/torch.json (cpu) or results/torch_cuda.json (cuda)")
     ap.add_argument("--list", action="store_true", help="print the selected names and exit")
     ap.add_argument("--check", action="store_true", help="verify the semantics on small shapes and exit")
     ap.add_argument("--family", choices=FAMILIES, help=argparse.SUPPRESS)     # child mode
     ap.add_argument("--index-base", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global DEVICE, DTYPES
+    DEVICE = args.device
+    DTYPES = (args.dtypes or ("f32,bf16" if DEVICE == "cuda" else "f32")).split(",")
+    if not set(DTYPES) <= {"f32", "bf16"}:
+        ap.error(f"--dtypes: f32 and bf16 only, got {args.dtypes}")
+    if args.out is None:
+        args.out = str(Path(__file__).resolve().parent / "results" / ("torch_cuda.json" if DEVICE == "cuda" else "torch.json"))
     if args.list:
         for n in selected(args.quick, args.filter):
             print(n)

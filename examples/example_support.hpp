@@ -6,6 +6,14 @@
 //   g++ -std=c++20 -O3 -fopenmp -I<moonmoe>/include -isystem /usr/include/eigen3
 //       -DMOONMOE_EXAMPLE_MODEL=moonmoe::KimiK2 examples/hf_forward.cpp -o hf_forward
 // or with CMake: target_compile_definitions(hf_forward PRIVATE MOONMOE_EXAMPLE_MODEL=moonmoe::KimiK2).
+//
+// Backends: every example takes `--backend cpu|cuda` (default cpu) and runs the same code on either; the model is
+// loaded straight to the chosen backend. `--backend cuda` needs the example compiled by nvcc: CMake builds each one
+// also as <name>_cuda with -DMOONMOE_BUILD_CUDA=ON, or by hand
+//   nvcc -std=c++20 -O2 -arch=sm_90 -x cu -I<moonmoe>/include -isystem /usr/include/eigen3 examples/hf_forward.cpp
+//       -lcublas -o hf_forward_cuda
+// A binary built by the C++ compiler alone refuses `--backend cuda` with a message saying so (unless it was built
+// on the emulated CUDA backend, see below).
 #pragma once
 
 #include <cerrno>
@@ -13,9 +21,19 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <moonmoe/moonmoe.hpp>
+// nvcc: the real CUDA backend. A host compile with Thrust's OpenMP device system (-fopenmp
+// -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem <cuda>/include/cccl -isystem <cuda>/include): the CUDA
+// backend emulated on the host (backend/cuda/memory.hpp), so `--backend cuda` runs the same code there, without a GPU.
+#if defined(__CUDACC__) || defined(THRUST_DEVICE_SYSTEM)
+#include <moonmoe/backend/cuda.hpp>
+#define MOONMOE_EXAMPLE_HAS_CUDA 1
+#else
+#define MOONMOE_EXAMPLE_HAS_CUDA 0
+#endif
 
 #ifndef MOONMOE_EXAMPLE_MODEL
 #define MOONMOE_EXAMPLE_MODEL moonmoe::AnyDeepSeekV3
@@ -87,6 +105,54 @@ inline std::vector<moonmoe::index_t> token_ids(int argc, char** argv, int first)
     return token_sequences(argc, argv, first).ids;
 }
 
+/// The backend an example runs on.
+enum class Backend { cpu, cuda };
+
+inline constexpr const char* backend_help =
+    "--backend cpu|cuda   where the model runs (default cpu); cuda needs the example built by nvcc (<name>_cuda)\n";
+
+/// Reads `--backend cpu|cuda` (or `--backend=...`) anywhere on the command line and removes it from argv (argc
+/// shrinks), so the example's own arguments keep their positions. A value other than cpu or cuda is an error, and so
+/// is cuda in a binary the C++ compiler built (no CUDA in it): the message says how to build one that has it.
+inline Backend take_backend(int& argc, char** argv, const char* example) {
+    Backend b = Backend::cpu;
+    int out = 1;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i], value;
+        if (a == "--backend") {
+            if (i + 1 >= argc) throw std::invalid_argument("--backend needs a value: cpu or cuda");
+            value = argv[++i];
+        } else if (a.rfind("--backend=", 0) == 0) {
+            value = a.substr(10);
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        if (value == "cpu") b = Backend::cpu;
+        else if (value == "cuda") b = Backend::cuda;
+        else throw std::invalid_argument("--backend '" + value + "': use cpu or cuda");
+    }
+    argc = out;
+    argv[argc] = nullptr;
+    if (b == Backend::cuda && !MOONMOE_EXAMPLE_HAS_CUDA)
+        throw std::runtime_error(std::string("--backend cuda: this ") + example +
+                                 " was built without CUDA (by the C++ compiler alone). Build the CUDA examples with "
+                                 "nvcc: configure with -DMOONMOE_BUILD_CUDA=ON, build " + example + "_cuda and run "
+                                 "build/examples/" + example + "_cuda --backend cuda (see examples/example_support.hpp)");
+    return b;
+}
+
+/// Calls run.template operator()<moonmoe::cpu>() or <moonmoe::cuda>(), as chosen (take_backend has refused cuda
+/// where this binary has no CUDA).
+template <class Run>
+int with_backend(Backend b, Run&& run) {
+#if MOONMOE_EXAMPLE_HAS_CUDA
+    if (b == Backend::cuda) return run.template operator()<moonmoe::cuda>();
+#endif
+    (void)b;
+    return run.template operator()<moonmoe::cpu>();
+}
+
 /// True when an argument asks for help (--help or -h): the example then prints its usage and exits 0.
 inline bool help_requested(int argc, char** argv) {
     for (int i = 1; i < argc; ++i)
@@ -94,11 +160,13 @@ inline bool help_requested(int argc, char** argv) {
     return false;
 }
 
-inline void describe(const moonmoe::nn::Transformer<>& model, const char* dir) {
+template <class B>
+void describe(const moonmoe::nn::Transformer<B>& model, const char* dir) {
     const moonmoe::ModelConfig& c = model.config;
-    std::printf("%s: %lld layers (%lld dense), hidden %lld, %lld heads, %lld experts (top-%lld, %lld shared), "
+    std::printf("%s%s: %lld layers (%lld dense), hidden %lld, %lld heads, %lld experts (top-%lld, %lld shared), "
                 "vocab %lld, %lld parameters\n",
-                dir, (long long)c.dims.layers, (long long)c.dims.dense_layers, (long long)c.dims.hidden,
+                dir, std::is_same_v<B, moonmoe::cpu> ? "" : " (on the CUDA backend)", (long long)c.dims.layers,
+                (long long)c.dims.dense_layers, (long long)c.dims.hidden,
                 (long long)c.attention.heads, (long long)c.moe.experts, (long long)c.moe.top_k,
                 (long long)c.moe.shared, (long long)c.dims.vocab, (long long)moonmoe::count_parameters(c).total);
 }

@@ -1,6 +1,6 @@
 // hf_forward: a Hugging Face DeepSeek-V3-architecture checkpoint and token sequences in, logits out.
 //
-//   hf_forward <checkpoint dir> <logits.safetensors> <token id>... [, <token id>...]...
+//   hf_forward [--backend cpu|cuda] <checkpoint dir> <logits.safetensors> <token id>... [, <token id>...]...
 // Runs the sequences (separated by ',') packed in one batch through the model (f32): attention stays within each
 // sequence and positions restart at 0, so each gets the logits it would get alone. Writes `logits`
 // [total tokens, vocab] (sequence 0's rows first) and `sequence_lengths` [sequences] (as float32), and prints the
@@ -16,11 +16,11 @@ namespace {
 
 void usage(std::FILE* to, const char* argv0) {
     std::fprintf(to,
-                 "usage: %s <checkpoint dir> <logits.safetensors> <token id>... [, <token id>...]...\n"
+                 "usage: %s [--backend cpu|cuda] <checkpoint dir> <logits.safetensors> <token id>... [, <token id>...]...\n"
                  "Runs one or more token sequences, packed in one batch, through a Hugging Face DeepSeek-V3-architecture\n"
                  "checkpoint; writes `logits` [total tokens, vocab] and `sequence_lengths` to the safetensors file and\n"
-                 "prints the five most likely next tokens after each sequence.\n%s",
-                 argv0, example::sequences_help);
+                 "prints the five most likely next tokens after each sequence.\n%s%s",
+                 argv0, example::sequences_help, example::backend_help);
 }
 
 void print_top5(const float* last, moonmoe::index_t V) {
@@ -37,19 +37,34 @@ void print_top5(const float* last, moonmoe::index_t V) {
                     last[order[i]]);
 }
 
+template <class B>
+int run(char** argv, const example::Sequences& seqs);
+
 }  // namespace
 
 int main(int argc, char** argv) try {
     if (example::help_requested(argc, argv)) return usage(stdout, argv[0]), 0;
+    const example::Backend backend = example::take_backend(argc, argv, "hf_forward");
     if (argc < 4) return usage(stderr, argv[0]), 2;
     const example::Sequences seqs = example::token_sequences(argc, argv, 3);
-    moonmoe::nn::Transformer<> model = moonmoe::load_transformer<example::Model>(argv[1], example::load_options);
+    return example::with_backend(backend, [&]<class B>() { return run<B>(argv, seqs); });
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "hf_forward: %s\n", e.what());
+    return 1;
+}
+
+namespace {
+
+template <class B>
+int run(char** argv, const example::Sequences& seqs) {
+    moonmoe::nn::Transformer<B> model = moonmoe::load_transformer<example::Model, B>(argv[1], example::load_options);
     example::describe(model, argv[1]);
 
     const moonmoe::nn::TokenLayout layout = seqs.layout();
     const moonmoe::index_t T = layout.tokens(), V = model.config.dims.vocab;
-    moonmoe::nn::Transformer<>::Cache cache;
-    moonmoe::Tensor<float, 2> logits = model.forward(seqs.ids.data(), layout, cache);
+    typename moonmoe::nn::Transformer<B>::Cache cache;
+    // the logits on the host, to write and to rank (on the GPU, the one copy back of this example)
+    const std::vector<float> logits = moonmoe::to_host(model.forward(seqs.ids.data(), layout, cache));
     const std::vector<float> lengths(seqs.lengths.begin(), seqs.lengths.end());
     const moonmoe::NamedTensor out[] = {
         {"logits", {T, V}, std::span<const float>(logits.data(), std::size_t(T * V))},
@@ -64,7 +79,6 @@ int main(int argc, char** argv) try {
         print_top5(logits.data() + (layout.end(s) - 1) * V, V);
     }
     return 0;
-} catch (const std::exception& e) {
-    std::fprintf(stderr, "hf_forward: %s\n", e.what());
-    return 1;
 }
+
+}  // namespace

@@ -1,7 +1,7 @@
 // hf_generate: greedy decoding of one or more prompts at once with the latent KV cache (absorbed MLA: 576 values
 // per token per layer for K2).
 //
-//   hf_generate <checkpoint dir> <new tokens> <prompt token id>... [, <prompt token id>...]...
+//   hf_generate [--backend cpu|cuda] <checkpoint dir> <new tokens> <prompt token id>... [, <prompt token id>...]...
 // Every prompt (prompts separated by ',') gets its own cache; all are prefilled in one batch, then decoded together
 // one token per step, each attending only to its own cache, so each generates what it would generate alone. Each
 // step's tokens are printed as they come; a sequence stops at an end-of-sequence id from config.json or after
@@ -16,33 +16,25 @@ namespace {
 
 void usage(std::FILE* to, const char* argv0) {
     std::fprintf(to,
-                 "usage: %s <checkpoint dir> <new tokens> <prompt token id>... [, <prompt token id>...]...\n"
+                 "usage: %s [--backend cpu|cuda] <checkpoint dir> <new tokens> <prompt token id>... [, <prompt token id>...]...\n"
                  "Greedy decoding of one or more prompts at once, each with its own latent KV cache; stops a sequence\n"
-                 "at an end-of-sequence id from config.json or after <new tokens> tokens.\n%s",
-                 argv0, example::sequences_help);
+                 "at an end-of-sequence id from config.json or after <new tokens> tokens.\n%s%s",
+                 argv0, example::sequences_help, example::backend_help);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+template <class B>
+int run(const char* dir, long long steps, const example::Sequences& prompts) {
     using moonmoe::index_t;
-    if (example::help_requested(argc, argv)) return usage(stdout, argv[0]), 0;
-    if (argc < 4) return usage(stderr, argv[0]), 2;
-    char* end = nullptr;
-    const long long steps = std::strtoll(argv[2], &end, 10);
-    if (*end != '\0' || steps < 1)
-        throw std::invalid_argument(std::string("new tokens '") + argv[2] + "' must be a positive integer");
-    const example::Sequences prompts = example::token_sequences(argc, argv, 3);
-    moonmoe::Checkpoint ck(argv[1]);
+    moonmoe::Checkpoint ck(dir);
     const std::vector<index_t> eos = ck.config().eos_token_ids;
     const moonmoe::ModelConfig config = moonmoe::resolve(example::Model::config, ck.config());
     moonmoe::check_memory_budget(config, ck.config().source);
-    moonmoe::nn::Transformer<> model(config);
+    moonmoe::nn::Transformer<B> model(config);
     moonmoe::load_weights(model, ck, example::load_options);
-    example::describe(model, argv[1]);
+    example::describe(model, dir);
 
     const index_t V = model.config.dims.vocab, N = prompts.count();
-    std::vector<moonmoe::nn::Transformer<>::DecodeState> states;
+    std::vector<typename moonmoe::nn::Transformer<B>::DecodeState> states;
     for (index_t len : prompts.lengths) states.push_back(model.start_decoding(len + steps));
     std::vector<std::vector<index_t>> generated(static_cast<std::size_t>(N));
     std::vector<bool> ended(static_cast<std::size_t>(N), false);
@@ -57,9 +49,10 @@ int main(int argc, char** argv) try {
     for (index_t s = 0; s < N; ++s) active[std::size_t(s)] = s;
     long long produced = 0;
     for (long long step = 1; !active.empty(); ++step) {
-        std::vector<moonmoe::nn::Transformer<>::DecodeState*> batch;
+        std::vector<typename moonmoe::nn::Transformer<B>::DecodeState*> batch;
         for (index_t s : active) batch.push_back(&states[std::size_t(s)]);
-        const moonmoe::Tensor<float, 2> logits = model.decode(ids.data(), counts, batch);
+        // this step's logits on the host for the greedy choice (on the GPU, the one copy back per step)
+        const std::vector<float> logits = moonmoe::to_host(model.decode(ids.data(), counts, batch));
         const std::vector<index_t> fed = counts;
         std::vector<index_t> still;
         ids.clear();
@@ -98,6 +91,20 @@ int main(int argc, char** argv) try {
                 seconds, (long long)cached, (long long)c.dims.layers,
                 (long long)(c.attention.kv_rank + c.attention.rope_dim));
     return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+    if (example::help_requested(argc, argv)) return usage(stdout, argv[0]), 0;
+    const example::Backend backend = example::take_backend(argc, argv, "hf_generate");
+    if (argc < 4) return usage(stderr, argv[0]), 2;
+    char* end = nullptr;
+    const long long steps = std::strtoll(argv[2], &end, 10);
+    if (*end != '\0' || steps < 1)
+        throw std::invalid_argument(std::string("new tokens '") + argv[2] + "' must be a positive integer");
+    const example::Sequences prompts = example::token_sequences(argc, argv, 3);
+    return example::with_backend(backend, [&]<class B>() { return run<B>(argv[1], steps, prompts); });
 } catch (const std::exception& e) {
     std::fprintf(stderr, "hf_generate: %s\n", e.what());
     return 1;

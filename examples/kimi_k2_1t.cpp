@@ -5,6 +5,8 @@
 //
 //   kimi_k2_1t [--tokens N]        the accounting, then the full-width layer on N tokens (default 256)
 //   kimi_k2_1t --accounting-only   the accounting alone (milliseconds)
+//   kimi_k2_1t --backend cpu|cuda  where the layer runs; the nvcc build (kimi_k2_1t_cuda) runs it on the GPU when
+//                                  one is present unless told --backend cpu, the C++ compiler's build on the CPU
 // example-test: --accounting-only
 #include <sys/resource.h>
 
@@ -14,7 +16,7 @@
 #include <cstring>
 #include <string>
 
-#include <moonmoe/moonmoe.hpp>
+#include "example_support.hpp"
 
 namespace {
 
@@ -92,14 +94,36 @@ double peak_rss_gib() {
     return double(u.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is in KiB on Linux
 }
 
-/// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16.
-void run_full_width_layer(index_t tokens) {
-    using moonmoe::nn::DecoderLayer;
-    using Mat = moonmoe::Tensor<float, 2>;
+/// Waits for the GPU's queued work before a clock is read (the CPU's work is done when its call returns).
+template <class B>
+void wait_for_device() {
+#if MOONMOE_EXAMPLE_HAS_CUDA && !MOONMOE_CUDA_EMULATED
+    if constexpr (std::is_same_v<B, moonmoe::cuda>)
+        MOONMOE_CUDA_CHECK(cudaStreamSynchronize(moonmoe::backend::current_stream()));
+#endif
+}
+
+/// Whether this binary can run the layer on a GPU, and one is present.
+bool gpu_present() {
+#if MOONMOE_EXAMPLE_HAS_CUDA && !MOONMOE_CUDA_EMULATED
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+    return false;
+#endif
+}
+
+/// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16, on backend B.
+template <class B>
+int run_full_width_layer(index_t tokens) {
+    using DecoderLayer = moonmoe::nn::DecoderLayer<B>;
+    using Mat = moonmoe::Tensor<float, 2, B>;
+    using Ops = moonmoe::backend::Ops<B>;
+    constexpr bool gpu = !std::is_same_v<B, moonmoe::cpu>;
     constexpr moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
     constexpr index_t ep = cfg.parallel.ep, local = cfg.moe.experts / ep, H = cfg.dims.hidden;
-    std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence):\n",
-                long(tokens));
+    std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s:\n",
+                long(tokens), gpu ? "GPU" : "CPU");
     std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
                 "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
                 "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
@@ -114,77 +138,99 @@ void run_full_width_layer(index_t tokens) {
         return Clock::now();
     };
     auto t = step(1, "allocating weights, zeroing gradients");
-    DecoderLayer<> layer(cfg, /*index=*/1, /*first_expert=*/0, /*expert_count=*/local);
+    DecoderLayer layer(cfg, /*index=*/1, /*first_expert=*/0, /*expert_count=*/local);
     layer.visit_params("layer", [](const moonmoe::ParamRef& p) {  // as every training step does, in parallel
-        if (p.grad) moonmoe::backend::Ops<moonmoe::cpu>::fill(moonmoe::View<float, 2>(p.grad, {p.shape[0], p.numel() / p.shape[0]}), 0.0f);
+        if (p.grad) Ops::fill(moonmoe::View<float, 2, B>(p.grad, {p.shape[0], p.numel() / p.shape[0]}), 0.0f);
     });
+    wait_for_device<B>();
     std::printf("%6.2f s\n", since(t));
 
     t = step(2, "initialising weights (uniform, fan-in scaled)");
     std::uint64_t seed = 1;
     layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
-        moonmoe::View<float, 2> v(p.value, {1, p.numel()});
+        moonmoe::View<float, 2, B> v(p.value, {1, p.numel()});
         if (p.kind == moonmoe::ParamKind::vector) return;  // norm gains stay 1
         if (p.kind == moonmoe::ParamKind::router_bias) return;  // the correction bias starts at 0
         const float bound = std::sqrt(3.0f / float(p.shape.back()));  // unit-variance outputs
-        moonmoe::backend::Ops<moonmoe::cpu>::fill_uniform(v, -bound, bound, seed++);
+        Ops::fill_uniform(v, -bound, bound, seed++);
     });
     Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
-    moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(h.view(), 0.0f, 1.0f, 1000);
-    moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(dout.view(), 0.0f, 1.0f, 1001);
+    Ops::fill_normal(h.view(), 0.0f, 1.0f, 1000);
+    Ops::fill_normal(dout.view(), 0.0f, 1.0f, 1001);
+    wait_for_device<B>();
     std::printf("%6.2f s\n", since(t));
 
     const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
-    DecoderLayer<>::Cache cache;
+    typename DecoderLayer::Cache cache;
     Mat a_in({tokens, H}), attn({tokens, H}), h1({tokens, H}), m_in({tokens, H}), m({tokens, H});
-    moonmoe::Tensor<float, 1> rstd1({tokens}), rstd2({tokens});
+    moonmoe::Tensor<float, 1, B> rstd1({tokens}), rstd2({tokens});
     double fwd_norm = 0, fwd_attn = 0, bwd_norm = 0, bwd_attn = 0;
+    // On the GPU each part is timed to its end (wait_for_device); MoE's own part timers read the host clock
+    // without waiting, so there only the MoE block as a whole is timed.
+    double fwd_moe = 0, bwd_moe = 0;
 
     t = step(3, "forward");
     auto p = Clock::now();
     layer.input_layernorm.forward(h.view(), a_in.view(), rstd1.view());
+    wait_for_device<B>();
     fwd_norm += since(p), p = Clock::now();
     layer.self_attn.forward(a_in.view(), layout, attn.view(), cache.attn);
+    wait_for_device<B>();
     fwd_attn += since(p), p = Clock::now();
-    DecoderLayer<>::add(h.view(), attn.view(), h1.view());
+    DecoderLayer::add(h.view(), attn.view(), h1.view());
     layer.post_attention_layernorm.forward(h1.view(), m_in.view(), rstd2.view());
-    fwd_norm += since(p);
+    wait_for_device<B>();
+    fwd_norm += since(p), p = Clock::now();
     layer.moe.forward(m_in.view(), m.view(), cache.moe);
-    DecoderLayer<>::add(h1.view(), m.view(), out.view());
+    wait_for_device<B>();
+    fwd_moe += since(p);
+    DecoderLayer::add(h1.view(), m.view(), out.view());
+    wait_for_device<B>();
     const double forward_seconds = since(t);
     const auto forward_times = layer.moe.times;
     std::printf("%6.2f s\n", forward_seconds);
 
     t = step(4, "backward");
     Mat dm({tokens, H}), dh1({tokens, H}), da({tokens, H});
-    layer.moe.backward(dout.view(), cache.moe, dm.view());
     p = Clock::now();
-    moonmoe::backend::Ops<moonmoe::cpu>::copy(dout.view(), dh1.view());
+    layer.moe.backward(dout.view(), cache.moe, dm.view());
+    wait_for_device<B>();
+    bwd_moe += since(p), p = Clock::now();
+    Ops::copy(dout.view(), dh1.view());
     layer.post_attention_layernorm.backward(h1.view(), rstd2.view(), dm.view(), dh1.view(), true);
+    wait_for_device<B>();
     bwd_norm += since(p), p = Clock::now();
     layer.self_attn.backward(dh1.view(), cache.attn, da.view());
+    wait_for_device<B>();
     bwd_attn += since(p), p = Clock::now();
-    moonmoe::backend::Ops<moonmoe::cpu>::copy(dh1.view(), dh.view());
+    Ops::copy(dh1.view(), dh.view());
     layer.input_layernorm.backward(h.view(), rstd1.view(), da.view(), dh.view(), true);
+    wait_for_device<B>();
     bwd_norm += since(p);
     const double backward_seconds = since(t);
     std::printf("%6.2f s\n", backward_seconds);
 
     t = step(5, "checking the results are finite");
     double out_norm = 0, grad_norm = 0;
-    for (index_t i = 0; i < out.numel(); ++i) out_norm += double(out.data()[i]) * out.data()[i];
-    for (index_t i = 0; i < dh.numel(); ++i) grad_norm += double(dh.data()[i]) * dh.data()[i];
+    for (float v : moonmoe::to_host(out)) out_norm += double(v) * v;  // on the GPU: copied back once, to check
+    for (float v : moonmoe::to_host(dh)) grad_norm += double(v) * v;
     std::printf("%6.2f s\n", since(t));
 
     const auto& mt = layer.moe.times;
     const index_t routed_here = tokens * cfg.moe.top_k - layer.moe.skipped_assignments;
     std::printf("\n  time per part            forward   backward\n");
     std::printf("  MLA (64 heads)          %7.2f s %8.2f s\n", fwd_attn, bwd_attn);
-    std::printf("  router (384 experts)    %7.2f s %8.2f s\n", forward_times.router, mt.router - forward_times.router);
-    std::printf("  routed experts (%2ld)     %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n",
-                long(local), forward_times.experts, mt.experts - forward_times.experts, long(routed_here),
-                long(tokens * cfg.moe.top_k));
-    std::printf("  shared expert           %7.2f s %8.2f s\n", forward_times.shared, mt.shared - forward_times.shared);
+    if (gpu) {
+        std::printf("  MoE (router, %2ld routed  %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n"
+                    "       and shared expert)\n",
+                    long(local), fwd_moe, bwd_moe, long(routed_here), long(tokens * cfg.moe.top_k));
+    } else {
+        std::printf("  router (384 experts)    %7.2f s %8.2f s\n", forward_times.router, mt.router - forward_times.router);
+        std::printf("  routed experts (%2ld)     %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n",
+                    long(local), forward_times.experts, mt.experts - forward_times.experts, long(routed_here),
+                    long(tokens * cfg.moe.top_k));
+        std::printf("  shared expert           %7.2f s %8.2f s\n", forward_times.shared, mt.shared - forward_times.shared);
+    }
     std::printf("  norms and residuals     %7.2f s %8.2f s\n", fwd_norm, bwd_norm);
     std::printf("  layer                   %7.2f s %8.2f s\n", forward_seconds, backward_seconds);
     std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (%s of weights + gradients)\n",
@@ -192,21 +238,36 @@ void run_full_width_layer(index_t tokens) {
                 (grouped(2 * (moonmoe::count_parameters(cfg).attention_layer.total() +
                               (local + 1) * moonmoe::count_parameters(cfg).expert +
                               moonmoe::count_parameters(cfg).router_layer)) + " floats").c_str());
+    if (gpu)
+        std::printf("  peak GPU tensor memory %.2f GiB\n",
+                    double(moonmoe::backend::Memory<B>::stats().peak.load()) / (1024.0 * 1024.0 * 1024.0));
+    return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
     bool layer = true;
     index_t tokens = 256;
-    for (int i = 1; i < argc; ++i) {
+    for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-            std::printf("usage: %s [--tokens N | --accounting-only]\n"
+            std::printf("usage: %s [--backend cpu|cuda] [--tokens N | --accounting-only]\n"
                         "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
-                        "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n",
+                        "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n"
+                        "  --backend: where the layer runs (default: the GPU in the nvcc build when one is present,\n"
+                        "  else the CPU)\n",
                         argv[0]);
             return 0;
-        } else if (!std::strcmp(argv[i], "--accounting-only")) {
+        }
+    const bool backend_given = [&] {
+        for (int i = 1; i < argc; ++i)
+            if (std::string(argv[i]).rfind("--backend", 0) == 0) return true;
+        return false;
+    }();
+    example::Backend backend = example::take_backend(argc, argv, "kimi_k2_1t");
+    if (!backend_given && gpu_present()) backend = example::Backend::cuda;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--accounting-only")) {
             layer = false;
         } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
             tokens = std::atol(argv[++i]);
@@ -215,7 +276,7 @@ int main(int argc, char** argv) {
                 return 2;
             }
         } else {
-            std::fprintf(stderr, "usage: %s [--tokens N | --accounting-only]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--tokens N | --accounting-only]\n", argv[0]);
             return 2;
         }
     }
@@ -281,6 +342,10 @@ int main(int argc, char** argv) {
 
     print_memory<moonmoe::KimiK2>("Kimi K2");
     print_memory<moonmoe::DeepSeekV3>("DeepSeek-V3");
-    if (layer) run_full_width_layer(tokens);
+    if (layer)
+        return example::with_backend(backend, [&]<class B>() { return run_full_width_layer<B>(tokens); });
     return 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "kimi_k2_1t: %s\n", e.what());
+    return 1;
 }

@@ -3,7 +3,7 @@
 // (Muon + QK-Clip), which holds it at tau; the losses stay together. In the spirit of the K2 report's Figures 2
 // and 12.
 //
-//   train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR] [--help]
+//   train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR] [--help]
 // --seed N (default 7) picks the initial weights and the batches (the same for both runs).
 // --threads N (default: moonmoe::default_threads(), the CPUs this process may use after its affinity mask and cgroup
 // CPU quota, or OMP_NUM_THREADS); a run is bitwise repeatable for a fixed thread count.
@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "example_support.hpp"
 #include "support/plot_png.hpp"
 #include "train_tiny.hpp"
 
@@ -29,7 +30,8 @@ void progress_bar(const char* run, const train_tiny::StepLog& l, moonmoe::index_
 
 void usage(std::FILE* to, const train_tiny::Options& d) {
     std::fprintf(to,
-                 "usage: train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR]\n"
+                 "usage: train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N]\n"
+                 "                  [--out DIR]\n"
                  "Trains a Kimi K2-shaped tiny model on the bytes of a text twice from the same initialisation, with Muon\n"
                  "and with MuonClip, and writes DIR/train_tiny.csv and DIR/train_tiny.png (loss and max logit per step).\n"
                  "  --text FILE   training text, read as bytes (default %s)\n"
@@ -40,6 +42,7 @@ void usage(std::FILE* to, const train_tiny::Options& d) {
                  "  --threads N   CPU threads (default: the CPUs this process may use, or OMP_NUM_THREADS); a run is\n"
                  "                bitwise repeatable for a fixed thread count\n"
                  "  --out DIR     output directory (default .)\n"
+                 "  --backend B   cpu or cuda (cuda: the train_tiny_cuda binary built by nvcc)\n"
                  "  --help        this text\n",
                  d.text.c_str(), long(d.steps), d.lr, d.tau, (unsigned long long)d.seed);
 }
@@ -58,6 +61,7 @@ int main(int argc, char** argv) try {
     int threads = 0;  // 0: the library's default
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(stdout, o), 0;
+    const example::Backend backend = example::take_backend(argc, argv, "train_tiny");
     for (int i = 1; i < argc; ++i) {
         auto value = [&](const char* flag) {
             if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
@@ -74,7 +78,7 @@ int main(int argc, char** argv) try {
             if (threads < 1) throw std::invalid_argument("--threads must be positive");
         }
         else throw std::invalid_argument(std::string("unknown argument '") + argv[i] +
-                                         "'; usage: train_tiny [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] "
+                                         "'; usage: train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] "
                                          "[--threads N] [--out DIR] (--help explains each)");
     }
     if (o.steps < 1) throw std::invalid_argument("--steps must be positive");
@@ -90,8 +94,12 @@ int main(int argc, char** argv) try {
     const char* names[2] = {"Muon", "MuonClip"};
     for (int r = 0; r < 2; ++r) {
         const auto start = std::chrono::steady_clock::now();
-        runs[r] = train_tiny::run(o, r == 1, [&](const train_tiny::StepLog& l) {
+        const auto progress = [&](const train_tiny::StepLog& l) {
             progress_bar(names[r], l, o.steps, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        };
+        example::with_backend(backend, [&]<class B>() {
+            runs[r] = train_tiny::run<B>(o, r == 1, progress);
+            return 0;
         });
     }
 

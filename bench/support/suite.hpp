@@ -1,5 +1,9 @@
 // bench/support/suite.hpp: what every benchmark of the suite shares (bench/SUITE.md).
 //
+// - The backend: the CPU (bench_<family>, g++), or the CUDA backend when MOONMOE_BENCH_CUDA is defined (every family
+//   compiled by nvcc into one binary, moonmoe_cuda_bench; bench/support/cuda_main.cpp). The benchmark code is the same
+//   for both: tensors are Tensor<., ., Backend>, modules Module<Backend>. On the GPU every timed call ends with a
+//   synchronisation of the stream (wait_for_device), so wall time is the GPU's time, not the launch time.
 // - The thread count: MOONMOE_BENCH_THREADS, or the library's default (moonmoe::default_threads(): the CPUs this
 //   process may use, after its affinity mask and cgroup quota); set once, before anything runs, and written into
 //   the JSON context (with where it came from) so the PyTorch side can use the same.
@@ -23,16 +27,35 @@
 #include <string>
 #include <thread>
 
+#include <span>
+#include <vector>
+
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config/model_config.hpp>
 #include <moonmoe/nn/param.hpp>
+#if defined(MOONMOE_BENCH_CUDA)
+#include <moonmoe/backend/cuda.hpp>
+#endif
 
 namespace bench {
 
 using moonmoe::index_t;
-using Mat = moonmoe::Tensor<float, 2>;
-using Ops = moonmoe::backend::Ops<moonmoe::cpu>;
+#if defined(MOONMOE_BENCH_CUDA)
+using Backend = moonmoe::cuda;
+#else
+using Backend = moonmoe::cpu;
+#endif
+using Mat = moonmoe::Tensor<float, 2, Backend>;
+using Ops = moonmoe::backend::Ops<Backend>;
 using Clock = std::chrono::steady_clock;
+
+/// Waits until the work queued so far has finished: a no-op on the CPU (and on the emulated CUDA backend, which runs
+/// in order on the host), a stream synchronisation on the GPU.
+inline void wait_for_device() {
+#if defined(MOONMOE_BENCH_CUDA) && !MOONMOE_CUDA_EMULATED
+    MOONMOE_CUDA_CHECK(cudaStreamSynchronize(moonmoe::backend::current_stream()));
+#endif
+}
 
 inline int threads() {
     static const int n = [] {
@@ -60,7 +83,8 @@ inline double seconds_since(Clock::time_point t) { return std::chrono::duration<
 
 /// FLOP/s of C = A B, 2048^3 (MOONMOE_BENCH_SGEMM_SIZE to change; CI's smoke runs use 256), float, with
 /// threads(): the best of ten after one warm-up (with the best of three, the binaries of one suite run on this VM
-/// measured between 181 and 316 GFLOP/s).
+/// measured between 181 and 316 GFLOP/s). On the GPU: cuBLAS in FP32 without TF32 (BlasOps<cuda>'s pedantic compute
+/// type), the same call every f32 product of the library makes.
 inline double sgemm_rate() {
     static const double rate = [] {
         const char* size = std::getenv("MOONMOE_BENCH_SGEMM_SIZE");
@@ -72,12 +96,19 @@ inline double sgemm_rate() {
         for (int rep = 0; rep < 11; ++rep) {
             const auto t = Clock::now();
             Ops::gemm(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f, a.view(), b.view(), 0.0f, c.view());
+            wait_for_device();
             if (rep > 0) best = std::min(best, seconds_since(t));
         }
         return 2.0 * double(n) * n * n / best;
     }();
     return rate;
 }
+
+}  // namespace bench
+
+#include "cublas_bf16.hpp"
+
+namespace bench {
 
 /// Work per iteration, for the counters.
 struct Work {
@@ -90,19 +121,22 @@ struct Work {
 /// the timer paused (for work that must be redone, such as refilling a cache).
 inline void measure(benchmark::State& state, Work work, const std::function<void()>& body,
                     const std::function<void()>& setup = {}) {
-    auto& mem = moonmoe::backend::Memory<moonmoe::cpu>::stats();
+    auto& mem = moonmoe::backend::Memory<Backend>::stats();
     mem.reset_peak();
     if (setup) setup();
     body();
+    wait_for_device();
     double elapsed = 0;
     for (auto _ : state) {
         if (setup) {
             state.PauseTiming();
             setup();
+            wait_for_device();
             state.ResumeTiming();
         }
         const auto t = Clock::now();
         body();
+        wait_for_device();
         elapsed += seconds_since(t);
     }
     const double iters = double(state.iterations());
@@ -111,7 +145,12 @@ inline void measure(benchmark::State& state, Work work, const std::function<void
         state.counters["FLOP/s"] = C(work.flops, C::kIsIterationInvariantRate, C::kIs1000);
         state.counters["of_sgemm"] = C(work.flops * iters / elapsed / sgemm_rate());
         state.counters["sgemm_FLOP/s"] = C(sgemm_rate(), C::kDefaults, C::kIs1000);
+        if (const double bf16 = bf16_cublas_rate(); bf16 > 0)
+            state.counters["of_bf16_cublas"] = C(work.flops * iters / elapsed / bf16);
     }
+#if defined(MOONMOE_BENCH_CUDA)
+    state.SetLabel("f32");  // the precision of the row (the PyTorch side has f32 and bf16 rows of each name)
+#endif
     if (work.bytes > 0) state.counters["bytes/s"] = C(work.bytes, C::kIsIterationInvariantRate, C::kIs1024);
     state.counters["peak_MiB"] = C(double(mem.peak.load()) / (1024.0 * 1024.0));
 }
@@ -124,7 +163,7 @@ inline benchmark::internal::Benchmark* add(const std::string& name, std::functio
 }
 
 /// Fills a weight [out, in] with uniform noise of bound 1/sqrt(in) (fan-in scaled: unit-variance outputs).
-inline void init_uniform_matrix(moonmoe::View<float, 2> w, std::uint64_t seed = 1) {
+inline void init_uniform_matrix(moonmoe::View<float, 2, Backend> w, std::uint64_t seed = 1) {
     const float bound = 1.0f / std::sqrt(float(w.shape[1]));
     Ops::fill_uniform(w, -bound, bound, seed);
 }
@@ -136,7 +175,7 @@ void init_params(Module& m, std::uint64_t seed = 1) {
     m.visit_params("m", [&](const moonmoe::ParamRef& p) {
         if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
         const index_t cols = p.shape.back();
-        init_uniform_matrix(moonmoe::View<float, 2>(p.value, {p.numel() / cols, cols}), seed++);
+        init_uniform_matrix(moonmoe::View<float, 2, Backend>(p.value, {p.numel() / cols, cols}), seed++);
     });
 }
 
@@ -147,14 +186,14 @@ void init_params(Module& m, std::uint64_t seed = 1) {
 template <class T, class Make>
 T& fixture(const moonmoe::ModelConfig& cfg, Make&& make) {
     static const moonmoe::ModelConfig* built_for = nullptr;
-    static std::unique_ptr<T> module;
+    static std::unique_ptr<T> held;
     if (built_for != &cfg) {
-        module.reset();
-        module = make();
-        init_params(*module);
+        held.reset();
+        held = make();
+        init_params(*held);
         built_for = &cfg;
     }
-    return *module;
+    return *held;
 }
 
 inline std::string shape_args(std::initializer_list<std::pair<const char*, index_t>> args) {
@@ -163,16 +202,25 @@ inline std::string shape_args(std::initializer_list<std::pair<const char*, index
     return s;
 }
 
-void register_benchmarks();
+/// The families linked into this binary, each registering its benchmarks: one per bench_<family> binary, every family
+/// in moonmoe_cuda_bench (MOONMOE_BENCH_MAIN() adds a file's register_benchmarks() here).
+using Registrar = void (*)();
+inline std::vector<Registrar>& families() {
+    static std::vector<Registrar> f;
+    return f;
+}
 
 /// How this binary was compiled, for the JSON context (Google Benchmark's own `library_build_type` describes the
 /// benchmark library, not this code).
 inline std::string build_description() {
     std::string s;
+#if defined(__CUDACC__)
+    s = "nvcc " + std::to_string(__CUDACC_VER_MAJOR__) + "." + std::to_string(__CUDACC_VER_MINOR__) + " with ";
+#endif
 #if defined(__clang__)
-    s = "clang " __clang_version__;
+    s += "clang " __clang_version__;
 #elif defined(__GNUC__)
-    s = "g++ " __VERSION__;
+    s += "g++ " __VERSION__;
 #endif
 #if defined(__OPTIMIZE__)
     s += ", optimised";
@@ -190,14 +238,31 @@ inline std::string build_description() {
 #if defined(EIGEN_USE_BLAS)
     s += ", Eigen on BLAS";
 #endif
+#if defined(MOONMOE_BENCH_CUDA)
+    s += MOONMOE_CUDA_EMULATED ? ", CUDA backend emulated on the host" : ", CUDA backend";
+#endif
     return s;
 }
 
-inline int main(int argc, char** argv) {
+/// The GPU this process runs on, for the JSON context ("" on the CPU and the emulated backend).
+inline std::string device_description() {
+#if defined(MOONMOE_BENCH_CUDA) && !MOONMOE_CUDA_EMULATED
+    int device = 0;
+    cudaDeviceProp p{};
+    MOONMOE_CUDA_CHECK(cudaGetDevice(&device));
+    MOONMOE_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
+           std::to_string(p.totalGlobalMem >> 20) + " MiB";
+#else
+    return "";
+#endif
+}
+
+inline int main(int argc, char** argv) try {
     moonmoe::set_threads(threads());
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    register_benchmarks();
+    for (Registrar r : families()) r();
     benchmark::AddCustomContext("threads", std::to_string(threads()));
     benchmark::AddCustomContext("threads_source", threads_source());
     benchmark::AddCustomContext("moonmoe_build", build_description());
@@ -206,6 +271,12 @@ inline int main(int argc, char** argv) {
     benchmark::AddCustomContext("sgemm_GFLOP/s", rate);
     const char* size = std::getenv("MOONMOE_BENCH_SGEMM_SIZE");
     benchmark::AddCustomContext("sgemm_size", size && *size ? size : "2048");
+    if (const std::string device = device_description(); !device.empty()) {
+        benchmark::AddCustomContext("device", device);
+        std::snprintf(rate, sizeof rate, "%.1f", bf16_cublas_rate() * 1e-9);
+        benchmark::AddCustomContext("bf16_cublas_GFLOP/s", rate);
+        benchmark::AddCustomContext("bf16_cublas_size", std::to_string(bf16_cublas_size));
+    }
     const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     if (ran == 0) {  // a smoke test whose filter matches nothing must not pass silently
@@ -213,9 +284,24 @@ inline int main(int argc, char** argv) {
         return 1;
     }
     return 0;
+} catch (const std::exception& e) {  // e.g. no GPU or driver for moonmoe_cuda_bench: say so instead of terminate()
+    std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    return 1;
 }
 
 }  // namespace bench
 
+// Ends every bench/<family>.cpp, whose register_benchmarks() sits in an unnamed namespace (one per file, so the
+// families can share a binary): a main() of its own, or, in moonmoe_cuda_bench (MOONMOE_BENCH_COMBINED), a
+// registration that bench/support/cuda_main.cpp's main() runs.
+#if defined(MOONMOE_BENCH_COMBINED)
 #define MOONMOE_BENCH_MAIN() \
-    int main(int argc, char** argv) { return bench::main(argc, argv); }
+    [[maybe_unused]] static const bool moonmoe_bench_registered = \
+        (bench::families().push_back(&bench::register_benchmarks), true);
+#else
+#define MOONMOE_BENCH_MAIN()                                   \
+    int main(int argc, char** argv) {                          \
+        bench::families().push_back(&bench::register_benchmarks); \
+        return bench::main(argc, argv);                         \
+    }
+#endif

@@ -1,0 +1,97 @@
+// bench/support/cublas_bf16.hpp: the dense bf16 cuBLAS GEMM of moonmoe_cuda_bench, the yardstick of issue 11's MoE
+// target ("grouped expert GEMMs at >= 60 % of the same run's dense bf16 cuBLAS rate").
+//
+// C = A B, row-major A [m, k], B [k, n], C [m, n], all bf16, through cublasGemmEx with CUDA_R_16BF operands and
+// CUBLAS_COMPUTE_32F (f32 accumulation on the tensor cores, what torch.matmul does on bf16 tensors). The rate is
+// measured once per process, 8192^3 (MOONMOE_BENCH_BF16_SIZE to change), best of ten after one warm-up, and every
+// row of the CUDA suite reports `of_bf16_cublas`, its FLOP/s over that rate. On the CPU and the emulated backend
+// there is no cuBLAS: MOONMOE_BENCH_HAVE_CUBLAS is 0 and the rate is 0 (the counter is left out).
+// Included by suite.hpp (which defines index_t, Clock, seconds_since and wait_for_device before it).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include <moonmoe/tensor/dtype.hpp>
+
+#if defined(MOONMOE_BENCH_CUDA) && !MOONMOE_CUDA_EMULATED
+#define MOONMOE_BENCH_HAVE_CUBLAS 1
+#else
+#define MOONMOE_BENCH_HAVE_CUBLAS 0
+#endif
+
+namespace bench {
+
+/// The side of the square bf16 product behind bf16_cublas_rate().
+inline const index_t bf16_cublas_size = [] {
+    const char* s = std::getenv("MOONMOE_BENCH_BF16_SIZE");
+    return s && *s ? std::max<index_t>(16, std::atol(s)) : index_t(8192);
+}();
+
+#if MOONMOE_BENCH_HAVE_CUBLAS
+
+/// Device operands of one bf16 product, filled once with values in [-1, 1) (a fixed hash of the index: the rate does
+/// not depend on them, and zeros could let the hardware idle).
+class Bf16Gemm {
+public:
+    Bf16Gemm(index_t m, index_t n, index_t k)
+        : m_(m), n_(n), k_(k), a_(filled(m * k, 1)), b_(filled(k * n, 2)), c_(filled(m * n, 3)) {}
+    ~Bf16Gemm() {
+        for (void* p : {a_, b_, c_}) moonmoe::backend::Memory<moonmoe::cuda>::release(p);
+    }
+    Bf16Gemm(const Bf16Gemm&) = delete;
+    Bf16Gemm& operator=(const Bf16Gemm&) = delete;
+
+    double flops() const { return 2.0 * double(m_) * double(n_) * double(k_); }
+
+    /// Queues C = A B. Row-major C = A B is column-major C^T = B^T A^T: B first, A second, no transposes.
+    void run() const {
+        const float alpha = 1.0f, beta = 0.0f;
+        MOONMOE_CUBLAS_CHECK(cublasGemmEx_64(moonmoe::backend::cuda_detail::cublas_handle(), CUBLAS_OP_N, CUBLAS_OP_N,
+                                             n_, m_, k_, &alpha, b_, CUDA_R_16BF, n_, a_, CUDA_R_16BF, k_, &beta, c_,
+                                             CUDA_R_16BF, n_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+
+private:
+    static void* filled(index_t count, std::uint64_t seed) {
+        std::vector<moonmoe::bf16> host(static_cast<std::size_t>(count));
+        for (std::size_t i = 0; i < host.size(); ++i) {
+            std::uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
+            h ^= h >> 31;
+            host[i] = moonmoe::bf16::from_float(float(h >> 40) / float(1ull << 23) - 1.0f);
+        }
+        void* p = moonmoe::backend::Memory<moonmoe::cuda>::allocate(host.size() * sizeof(moonmoe::bf16));
+        moonmoe::backend::Memory<moonmoe::cuda>::to_device(p, host.data(), host.size() * sizeof(moonmoe::bf16));
+        return p;
+    }
+
+    index_t m_, n_, k_;
+    void* a_;
+    void* b_;
+    void* c_;
+};
+
+/// FLOP/s of the dense bf16 product, bf16_cublas_size^3: the best of ten after one warm-up.
+inline double bf16_cublas_rate() {
+    static const double rate = [] {
+        const Bf16Gemm g(bf16_cublas_size, bf16_cublas_size, bf16_cublas_size);
+        double best = 1e30;
+        for (int rep = 0; rep < 11; ++rep) {
+            const auto t = Clock::now();
+            g.run();
+            wait_for_device();
+            if (rep > 0) best = std::min(best, seconds_since(t));
+        }
+        return g.flops() / best;
+    }();
+    return rate;
+}
+
+#else
+
+inline double bf16_cublas_rate() { return 0; }
+
+#endif
+
+}  // namespace bench
