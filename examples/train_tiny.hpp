@@ -67,11 +67,12 @@ inline std::vector<index_t> read_bytes(const std::string& path) {
 }
 
 /// One run's state: the model initialised from the seed, its optimizer, and the stream of batches (the same for
-/// both runs of a seed). step() trains on the next batch.
+/// both runs of a seed), on backend B (the same initial weights on every backend). step() trains on the next batch.
+template <class B = moonmoe::cpu>
 class Trainer {
 public:
-    moonmoe::nn::Transformer<> model{TinyModel::config};
-    moonmoe::optim::Optimizer<TinyModel::optimizer> opt{model};
+    moonmoe::nn::Transformer<B> model{TinyModel::config};
+    moonmoe::optim::Optimizer<TinyModel::optimizer, B> opt{model};
     const moonmoe::nn::TokenLayout layout;
     moonmoe::optim::StepReport report;  ///< of the last step
 
@@ -86,8 +87,8 @@ public:
         model.visit_params([&](const moonmoe::ParamRef& p) {  // N(0, 1/fan_in), gains 1, bias 0
             if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
             const float std_dev = p.kind == moonmoe::ParamKind::embedding ? 1.0f : 1.0f / std::sqrt(float(p.shape.back()));
-            moonmoe::backend::Ops<moonmoe::cpu>::fill_normal(moonmoe::View<float, 2>(p.value, {1, p.numel()}), 0.0f,
-                                                              std_dev, seed++);
+            moonmoe::backend::Ops<B>::fill_normal(moonmoe::View<float, 2, B>(p.value, {1, p.numel()}), 0.0f, std_dev,
+                                                  seed++);
         });
         opt.config.muon.learning_rate = opt.config.adamw.learning_rate = o.lr;
         opt.config.schedule = {o.warmup, o.steps, 0, 1.0};
@@ -120,15 +121,15 @@ public:
         std::function<void()> remeasure;
         if (o_.clip_after_update)
             remeasure = [&] {  // forward only: the maxima of the updated weights on this batch
-                moonmoe::nn::Transformer<>::Cache cache;
+                typename moonmoe::nn::Transformer<B>::Cache cache;
                 model.forward(ids_.data(), layout, cache);
             };
         report = opt.step(remeasure);
         log.heads_clipped = report.clip.total();
         log.clip_exhausted = report.clip_exhausted;
         if (o_.measure_after_step) {
-            const moonmoe::optim::UncountedForwards measuring(model);  // a measurement: the router loads stay as they are
-            moonmoe::nn::Transformer<>::Cache cache;
+            const moonmoe::optim::UncountedForwards<B> measuring(model);  // a measurement: the router loads stay as they are
+            typename moonmoe::nn::Transformer<B>::Cache cache;
             model.forward(ids_.data(), layout, cache);
             log.max_logit_after = -INFINITY;
             for (auto& layer : model.layers) {
@@ -149,7 +150,7 @@ private:
 
 /// One run; `clip` selects MuonClip, else Muon alone. progress(step, log) is called after every step.
 inline std::vector<StepLog> run(const Options& o, bool clip, const std::function<void(const StepLog&)>& progress = {}) {
-    Trainer t(o, clip);
+    Trainer<> t(o, clip);
     std::vector<StepLog> history;
     for (index_t step = 0; step < o.steps; ++step) {
         history.push_back(t.step());
