@@ -11,13 +11,13 @@
 // Every model runs on every backend of the build (the model loaded straight into the backend's memory, results
 // brought back with to_host), with the same tolerances: transformers is the reference on each.
 #include "support/backends.hpp"
-#include "support/nn_testing.hpp"
 #include "support/reference.hpp"
 
 #include <set>
 
 #include <moonmoe/config.hpp>
 #include <moonmoe/io/model_io.hpp>
+#include <moonmoe/nn.hpp>
 
 using namespace moonmoe;
 using namespace moonmoe::testing;

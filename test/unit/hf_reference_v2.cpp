@@ -6,13 +6,13 @@
 // mscale(40, 1) / mscale(40, 0.707)). Tolerances are those of README's accuracy table (logits 1e-5, gradients
 // 2e-5, loss 1e-6, router weights and max logits 1e-5), on every backend of the build.
 #include "support/backends.hpp"
-#include "support/nn_testing.hpp"
 #include "support/reference.hpp"
 
 #include <set>
 
 #include <moonmoe/config.hpp>
 #include <moonmoe/io/model_io.hpp>
+#include <moonmoe/nn.hpp>
 
 using namespace moonmoe;
 using namespace moonmoe::testing;
@@ -90,17 +90,19 @@ void check_against_transformers(nn::Transformer<B>& model, const std::string& na
     model.backward(dlogits.view(), cache);
 
     double worst = 0.0;
+    std::string worst_name;
     int compared = 0;
     model.visit_params([&](const ParamRef& p) {
         CAPTURE(p.name);
         REQUIRE(p.grad);  // no correction bias: every V2 parameter has a gradient
         const double e = scaled_error(floats_to_host<B>(p.grad, p.numel()).data(), ref.f32("grad." + p.name));
         ++compared;
-        worst = std::max(worst, e);
+        if (e > worst) worst = e, worst_name = p.name;
         CHECK(e < 2e-5);
     });
     CHECK(compared == int(ref.file.size()) - 3 - moe_layers * 2 - int(model.layers.size()));
-    MESSAGE(name << " on " << backend << ": " << compared << " gradients, worst error " << worst);
+    MESSAGE(name << " on " << backend << ": " << compared << " gradients, worst error " << worst << " (" << worst_name
+                 << ")");
 }
 
 }  // namespace
