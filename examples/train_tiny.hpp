@@ -128,7 +128,7 @@ public:
         log.heads_clipped = report.clip.total();
         log.clip_exhausted = report.clip_exhausted;
         if (o_.measure_after_step) {
-            const moonmoe::optim::UncountedForwards measuring(model);  // a measurement: the router loads stay as they are
+            const moonmoe::optim::UncountedForwards<B> measuring(model);  // a measurement: the router loads stay as they are
             typename moonmoe::nn::Transformer<B>::Cache cache;
             model.forward(ids_.data(), layout, cache);
             log.max_logit_after = -INFINITY;

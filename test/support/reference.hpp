@@ -8,6 +8,7 @@
 
 #include <moonmoe/io/convert.hpp>
 #include <moonmoe/io/safetensors.hpp>
+#include <moonmoe/tensor/transfer.hpp>
 
 namespace moonmoe::testing {
 
@@ -25,6 +26,12 @@ struct Reference {
     }
     std::vector<index_t> shape(const std::string& name) const { return file.at(name).shape; }
 };
+
+/// The n floats at `p` in backend B's memory (a parameter's value or gradient), on the host.
+template <class B>
+std::vector<float> floats_to_host(const float* p, index_t n) {
+    return to_host(View<const float, 1, B>(p, {n}));
+}
 
 /// max |a - b| / max |b|: the error relative to the reference tensor's scale.
 inline double scaled_error(const float* a, const std::vector<float>& b) {

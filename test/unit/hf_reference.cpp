@@ -7,37 +7,43 @@
 // f32 but sum in other orders, so they agree to a few ulps of the largest logit, compounded over the layers);
 // the loss 1e-6; gradients 2e-5 (backward compounds rounding through every layer in both directions, and sums
 // over tokens and experts in other orders: 4x the worst measured).
-#include "support/nn_testing.hpp"
+//
+// Every model runs on every backend of the build (the model loaded straight into the backend's memory, results
+// brought back with to_host), with the same tolerances: transformers is the reference on each.
+#include "support/backends.hpp"
 #include "support/reference.hpp"
 
 #include <set>
 
 #include <moonmoe/config.hpp>
 #include <moonmoe/io/model_io.hpp>
+#include <moonmoe/nn.hpp>
 
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
 namespace {
 
-template <class Model>
+template <class Model, class B>
 void check_against_transformers(const std::string& name) {
     CAPTURE(name);
-    nn::Transformer<> model = load_transformer<Model>(data_dir(name));
+    const std::string backend = B::name;
+    CAPTURE(backend);
+    nn::Transformer<B> model = load_transformer<Model, B>(data_dir(name));
     const Reference ref(data_dir(name) + "/reference.safetensors");
     const std::vector<index_t> ids = ref.i64("input_ids"), shape = ref.shape("input_ids");
     const auto layout = nn::TokenLayout::sequences(shape[0], shape[1]);
 
-    nn::Transformer<>::Cache cache;
-    Mat logits = model.forward(ids.data(), layout, cache);
-    const double logit_error = scaled_error(logits.data(), ref.f32("logits"));
-    MESSAGE(name << ": logits error " << logit_error);
+    typename nn::Transformer<B>::Cache cache;
+    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache);
+    const double logit_error = scaled_error(to_host(logits).data(), ref.f32("logits"));
+    MESSAGE(name << " on " << backend << ": logits error " << logit_error);
     CHECK(logit_error < 1e-5);
 
     // router choices (as sets: HF's top-k is unsorted) and weights, per MoE layer
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         if (model.layers[l].dense) continue;
-        const nn::Routing<>& routing = cache.layers[l].moe.router.routing;
+        const nn::Routing<B>& routing = cache.layers[l].moe.router.routing;
         const struct { index_t tokens, k; std::vector<index_t> idx; std::vector<float> weight; } r{
             routing.tokens, routing.k, to_host(routing.idx), to_host(routing.weight)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
@@ -57,13 +63,13 @@ void check_against_transformers(const std::string& name) {
     // QK-Clip's statistic: the per-head maximum scaled logit
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         const std::vector<float> expected = ref.f32("max_logit." + std::to_string(l));
-        for (std::size_t h = 0; h < expected.size(); ++h)
-            CHECK(model.layers[l].self_attn.max_logit_per_head(h) == doctest::Approx(expected[h]).epsilon(1e-5));
+        const std::vector<float> ours = to_host(model.layers[l].self_attn.max_logit_per_head);
+        for (std::size_t h = 0; h < expected.size(); ++h) CHECK(ours[h] == doctest::Approx(expected[h]).epsilon(1e-5));
     }
 
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
-    Mat dlogits(logits.shape());
-    const float loss = nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view());
+    Tensor<float, 2, B> dlogits(logits.shape());
+    const float loss = nn::cross_entropy<B>(logits.view(), targets.data(), dlogits.view());
     CHECK(loss == doctest::Approx(ref.f32("loss")[0]).epsilon(1e-6));
     model.backward(dlogits.view(), cache);
 
@@ -75,63 +81,68 @@ void check_against_transformers(const std::string& name) {
             CHECK(!ref.file.contains("grad." + p.name));  // the router bias has no gradient in HF either
             return;
         }
-        const double e = scaled_error(p.grad, ref.f32("grad." + p.name));
+        const double e = scaled_error(floats_to_host<B>(p.grad, p.numel()).data(), ref.f32("grad." + p.name));
         ++compared;
         if (e > worst) worst = e, worst_name = p.name;
         CAPTURE(p.name);
         CHECK(e < 2e-5);
     });
-    MESSAGE(name << ": " << compared << " gradients, worst error " << worst << " (" << worst_name << ")");
+    MESSAGE(name << " on " << backend << ": " << compared << " gradients, worst error " << worst << " (" << worst_name << ")");
 }
 
 }  // namespace
 
-TEST_CASE("tiny Kimi K2 matches transformers: logits, loss, gradients, routing, max logits") {
-    check_against_transformers<TinyK2>("tiny_k2");
+TEST_CASE_TEMPLATE("tiny Kimi K2 matches transformers: logits, loss, gradients, routing, max logits", B,
+                   MOONMOE_TEST_BACKENDS) {
+    check_against_transformers<TinyK2, B>("tiny_k2");
 }
 
-TEST_CASE("tiny DeepSeek-V3 matches transformers (expert groups, several dense layers, blended YaRN)") {
-    check_against_transformers<TinyV3>("tiny_v3");
+TEST_CASE_TEMPLATE("tiny DeepSeek-V3 matches transformers (expert groups, several dense layers, blended YaRN)", B,
+                   MOONMOE_TEST_BACKENDS) {
+    check_against_transformers<TinyV3, B>("tiny_v3");
 }
 
-TEST_CASE("a Dynamic model type reads its sizes from config.json") {
-    nn::Transformer<> model = load_transformer<AnyDeepSeekV3>(data_dir("tiny_v3_sharded"));
+TEST_CASE_TEMPLATE("a Dynamic model type reads its sizes from config.json", B, MOONMOE_TEST_BACKENDS) {
+    nn::Transformer<B> model = load_transformer<AnyDeepSeekV3, B>(data_dir("tiny_v3_sharded"));
     CHECK(model.config.dims.layers == 4);
     CHECK(model.config.moe.groups == 4);
     const Reference ref(data_dir("tiny_v3") + "/reference.safetensors");
     const std::vector<index_t> ids = ref.i64("input_ids");
-    nn::Transformer<>::Cache cache;
-    Mat logits = model.forward(ids.data(), nn::TokenLayout::sequences(2, 10), cache);
-    CHECK(scaled_error(logits.data(), ref.f32("logits")) < 1e-5);
+    typename nn::Transformer<B>::Cache cache;
+    const Tensor<float, 2, B> logits = model.forward(ids.data(), nn::TokenLayout::sequences(2, 10), cache);
+    CHECK(scaled_error(to_host(logits).data(), ref.f32("logits")) < 1e-5);
 }
 
 TEST_CASE("a static size that disagrees with config.json is an error naming the field") {
     CHECK_THROWS_WITH_AS(load_transformer<TinyV3>(data_dir("tiny_k2")), doctest::Contains("num_hidden_layers"), std::exception);
 }
 
-TEST_CASE("absorbed MLA with the latent cache equals the naive form, and greedy decoding matches transformers") {
-    nn::Transformer<> model = load_transformer<TinyK2>(data_dir("tiny_k2"));
+TEST_CASE_TEMPLATE("absorbed MLA with the latent cache equals the naive form, and greedy decoding matches transformers", B,
+                   MOONMOE_TEST_BACKENDS) {
+    nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
     const Reference gen(data_dir("tiny_k2") + "/generate.safetensors");
     const std::vector<index_t> prompt = gen.i64("prompt_ids"), expected = gen.i64("generated_ids");
     const std::vector<float> step_logits = gen.f32("step_logits");
     const index_t V = model.config.dims.vocab, steps = index_t(expected.size() - prompt.size());
 
     // naive full forward over the whole generated sequence, for comparison
-    nn::Transformer<>::Cache cache;
-    Mat full = model.forward(expected.data(), nn::TokenLayout::sequences(1, index_t(expected.size())), cache);
+    typename nn::Transformer<B>::Cache cache;
+    const std::vector<float> full =
+        to_host(model.forward(expected.data(), nn::TokenLayout::sequences(1, index_t(expected.size())), cache));
 
     auto state = model.start_decoding(64);
-    Mat logits = model.decode(prompt.data(), index_t(prompt.size()), state);  // prefill through the absorbed form
+    // prefill through the absorbed form
+    std::vector<float> logits = to_host(model.decode(prompt.data(), index_t(prompt.size()), state));
     std::vector<index_t> seq = prompt;
     for (index_t s = 0; s < steps; ++s) {
-        const float* last = logits.data() + (logits.size(0) - 1) * V;
+        const float* last = logits.data() + logits.size() - std::size_t(V);
         const index_t pos = index_t(seq.size()) - 1;
         // decode == naive forward at the same position, and == transformers' logits of this step
         CHECK(scaled_error(last, std::vector<float>(full.data() + pos * V, full.data() + (pos + 1) * V)) < 1e-5);
         CHECK(scaled_error(last, std::vector<float>(step_logits.begin() + s * V, step_logits.begin() + (s + 1) * V)) < 1e-5);
         const index_t next = index_t(std::max_element(last, last + V) - last);
         seq.push_back(next);
-        logits = model.decode(&next, 1, state);
+        logits = to_host(model.decode(&next, 1, state));
     }
     CHECK(seq == expected);
     CHECK(state.length() == index_t(expected.size()));

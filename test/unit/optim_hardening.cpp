@@ -2,13 +2,15 @@
 // (weights, optimizer state, step count, router bias untouched) and says so; with MuonClip's re-measure, the weights a
 // step leaves have every head at or below tau on the step's batch, by an independent forward, on runs this test has
 // not been tuned on (several seeds, taus and learning rates); the router's balancing update counts only the
-// training forward's tokens.
+// training forward's tokens. Every test runs on every backend of the build.
+#include "support/backends.hpp"
 #include "support/nn_testing.hpp"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include <moonmoe/config.hpp>
 #include <moonmoe/optim.hpp>
@@ -22,11 +24,25 @@ namespace {
 
 using HardenedOpt = moonmoe::Optimizer<Muon<>, QKClip<1.0>>;
 
+/// nn_testing.hpp's randomize on any backend: the same values, through the backend's counter-based fill_normal.
+template <class B, class Module>
+void randomize_on(Module& m, std::uint64_t seed, float stddev = 0.2f) {
+    for_params(m, [&](const ParamRef& p) {
+        const View<float, 2, B> v(p.value, {1, p.numel()});
+        if (p.kind == ParamKind::vector) backend::Ops<B>::fill_normal(v, 1.0f, 0.1f, seed++);
+        else if (p.kind == ParamKind::router_bias) backend::Ops<B>::fill_normal(v, 0.0f, 0.05f, seed++);
+        else backend::Ops<B>::fill_normal(v, 0.0f, stddev, seed++);
+    });
+}
+
 /// Every float the step could change: weights (router biases included), then each slot's optimizer state.
-template <class Opt>
-std::vector<float> snapshot(nn::Transformer<>& model, Opt& opt) {
+template <class B, class Opt>
+std::vector<float> snapshot(nn::Transformer<B>& model, Opt& opt) {
     std::vector<float> all;
-    model.visit_params([&](const ParamRef& p) { all.insert(all.end(), p.value, p.value + p.numel()); });
+    model.visit_params([&](const ParamRef& p) {
+        const std::vector<float> v = to_host(View<const float, 1, B>(p.value, {p.numel()}));
+        all.insert(all.end(), v.begin(), v.end());
+    });
     for (auto& s : opt.slots())
         for (const auto* t : {&s.momentum, &s.exp_avg, &s.exp_avg_sq}) {
             const std::vector<float> v = to_host(*t);
@@ -39,24 +55,27 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-float* grad_of(nn::Transformer<>& model, const std::string& name) {
+/// Sets element `at` of the gradient of parameter `name` (in backend B's memory) to `value`.
+template <class B>
+void set_grad(nn::Transformer<B>& model, const std::string& name, std::size_t at, float value) {
     float* g = nullptr;
     model.visit_params([&](const ParamRef& p) {
         if (p.name == name) g = p.grad;
     });
     REQUIRE(g != nullptr);
-    return g;
+    backend::Memory<B>::to_device(g + at, &value, sizeof(float));
 }
 
+template <class B>
 struct Bench {
-    nn::Transformer<> model{TinyK2::config};
-    optim::Optimizer<HardenedOpt> opt{model};
+    nn::Transformer<B> model{TinyK2::config};
+    optim::Optimizer<HardenedOpt, B> opt{model};
     std::vector<index_t> ids = std::vector<index_t>(12);
     const nn::TokenLayout layout = nn::TokenLayout::sequences(2, 6);
     int remeasures = 0;
 
     explicit Bench(std::uint64_t seed) {
-        randomize(model, seed);
+        randomize_on<B>(model, seed);
         opt.config.qk_clip.tau = 2.0;  // low: the clip acts on every step that is taken
         opt.bias_update_rate = 1e-2f;
     }
@@ -68,7 +87,7 @@ struct Bench {
     optim::StepReport step() {
         return opt.step([&] {
             ++remeasures;
-            nn::Transformer<>::Cache cache;
+            typename nn::Transformer<B>::Cache cache;
             model.forward(ids.data(), layout, cache);
         });
     }
@@ -76,11 +95,20 @@ struct Bench {
 
 }  // namespace
 
-TEST_CASE("non-finite scan: a NaN or an infinity anywhere in a block is found; huge, tiny and zero values are finite") {
+TEST_CASE_TEMPLATE("non-finite scan: a NaN or an infinity anywhere in a block is found; huge, tiny and zero values are finite",
+                   B, MOONMOE_TEST_BACKENDS) {
+    // the optimizer's scan (first_nonfinite) over one view: 0 when it holds a NaN or an infinity, 1 when finite
+    const auto all_finite = [](const std::vector<float>& x) {
+        const Tensor<float, 1, B> on_b = to_device<B>(x);
+        Tensor<index_t, 1, B> first({1});
+        const View<const float, 1, B> views[] = {on_b.view()};
+        backend::Ops<B>::first_nonfinite(views, first.view());
+        return element_to_host(first.view(), 0) == 1;
+    };
     for (index_t n : {1, 7, 255, 256, 257, 1000, 4096}) {
         std::vector<float> x(static_cast<std::size_t>(n));
         for (index_t i = 0; i < n; ++i) x[std::size_t(i)] = float(i % 3 == 0 ? 3.0e38 : i % 3 == 1 ? 1e-42 : -0.0);
-        CHECK(backend::cpu_detail::all_finite(x.data(), n));
+        CHECK(all_finite(x));
         for (index_t at : {index_t(0), n / 2, n - 1})
             for (float bad : {NAN, INFINITY, -INFINITY, -std::numeric_limits<float>::quiet_NaN()}) {
                 CAPTURE(n);
@@ -88,17 +116,18 @@ TEST_CASE("non-finite scan: a NaN or an infinity anywhere in a block is found; h
                 CAPTURE(bad);
                 const float keep = x[std::size_t(at)];
                 x[std::size_t(at)] = bad;
-                CHECK_FALSE(backend::cpu_detail::all_finite(x.data(), n));
+                CHECK_FALSE(all_finite(x));
                 x[std::size_t(at)] = keep;
             }
     }
 }
 
-TEST_CASE("a NaN or an infinity in one gradient element skips the whole step, bit for bit, and the report says so") {
+TEST_CASE_TEMPLATE("a NaN or an infinity in one gradient element skips the whole step, bit for bit, and the report says so",
+                   B, MOONMOE_TEST_BACKENDS) {
     const int threads = moonmoe::threads();
     moonmoe::set_threads(2);
-    Bench a(81), twin(81);  // twin never sees the bad steps
-    for (Bench* b : {&a, &twin}) {  // one clean step first, so momentum and Adam moments are not zero
+    Bench<B> a(81), twin(81);  // twin never sees the bad steps
+    for (Bench<B>* b : {&a, &twin}) {  // one clean step first, so momentum and Adam moments are not zero
         b->forward_backward(0);
         CHECK(b->step().skipped_nonfinite == 0);
     }
@@ -118,7 +147,7 @@ TEST_CASE("a NaN or an infinity in one gradient element skips the whole step, bi
         CAPTURE(inj.where);
         CAPTURE(inj.value);
         a.forward_backward(batch++);
-        grad_of(a.model, inj.where)[inj.at] = inj.value;
+        set_grad(a.model, inj.where, inj.at, inj.value);
         const std::vector<float> before = snapshot(a.model, a.opt);
         const long long steps = a.opt.steps();
         const auto rates = a.opt.learning_rates();
@@ -140,8 +169,8 @@ TEST_CASE("a NaN or an infinity in one gradient element skips the whole step, bi
     CHECK(a.opt.skipped_nonfinite_steps() == static_cast<long long>(cases.size()));
     // two bad parameters: the report names the first in visit order, whatever the threads found first
     a.forward_backward(batch++);
-    grad_of(a.model, muon_param)[3] = NAN;
-    grad_of(a.model, first_param)[100] = INFINITY;
+    set_grad(a.model, muon_param, 3, NAN);
+    set_grad(a.model, first_param, 100, INFINITY);
     CHECK(a.step().nonfinite_param == first_param);
     CHECK(a.opt.skipped_nonfinite_steps() == static_cast<long long>(cases.size()) + 1);
     // a clean step afterwards proceeds, and is exactly the step a run that never saw the bad ones takes
@@ -157,8 +186,9 @@ TEST_CASE("a NaN or an infinity in one gradient element skips the whole step, bi
     moonmoe::set_threads(threads);
 }
 
-TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's re-measure forwards do not count") {
-    Bench b(82);
+TEST_CASE_TEMPLATE("the router bias moves by the training forward's loads only: QK-Clip's re-measure forwards do not count", B,
+                   MOONMOE_TEST_BACKENDS) {
+    Bench<B> b(82);
     b.forward_backward(0);
     std::vector<std::vector<index_t>> loads;
     std::vector<std::vector<float>> expected;
@@ -168,7 +198,7 @@ TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's
         const std::vector<index_t> load = to_host(g.load);
         loads.push_back(load);
         CHECK(std::accumulate(load.begin(), load.end(), index_t{0}) == 12 * 2);  // 12 tokens, top-2
-        std::vector<float> bias(g.bias.value.data(), g.bias.value.data() + g.experts());
+        std::vector<float> bias = to_host(g.bias.value);
         const double mean = 12.0 * 2 / double(g.experts());
         for (index_t e = 0; e < g.experts(); ++e) {
             const double diff = mean - double(load[std::size_t(e)]);
@@ -183,15 +213,16 @@ TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's
     for (auto& layer : b.model.layers) {
         if (layer.dense) continue;
         const auto& g = layer.moe.gate;
-        CHECK(std::memcmp(g.bias.value.data(), expected[m].data(), expected[m].size() * sizeof(float)) == 0);
+        const std::vector<float> bias = to_host(g.bias.value);
+        CHECK(std::memcmp(bias.data(), expected[m].data(), expected[m].size() * sizeof(float)) == 0);
         for (index_t l : to_host(g.load)) CHECK(l == 0);  // the re-measure forwards left the counts alone
         CHECK(g.count_load);                     // and counting is back on for the next training forward
         ++m;
     }
     // the same guard for the caller's own measurements
     {
-        const optim::UncountedForwards<> measuring(b.model);
-        nn::Transformer<>::Cache cache;
+        const optim::UncountedForwards<B> measuring(b.model);
+        typename nn::Transformer<B>::Cache cache;
         b.model.forward(b.ids.data(), b.layout, cache);
     }
     for (auto& layer : b.model.layers)
@@ -200,20 +231,23 @@ TEST_CASE("the router bias moves by the training forward's loads only: QK-Clip's
     CHECK_THROWS_WITH_AS(b.opt.step([] {}, 0), doctest::Contains("rounds must be at least 1"), std::invalid_argument);
 }
 
-TEST_CASE("QK-Clip: a head over tau by less than f32 resolves in the factor still shrinks, so no round repeats itself") {
-    nn::MLA<> attn(TinyK2::config);
-    randomize(attn, 83);
+TEST_CASE_TEMPLATE("QK-Clip: a head over tau by less than f32 resolves in the factor still shrinks, so no round repeats itself",
+                   B, MOONMOE_TEST_BACKENDS) {
+    nn::MLA<B> attn(TinyK2::config);
+    randomize_on<B>(attn, 83);
     const nn::MLAHeadLayout L = attn.head_layout();
-    float* q = attn.q_b_proj.weight.value.data();
-    float* kv = attn.kv_b_proj.weight.value.data();
     const index_t qc = attn.q_b_proj.in_features(), kc = attn.kv_b_proj.in_features();
-    const std::vector<float> q0(q, q + attn.q_b_proj.weight.value.numel()), kv0(kv, kv + attn.kv_b_proj.weight.value.numel());
+    const std::vector<float> q0 = to_host(attn.q_b_proj.weight.value), kv0 = to_host(attn.kv_b_proj.weight.value);
     QKClipConfig c = QKClip<1.0>::value;
     const float over = std::nextafter(8.0f, 16.0f);  // 8 + 2^-20: the next float above 8
     c.tau = 8.0 + 0.9 * (double(over) - 8.0);        // gamma = tau / over = 1 - 1.2e-8: 1 in f32, so is its root
     CHECK(float(c.tau / over) == 1.0f);
     CHECK(float(std::sqrt(c.tau / over)) == 1.0f);
-    CHECK(optim::clip_mla_heads(q, qc, kv, kc, L, {over, 1.0f, 1.0f, 1.0f}, c) == 1);
+    CHECK(optim::clip_mla_heads<B>(attn.q_b_proj.weight.value.data(), qc, attn.kv_b_proj.weight.value.data(), kc, L,
+                                   {over, 1.0f, 1.0f, 1.0f}, c) == 1);
+    const std::vector<float> q_after = to_host(attn.q_b_proj.weight.value), kv_after = to_host(attn.kv_b_proj.weight.value);
+    const float* q = q_after.data();
+    const float* kv = kv_after.data();
     auto shrank = [](const float* now, const std::vector<float>& before, index_t cols, index_t row, index_t rows) {
         for (index_t i = row * cols; i < (row + rows) * cols; ++i)
             if (before[std::size_t(i)] != 0.0f && !(std::abs(now[i]) < std::abs(before[std::size_t(i)]))) return false;
@@ -226,7 +260,8 @@ TEST_CASE("QK-Clip: a head over tau by less than f32 resolves in the factor stil
     CHECK(std::memcmp(q + L.q_row(1) * qc, q0.data() + L.q_row(1) * qc, std::size_t(3 * (L.nope + L.rope) * qc) * sizeof(float)) == 0);
 }
 
-TEST_CASE("MuonClip with re-measure: every head of an independent forward on the weights a step leaves is <= tau") {
+TEST_CASE_TEMPLATE("MuonClip with re-measure: every head of an independent forward on the weights a step leaves is <= tau",
+                   B, MOONMOE_TEST_BACKENDS) {
     // Runs that nothing here was tuned on: seeds, taus and learning rates around the aggressive tau 12.5 / lr 0.05
     // of train_tiny (taus that f32 cannot hold among them). With the router-bias update after the clip's last
     // measurement, 5 of these 6 runs ended steps with a head up to 15% above tau. The promise is exact (no
@@ -243,6 +278,11 @@ TEST_CASE("MuonClip with re-measure: every head of an independent forward on the
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
     runs.resize(2), steps = 15;  // memory errors need the code paths, not every run
 #endif
+#if defined(MOONMOE_CUDA_EMULATED) && MOONMOE_CUDA_EMULATED
+    // The emulated CUDA backend (Thrust on OpenMP, a host stand-in for cuBLAS) runs all six in ~6 minutes, where
+    // the CPU takes 40 s: there its code paths, every run on a GPU.
+    if constexpr (std::is_same_v<B, moonmoe::cuda>) runs.resize(2), steps = 15;
+#endif
     const int threads = moonmoe::threads();
     moonmoe::set_threads(2);
     index_t clips = 0;
@@ -251,7 +291,7 @@ TEST_CASE("MuonClip with re-measure: every head of an independent forward on the
         o.steps = steps, o.batch = 4, o.seq = 32, o.warmup = 5;
         o.seed = run.seed, o.tau = run.tau, o.lr = run.lr, o.bias_rate = run.bias_rate;
         o.measure_after_step = false;  // measured here instead
-        train_tiny::Trainer t(o, true);
+        train_tiny::Trainer<B> t(o, true);
         for (index_t s = 0; s < o.steps; ++s) {
             CAPTURE(run.seed);
             CAPTURE(run.tau);
@@ -260,9 +300,9 @@ TEST_CASE("MuonClip with re-measure: every head of an independent forward on the
             const train_tiny::StepLog log = t.step();
             clips += log.heads_clipped;
             CHECK_FALSE(t.report.clip_exhausted);
-            const optim::UncountedForwards<> measuring(t.model);
+            const optim::UncountedForwards<B> measuring(t.model);
             for (auto& layer : t.model.layers) layer.self_attn.reset_max_logits();
-            nn::Transformer<>::Cache cache;
+            typename nn::Transformer<B>::Cache cache;
             t.model.forward(t.batch().data(), t.layout, cache);
             for (std::size_t l = 0; l < t.model.layers.size(); ++l) {
                 CAPTURE(l);
