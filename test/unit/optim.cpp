@@ -39,18 +39,6 @@ std::vector<T> run_ns(const std::vector<double>& g, index_t rows, index_t cols, 
     return to_host(out);
 }
 
-/// nn_testing.hpp's randomize on any backend: the same N(0, stddev^2) (gains 1 + N(0, 0.1^2), router bias
-/// N(0, 0.05^2)) through the backend's counter-based fill_normal, so every backend starts from the same values.
-template <class B, class Module>
-void randomize_on(Module& m, std::uint64_t seed, float stddev = 0.2f) {
-    for_params(m, [&](const ParamRef& p) {
-        const View<float, 2, B> v(p.value, {1, p.numel()});
-        if (p.kind == ParamKind::vector) backend::Ops<B>::fill_normal(v, 1.0f, 0.1f, seed++);
-        else if (p.kind == ParamKind::router_bias) backend::Ops<B>::fill_normal(v, 0.0f, 0.05f, seed++);
-        else backend::Ops<B>::fill_normal(v, 0.0f, stddev, seed++);
-    });
-}
-
 /// Every parameter value of `model`, on the host, end to end in visit order.
 template <class B>
 std::vector<float> all_values(nn::Transformer<B>& model) {
@@ -313,7 +301,7 @@ TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, froze
     using Opt = moonmoe::Optimizer<Muon<>, QKClip<1e9>, WSD<Warmup<2>, Stable<3>, Decay<5>, FinalLR<0.1>>,
                                    BiasUpdateRate<0.0>>;
     nn::Transformer<B> model(TinyK2::config);
-    randomize_on<B>(model, 60);
+    randomize(model, 60);
     optim::Optimizer<Opt, B> opt(model);
     for (auto& s : opt.slots()) {
         CAPTURE(s.param.name);
@@ -366,7 +354,7 @@ TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, froze
 TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum; maxima at or below zero never clip", B,
                    MOONMOE_TEST_BACKENDS) {
     nn::MLA<B> attn(TinyK2::config);
-    randomize_on<B>(attn, 70);
+    randomize(attn, 70);
     const nn::MLAHeadLayout L = attn.head_layout();
     const std::vector<float> q0 = to_host(attn.q_b_proj.weight.value), kv0 = to_host(attn.kv_b_proj.weight.value);
     // clips copies of the weights on the backend with these maxima, and brings the results back into q and kv

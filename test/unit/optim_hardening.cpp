@@ -24,17 +24,6 @@ namespace {
 
 using HardenedOpt = moonmoe::Optimizer<Muon<>, QKClip<1.0>>;
 
-/// nn_testing.hpp's randomize on any backend: the same values, through the backend's counter-based fill_normal.
-template <class B, class Module>
-void randomize_on(Module& m, std::uint64_t seed, float stddev = 0.2f) {
-    for_params(m, [&](const ParamRef& p) {
-        const View<float, 2, B> v(p.value, {1, p.numel()});
-        if (p.kind == ParamKind::vector) backend::Ops<B>::fill_normal(v, 1.0f, 0.1f, seed++);
-        else if (p.kind == ParamKind::router_bias) backend::Ops<B>::fill_normal(v, 0.0f, 0.05f, seed++);
-        else backend::Ops<B>::fill_normal(v, 0.0f, stddev, seed++);
-    });
-}
-
 /// Every float the step could change: weights (router biases included), then each slot's optimizer state.
 template <class B, class Opt>
 std::vector<float> snapshot(nn::Transformer<B>& model, Opt& opt) {
@@ -75,7 +64,7 @@ struct Bench {
     int remeasures = 0;
 
     explicit Bench(std::uint64_t seed) {
-        randomize_on<B>(model, seed);
+        randomize(model, seed);
         opt.config.qk_clip.tau = 2.0;  // low: the clip acts on every step that is taken
         opt.bias_update_rate = 1e-2f;
     }
@@ -234,7 +223,7 @@ TEST_CASE_TEMPLATE("the router bias moves by the training forward's loads only: 
 TEST_CASE_TEMPLATE("QK-Clip: a head over tau by less than f32 resolves in the factor still shrinks, so no round repeats itself",
                    B, MOONMOE_TEST_BACKENDS) {
     nn::MLA<B> attn(TinyK2::config);
-    randomize_on<B>(attn, 83);
+    randomize(attn, 83);
     const nn::MLAHeadLayout L = attn.head_layout();
     const index_t qc = attn.q_b_proj.in_features(), kc = attn.kv_b_proj.in_features();
     const std::vector<float> q0 = to_host(attn.q_b_proj.weight.value), kv0 = to_host(attn.kv_b_proj.weight.value);
