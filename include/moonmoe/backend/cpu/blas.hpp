@@ -18,6 +18,7 @@
 #include "../blas.hpp"
 #include "gemm_small.hpp"
 #include "map.hpp"
+#include "memory.hpp"  // gemm_bf16 widens its operands into f32 tensors
 #include "threads.hpp"
 
 namespace moonmoe::backend {
