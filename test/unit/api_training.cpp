@@ -53,7 +53,7 @@ TEST_CASE("Quick start loop: a seeded TinyK2, train_step then step(), 20 steps o
     CHECK(losses.back() < 0.5f * losses.front());
 }
 
-TEST_CASE("step() leaves every gradient it stepped with at zero; the same loop without zeroing trains worse") {
+TEST_CASE("step() leaves every gradient it stepped with at zero, the same loop without zeroing trains worse") {
     const std::vector<index_t> ids = quick_start_batch();
     const auto layout = nn::TokenLayout::sequences(4, 32);
     const auto train = [&](bool zero, std::vector<float>& losses) {

@@ -36,7 +36,7 @@ TEST_CASE_TEMPLATE("Memory: zeroed allocations, copies within the backend, the c
 }
 
 #if defined(MOONMOE_TEST_CUDA)
-TEST_CASE("StreamGuard switches this thread's current stream and restores it; each thread has its own") {
+TEST_CASE("StreamGuard switches this thread's current stream and restores it, each thread has its own") {
     const backend::cuda_stream_t initial = backend::current_stream();
     backend::Stream a, b;
     CHECK(a.get() != b.get());

@@ -120,7 +120,7 @@ TEST_CASE_TEMPLATE("zero_all: every element of every view, nothing outside them"
     }
 }
 
-TEST_CASE_TEMPLATE("scale_rows: each row by its factor; rows with factor 1 stay bit for bit", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("scale_rows: each row by its factor, rows with factor 1 stay bit for bit", B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::OptimOps<B>;
     Tensor<float, 2> w = random_of<float>(12, 40, 5);
     w(3, 5) = NAN;  // a factor of 1 leaves even a NaN's bits alone

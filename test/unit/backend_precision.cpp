@@ -134,7 +134,7 @@ TEST_CASE_TEMPLATE("bf16: bf16 -> f32 is exact, as torch widens it, scalar and M
     }
 }
 
-TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identity on every bit pattern but NaN's; "
+TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identity on every bit pattern but NaN's, "
                    "f32 -> bf16 -> f32 -> bf16 is stable; f32 -> f64 -> f32 is exact", B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     std::vector<bf16> all(0x10000);
@@ -234,7 +234,7 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_bf16: every transpose, f32 and bf16 C, alpha a
                 }
 }
 
-TEST_CASE_TEMPLATE("BlasOps::gemm_bf16: no terms (k = 0) scales C; bad shapes, counts and strides are refused", B,
+TEST_CASE_TEMPLATE("BlasOps::gemm_bf16: no terms (k = 0) scales C, bad shapes, counts and strides are refused", B,
                    MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     Tensor<bf16, 2, B> A({4, 0}), Bk({0, 3});

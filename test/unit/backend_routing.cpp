@@ -198,7 +198,7 @@ TEST_CASE_TEMPLATE("route_backward: d logits from dweight and the balance-loss g
         }
 }
 
-TEST_CASE_TEMPLATE("histogram counts a range of experts; update_bias is the sign rule over the load", B,
+TEST_CASE_TEMPLATE("histogram counts a range of experts, update_bias is the sign rule over the load", B,
                    MOONMOE_TEST_BACKENDS) {
     using Ops = backend::RoutingOps<B>;
     const IdxMat idx = index_matrix(4, 2, {0, 5, 5, 2, 7, 3, 2, 5});

@@ -50,7 +50,7 @@ TEST_CASE("with<> replaces whole components, and components have with<> for sing
                                           2 * 1'174'405'120LL + 7168);
 }
 
-TEST_CASE("a Dynamic model is not static; its config resolves and validates at run time") {
+TEST_CASE("a Dynamic model is not static, its config resolves and validates at run time") {
     static_assert(!AnyDeepSeekV3::is_static);
     static_assert(KimiK2::is_static && TinyK2::is_static && TinyV3::is_static);
     CHECK(validation_message(AnyDeepSeekV3::config).empty());  // open rules pass until sizes are known

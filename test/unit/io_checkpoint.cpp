@@ -144,7 +144,7 @@ TEST_CASE("io: broken checkpoint files are refused with the file named") {
     check_error([&] { Checkpoint c(dir); }, {model.string(), "shorter than the 8-byte header length"});
 }
 
-TEST_CASE("io: unused() reports extra tensors; a non-float tensor is not a weight") {
+TEST_CASE("io: unused() reports extra tensors, a non-float tensor is not a weight") {
     const auto dir = copy_of("tiny_k2", "checkpoint_extra");
     const std::vector<std::int64_t> ids{1, 2, 3};
     const std::vector<float> extra{0.5f};

@@ -53,7 +53,7 @@ json tiny_k2_json() { return json::parse(read_file(test_data("tiny_k2/config.jso
 
 }  // namespace
 
-TEST_CASE("io: a routing or RoPE value the type fixes must equal config.json's; the error names field and values") {
+TEST_CASE("io: a routing or RoPE value the type fixes must equal config.json's, the error names field and values") {
     // TinyK2 against the generated tiny_k2/config.json (transformers 5 layout) with one value changed at a time.
     const std::vector<std::pair<std::function<void(json&)>, std::string>> table = {
         {[](json& j) { j["rms_norm_eps"] = 1e-5; }, "rms_norm_eps is 1e-05 but the model type fixes NormEps<1e-06>"},

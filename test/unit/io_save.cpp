@@ -140,7 +140,7 @@ TEST_CASE("save_transformer keeps the loaded config.json's other fields and chec
     CHECK_FALSE(fs::exists(root / "bad"));
 }
 
-TEST_CASE("config.json written from a type reads back as the same configuration; types transformers cannot hold are refused") {
+TEST_CASE("config.json written from a type reads back as the same configuration, types transformers cannot hold are refused") {
     const auto same = [](const ModelConfig& a, const ModelConfig& b) {
         CHECK(a.dims.hidden == b.dims.hidden);
         CHECK(a.dims.layers == b.dims.layers);

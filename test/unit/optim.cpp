@@ -269,7 +269,7 @@ TEST_CASE_TEMPLATE("after QK-Clip of one layer, re-running the forward gives S <
     }
 }
 
-TEST_CASE_TEMPLATE("QK-Clip on MHA: q by gamma^alpha, k by gamma^(1-alpha); maxima at or below tau, or <= 0, untouched", B,
+TEST_CASE_TEMPLATE("QK-Clip on MHA: q by gamma^alpha, k by gamma^(1-alpha), maxima at or below tau, or <= 0, untouched", B,
                    MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("optim") + "/qk_clip.safetensors");
     const std::vector<float> maxima = ref.f32("mha.max_logit");
@@ -351,7 +351,7 @@ TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, froze
                          doctest::Contains("opt_state.safetensors"), io_error);
 }
 
-TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum; maxima at or below zero never clip", B,
+TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum, maxima at or below zero never clip", B,
                    MOONMOE_TEST_BACKENDS) {
     nn::MLA<B> attn(TinyK2::config);
     randomize(attn, 70);

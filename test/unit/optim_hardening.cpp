@@ -84,7 +84,7 @@ struct Bench {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("non-finite scan: a NaN or an infinity anywhere in a block is found; huge, tiny and zero values are finite",
+TEST_CASE_TEMPLATE("non-finite scan: a NaN or an infinity anywhere in a block is found, huge, tiny and zero values are finite",
                    B, MOONMOE_TEST_BACKENDS) {
     // the optimizer's scan (first_nonfinite) over one view: 0 when it holds a NaN or an infinity, 1 when finite
     const auto all_finite = [](const std::vector<float>& x) {

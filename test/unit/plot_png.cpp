@@ -310,7 +310,7 @@ TEST_CASE("plot: a drawn line has its series colour and the background is white"
     CHECK(gap > 20);
 }
 
-TEST_CASE("plot: non-finite points break a line; empty and constant series are handled") {
+TEST_CASE("plot: non-finite points break a line, empty and constant series are handled") {
     const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
     const plot::Rgb c{10, 90, 200};
     plot::Figure fig;

@@ -46,7 +46,7 @@ TEST_CASE("cgroup v1 cpu.cfs_quota_us / cpu.cfs_period_us: -1 is no limit") {
     CHECK_FALSE(cc::parse_cfs_quota("x", "100000"));
 }
 
-TEST_CASE("a CPU quota becomes a thread count rounded up, at least 1; OMP_NUM_THREADS is read as OpenMP reads it") {
+TEST_CASE("a CPU quota becomes a thread count rounded up, at least 1, OMP_NUM_THREADS is read as OpenMP reads it") {
     CHECK(cc::threads_for_quota(0.01) == 1);
     CHECK(cc::threads_for_quota(0.5) == 1);
     CHECK(cc::threads_for_quota(1.0) == 1);
