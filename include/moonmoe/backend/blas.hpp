@@ -17,7 +17,8 @@
 //   gemm_grouped_weight_grad(alpha, dY, X, beta, dW, offsets)
 //                                               dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g: the expert weight
 //                                               gradients, dW [groups, n, k]
-// A group with no rows does nothing (and leaves dW_g times beta).
+// A group with no rows does nothing (and leaves dW_g times beta). Both take T = float, or T = bf16 for the bf16
+// policy: bf16 X, W (dY, X), f32 accumulation into an f32 Y (dW), each segment a gemm_bf16.
 //
 // Mixed precision (the bf16 policy, docs/precision.md): operands in bf16, products accumulated in f32, alpha and
 // beta f32, C in f32 or bf16 (TC = float or bf16; a bf16 C is read as f32 and the result rounded once to nearest
@@ -126,15 +127,15 @@ inline void check_groups(const char* op, index_t groups, std::span<const index_t
             throw shape_error(std::string(op) + ": offsets decrease at group " + std::to_string(g));
 }
 
-template <class Bk>
-void check_gemm_grouped(const View<const float, 2, Bk>& X, const View<const float, 3, Bk>& W,
+template <class T, class Bk>
+void check_gemm_grouped(const View<const T, 2, Bk>& X, const View<const T, 3, Bk>& W,
                         const View<float, 2, Bk>& Y, std::span<const index_t> offsets) {
     check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
     if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
 }
 
-template <class Bk>
-void check_gemm_grouped_weight_grad(const View<const float, 2, Bk>& dY, const View<const float, 2, Bk>& X,
+template <class T, class Bk>
+void check_gemm_grouped_weight_grad(const View<const T, 2, Bk>& dY, const View<const T, 2, Bk>& X,
                                     const View<float, 3, Bk>& dW, std::span<const index_t> offsets) {
     check_groups("gemm_grouped_weight_grad", dW.shape[0], offsets, X.shape[0]);
     if (dY.shape[0] != X.shape[0])

@@ -144,4 +144,29 @@ struct Sum {
     MOONMOE_HD void operator()(float& out, float a, float b) const { out = a + b; }
 };
 
+// ---- the bf16 compute policy (Precision<BF16>, docs/precision.md): f32 storage holding bf16 values ----
+
+/// x rounded to the nearest bf16 (ties to even), kept as f32: what a bf16 tensor would hold.
+MOONMOE_HD inline float round_bf16(float x) { return convert<float>(convert<bf16>(x)); }
+
+/// x = round_bf16(x): an activation leaving an operation, as torch's bf16 result of it.
+struct RoundToBF16 {
+    MOONMOE_HD void operator()(float& x) const { x = round_bf16(x); }
+};
+
+/// out = round_bf16(a + b): a bf16 residual add.
+struct SumBF16 {
+    MOONMOE_HD void operator()(float& out, float a, float b) const { out = round_bf16(a + b); }
+};
+
+/// y = round_bf16(y + x): adding a bf16 result into a bf16 accumulator.
+struct AddToBF16 {
+    MOONMOE_HD void operator()(float& y, float x) const { y = round_bf16(y + x); }
+};
+
+/// a = round_bf16(round_bf16(silu(g)) * u): torch's bf16 `act_fn(gate) * up`, each op rounding its result.
+struct SwiGLUForwardBF16 {
+    MOONMOE_HD void operator()(float& a, float g, float u) const { a = round_bf16(round_bf16(silu(g)) * u); }
+};
+
 }  // namespace moonmoe::fn

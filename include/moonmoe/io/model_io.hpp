@@ -107,6 +107,7 @@ void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& 
         if (options.check_finite) detail::check_finite_values(where, p.name, p.shape, values);
         if constexpr (!backend::host_visible<B>) backend::Memory<B>::to_device(p.value, values.data(), values.size_bytes());
     });
+    model.refresh_working_weights();  // the bf16 policy's working copies of the loaded masters
     const index_t layers = model.config.dims.layers, mtp_layers = ck.config().mtp_layers;
     std::vector<std::string> extra;
     for (const std::string& name : ck.unused()) {

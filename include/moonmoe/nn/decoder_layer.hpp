@@ -1,6 +1,8 @@
 // moonmoe/nn/decoder_layer.hpp: one transformer block, pre-norm with residuals (HF DeepseekV3DecoderLayer):
 //   h1  = h + self_attn(input_layernorm(h))            self_attn: MLA, or MHA for Attention<MHA<...>>
 //   out = h1 + mlp(post_attention_layernorm(h1))      mlp: dense SwiGLU for the first layers, MoE after
+// The precision policy comes from the configuration (ModelConfig::precision); under bf16 the residual sums are
+// rounded to bf16 too (nn/precision.hpp).
 #pragma once
 
 #include <span>
@@ -28,6 +30,7 @@ struct DecoderLayer {
     MHA<B> mha;
     SwiGLU<B> mlp;  ///< dense layers
     MoE<B> moe;     ///< MoE layers
+    NumberFormat compute = NumberFormat::f32;
 
     struct Cache {
         Mat h, a_in, h1, m_in;
@@ -47,11 +50,29 @@ struct DecoderLayer {
         else mha = MHA<B>(c);
         if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden);
         else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count);
+        set_precision(c.precision.compute);
     }
 
-    /// out = a + b: a residual add.
-    static void add(View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) {
-        Ops::map(fn::Sum{}, out, a, b);
+    void set_precision(NumberFormat f) {
+        compute = f;
+        input_layernorm.set_precision(f);
+        post_attention_layernorm.set_precision(f);
+        if (latent) self_attn.set_precision(f);
+        else mha.set_precision(f);
+        if (dense) mlp.set_precision(f);
+        else moe.set_precision(f);
+    }
+    /// Re-rounds the bf16 working copies of the weights from the masters (bf16 policy; nothing under f32).
+    void refresh_working() {
+        if (latent) self_attn.refresh_working();
+        else mha.refresh_working();
+        if (dense) mlp.refresh_working();
+        else moe.refresh_working();
+    }
+
+    /// out = a + b: a residual add (rounded to bf16 under the bf16 policy).
+    void add(View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) const {
+        add_rounded(compute, a, b, out);
     }
 
     void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {

@@ -64,6 +64,7 @@ void init_weights(Transformer<B>& model, const InitOptions& options = {}) {
             break;
         }
     });
+    model.refresh_working_weights();
 }
 
 }  // namespace moonmoe::nn

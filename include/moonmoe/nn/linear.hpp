@@ -1,10 +1,13 @@
 // moonmoe/nn/linear.hpp: y = x W^T with W stored [out, in] as in HF checkpoints (no bias: DeepSeek-V3 has none).
 //
 // Stateless about activations: the caller keeps the input x for backward (composite modules own the caches).
+// Under the bf16 policy (nn/precision.hpp) the products read the bf16 working copy of W and bf16 copies of x and
+// dy, accumulate in f32 (dW into the f32 gradient), and round y and dx to bf16.
 #pragma once
 
 #include "../backend/backend.hpp"
 #include "param.hpp"
+#include "precision.hpp"
 
 namespace moonmoe::nn {
 
@@ -12,6 +15,8 @@ template <class B = cpu>
 struct Linear {
     using Ops = backend::Ops<B>;
     Param<2, B> weight;
+    WorkingCopy<2, B> working;  ///< bf16 copy of weight.value under the bf16 policy
+    NumberFormat compute = NumberFormat::f32;
 
     Linear() = default;
     Linear(index_t in, index_t out, ParamKind kind = ParamKind::matrix) : weight({out, in}, kind) {}
@@ -19,15 +24,50 @@ struct Linear {
     index_t in_features() const { return weight.value.size(1); }
     index_t out_features() const { return weight.value.size(0); }
 
-    /// y = x W^T, x [rows, in] -> y [rows, out]
-    void forward(View<const float, 2, B> x, View<float, 2, B> y) const { Ops::linear(x, weight.value.view(), y); }
+    /// Sets the compute format; bf16 allocates and fills the working copy.
+    void set_precision(NumberFormat f) {
+        compute = f;
+        working.allocate(f, weight.value.shape());
+        refresh_working();
+    }
+    /// Re-rounds the working copy from the master weight (after the master changed).
+    void refresh_working() { working.refresh(weight.value); }
+
+    /// y = x W^T, x [rows, in] -> y [rows, out]; y += x W^T when accumulate.
+    void forward(View<const float, 2, B> x, View<float, 2, B> y, bool accumulate = false) const {
+        using backend::Trans;
+        if (compute == NumberFormat::f32) return Ops::linear(x, weight.value.view(), y, accumulate);
+        product_bf16(bf16_copy(x).view(), Trans::yes, working.value.view(), y, accumulate);
+    }
 
     /// dW += dy^T x; dx = dy W (or += when accumulate_dx). dx may be empty (no data) to skip it.
     void backward(View<const float, 2, B> x, View<const float, 2, B> dy, View<float, 2, B> dx,
                   bool accumulate_dx = false) {
         using backend::Trans;
-        Ops::gemm(Trans::yes, Trans::no, 1.0f, dy, x, 1.0f, weight.grad.view());
-        if (dx.data) Ops::gemm(Trans::no, Trans::no, 1.0f, dy, weight.value.view(), accumulate_dx ? 1.0f : 0.0f, dx);
+        if (compute == NumberFormat::f32) {
+            Ops::gemm(Trans::yes, Trans::no, 1.0f, dy, x, 1.0f, weight.grad.view());
+            if (dx.data) Ops::gemm(Trans::no, Trans::no, 1.0f, dy, weight.value.view(), accumulate_dx ? 1.0f : 0.0f, dx);
+            return;
+        }
+        const Tensor<bf16, 2, B> dy16 = bf16_copy(dy);
+        Ops::template gemm_bf16<float>(Trans::yes, Trans::no, 1.0f, dy16.view(), bf16_copy(x).view(), 1.0f,
+                                       weight.grad.view());
+        if (dx.data) product_bf16(dy16.view(), Trans::no, working.value.view(), dx, accumulate_dx);
+    }
+
+    /// y = round(a op(W16)) (or y = round(y + round(a op(W16))) when accumulate): a bf16 product into bf16 values.
+    static void product_bf16(View<const bf16, 2, B> a, backend::Trans tw, View<const bf16, 2, B> w16,
+                             View<float, 2, B> y, bool accumulate) {
+        using backend::Trans;
+        if (!accumulate) {
+            Ops::template gemm_bf16<float>(Trans::no, tw, 1.0f, a, w16, 0.0f, y);
+            round_to(NumberFormat::bf16, y);
+            return;
+        }
+        Tensor<float, 2, B> t(y.shape);
+        Ops::template gemm_bf16<float>(Trans::no, tw, 1.0f, a, w16, 0.0f, t.view());
+        round_to(NumberFormat::bf16, t.view());
+        accumulate_rounded(NumberFormat::bf16, y, View<const float, 2, B>(t.view()));
     }
 
     void visit_params(const std::string& name, const ParamVisitor& f) { visit(name + ".weight", weight, f); }

@@ -5,7 +5,7 @@
 //   each q and k head; head h attends with key/value head h / (heads / kv_heads); out = o_proj(o).
 // Same contracts as MLA: attention per sequence of the token layout (packed sequences never see each other), the
 // per-head maximum scaled logit for QK-Clip, log-sum-exp kept for backward, and a K/V cache per sequence for
-// incremental decoding of several sequences at once.
+// incremental decoding of several sequences at once. The bf16 policy rounds as MLA does (nn/mla.hpp).
 #pragma once
 
 #include <algorithm>
@@ -42,6 +42,15 @@ struct MHA {
     RotaryEmbedding<B> rope;
     /// Maximum scaled logit per head since reset_max_logits(), on the backend (as MLA's; optim/qk_clip.hpp).
     Tensor<float, 1, B> max_logit_per_head;
+    NumberFormat compute = NumberFormat::f32;
+
+    void set_precision(NumberFormat f) {
+        compute = f;
+        for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->set_precision(f);
+    }
+    void refresh_working() {
+        for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->refresh_working();
+    }
 
     struct Cache {
         Mat x, q, k, v, o;
@@ -95,6 +104,8 @@ struct MHA {
         v_proj.forward(x, v.view());
         rope.apply(rope_part(q, cfg.heads), positions);
         rope.apply(rope_part(k, cfg.kv_heads), positions);
+        round_to(compute, q.view());
+        round_to(compute, k.view());
     }
 
     /// Every query head, and the key / value heads they read (query head h reads h / group()).
@@ -117,6 +128,7 @@ struct MHA {
         c.lse = Tensor<float, 1, B>({T * H});
         Ops::attention_forward(queries(c.q), keys(c.k, c.v), layout.offsets(), softmax_scale,
                                heads_view(c.o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
+        round_to(compute, c.o.view());
         o_proj.forward(c.o.view(), out);
     }
 
@@ -180,6 +192,7 @@ struct MHA {
         }
         Mat o({T, H * cfg.v_dim});
         Ops::attention_decode(queries(q), cached, layout.offsets(), softmax_scale, heads_view(o, 0, H, cfg.v_dim, cfg.v_dim));
+        round_to(compute, o.view());
         o_proj.forward(o.view(), out);
     }
 

@@ -11,6 +11,9 @@
 // so k is never materialised. Backward
 // keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
 // (no S x S tensor survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
+// Under the bf16 policy (nn/precision.hpp) the projections are bf16 products, the rotated q and k_pe and the
+// attention output are rounded to bf16, and attention itself runs in f32 on those bf16 values (scores, softmax and
+// the maxima in f32, as fused attention kernels do).
 #pragma once
 
 #include <algorithm>
@@ -52,6 +55,7 @@ struct MLA {
     /// Maximum over every forward since reset_max_logits() of softmax_scale * q.k, per head (QK-Clip's S_max), on
     /// the backend: QK-Clip reads it to the host once per step (optim/qk_clip.hpp).
     Tensor<float, 1, B> max_logit_per_head;
+    NumberFormat compute = NumberFormat::f32;
 
     struct Cache {
         Mat x, cq, cqn, c, cn, q, kv, kpe, o;
@@ -81,6 +85,20 @@ struct MLA {
         }
     }
 
+    void set_precision(NumberFormat f) {
+        compute = f;
+        for (Linear<B>* l : linears()) l->set_precision(f);
+        q_a_layernorm.set_precision(f);
+        kv_a_layernorm.set_precision(f);
+    }
+    void refresh_working() {
+        for (Linear<B>* l : linears()) l->refresh_working();
+    }
+    std::vector<Linear<B>*> linears() {
+        if (cfg.q_rank > 0) return {&q_a_proj, &q_b_proj, &kv_a_proj_with_mqa, &kv_b_proj, &o_proj};
+        return {&q_proj, &kv_a_proj_with_mqa, &kv_b_proj, &o_proj};
+    }
+
     index_t dqk() const { return cfg.nope_dim + cfg.rope_dim; }
     index_t kv_width() const { return cfg.nope_dim + cfg.v_dim; }
     MLAHeadLayout head_layout() const { return {cfg.heads, cfg.nope_dim, cfg.rope_dim, cfg.v_dim}; }
@@ -105,6 +123,7 @@ struct MLA {
             q_proj.forward(x, q.view());
         }
         rope.apply(q_rope_part(q.view()), positions);
+        round_to(compute, q.view());
     }
 
     /// The normalised latent cn [T, kv_rank] and the rotated shared key kpe [T, rope].
@@ -120,6 +139,7 @@ struct MLA {
         cn = Mat({T, r});
         kv_a_layernorm.forward(latent.view(), cn.view(), rstd.view());
         rope.apply(kpe.view().template reshape<3>({T, 1, cfg.rope_dim}), positions);
+        round_to(compute, kpe.view());
         if (c) c->c = std::move(latent), c->c_rstd = std::move(rstd);
     }
 
@@ -127,11 +147,13 @@ struct MLA {
         return View<float, 3, B>(q.data + cfg.nope_dim, {q.shape[0], cfg.heads, cfg.rope_dim},
                                  {q.strides[0], dqk(), 1});
     }
-    static View<const float, 2, B> cols(const Mat& m, index_t row0, index_t rows, index_t col0, index_t ncols) {
-        return View<const float, 2, B>(m.data() + row0 * m.size(1) + col0, {rows, ncols}, {m.size(1), 1});
+    template <class T>
+    static View<const T, 2, B> cols(const Tensor<T, 2, B>& m, index_t row0, index_t rows, index_t col0, index_t ncols) {
+        return View<const T, 2, B>(m.data() + row0 * m.size(1) + col0, {rows, ncols}, {m.size(1), 1});
     }
-    static View<float, 2, B> cols(Mat& m, index_t row0, index_t rows, index_t col0, index_t ncols) {
-        return View<float, 2, B>(m.data() + row0 * m.size(1) + col0, {rows, ncols}, {m.size(1), 1});
+    template <class T>
+    static View<T, 2, B> cols(Tensor<T, 2, B>& m, index_t row0, index_t rows, index_t col0, index_t ncols) {
+        return View<T, 2, B>(m.data() + row0 * m.size(1) + col0, {rows, ncols}, {m.size(1), 1});
     }
 
     // ---- naive (training) form ----
@@ -153,6 +175,7 @@ struct MLA {
         c.lse = Tensor<float, 1, B>({T * H});
         Ops::attention_forward(queries(c.q), keys(c), layout.offsets(), softmax_scale,
                                heads_view(c.o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
+        round_to(compute, c.o.view());
         o_proj.forward(c.o.view(), out);
     }
 
@@ -265,23 +288,42 @@ struct MLA {
         // q_lat = q_nope W_UK[h] per head, W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]; one batched
         // GEMM over the heads per sequence, not one over every row: a sequence's GEMMs then have the same shapes
         // whether it decodes alone or with others, so batched decoding gives the same bits (test/unit/nn_packed.cpp)
-        const Mat& Wkvb = kv_b_proj.weight.value;
         const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
         Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = layout.begin(s), n = layout.length(s);
-            Ops::gemm_strided_batched(H, Trans::no, Trans::no, 1.0f, cols(q, t0, n, 0, nope), dqk(),
-                                      cols(Wkvb, 0, nope, 0, r), kv_width() * r, 0.0f, cols(q_lat, t0, n, 0, r), r);
+            per_head_products(Trans::no, q, t0, n, 0, nope, dqk(), 0, nope, q_lat, r);
         }
+        round_to(compute, q_lat.view());
         Ops::attention_decode({2, {heads_view(std::as_const(q_lat), 0, H, r, r), heads_view(std::as_const(q), nope, H, dqk(), R)}},
                               keys, layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
+        round_to(compute, o_lat.view());
         // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = layout.begin(s), n = layout.length(s);
-            Ops::gemm_strided_batched(H, Trans::no, Trans::yes, 1.0f, cols(std::as_const(o_lat), t0, n, 0, r), r,
-                                      cols(Wkvb, nope, vd, 0, r), kv_width() * r, 0.0f, cols(o, t0, n, 0, vd), vd);
+            per_head_products(Trans::yes, o_lat, t0, n, 0, r, r, nope, vd, o, vd);
         }
+        round_to(compute, o.view());
         o_proj.forward(o.view(), out);
+    }
+
+    /// For every head h, out[t0 : t0+n, h*out_w : +out_w] = a[t0 : t0+n, h*a_stride + a_col : +a_w] op(W_h), W_h the
+    /// kv_b_proj rows [h*(nope+v) + w_row, +w_rows) : [w_rows, kv_rank]: one strided-batched GEMM over the heads,
+    /// bf16 operands (the working copy of kv_b_proj) under the bf16 policy.
+    void per_head_products(backend::Trans tw, const Mat& a, index_t t0, index_t n, index_t a_col, index_t a_w,
+                           index_t a_stride, index_t w_row, index_t w_rows, Mat& out, index_t out_w) const {
+        using backend::Trans;
+        const index_t H = cfg.heads, r = cfg.kv_rank, w_stride = kv_width() * r;
+        const View<float, 2, B> c(out.data() + t0 * out.size(1), {n, out_w}, {out.size(1), 1});
+        if (compute == NumberFormat::f32) {
+            Ops::gemm_strided_batched(H, Trans::no, tw, 1.0f, cols(a, t0, n, a_col, a_w), a_stride,
+                                      cols(kv_b_proj.weight.value, w_row, w_rows, 0, r), w_stride, 0.0f, c, out_w);
+            return;
+        }
+        const Tensor<bf16, 2, B> a16 = bf16_copy(cols(a, t0, n, 0, a.size(1)));
+        Ops::template gemm_bf16_strided_batched<float>(H, Trans::no, tw, 1.0f, cols(a16, 0, n, a_col, a_w), a_stride,
+                                                       cols(kv_b_proj.working.value, w_row, w_rows, 0, r), w_stride,
+                                                       0.0f, c, out_w);
     }
 
     void visit_params(const std::string& name, const ParamVisitor& f) {

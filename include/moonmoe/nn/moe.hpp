@@ -14,6 +14,10 @@
 // visit_params hands out one matrix per expert with its HF name, so io and the optimizers see HF's layout.
 // An instance may hold a contiguous range of the experts (one expert-parallel rank): the plan then has one segment
 // per local expert, and tokens routed elsewhere contribute nothing here and are counted in `skipped_assignments`.
+//
+// Under the bf16 policy (nn/precision.hpp) the grouped GEMMs read bf16 working copies of the stacks and bf16 copies
+// of the dispatched rows (f32 accumulation), and round gate(x), up(x), the SwiGLU product, the expert outputs and
+// the combined sum to bf16; the router stays f32 on the bf16 input (as transformers' DeepseekV3TopkRouter).
 #pragma once
 
 #include <chrono>
@@ -31,6 +35,7 @@ namespace moonmoe::nn {
 template <class B = cpu>
 struct StackedExperts {
     Param<3, B> gate_proj, up_proj, down_proj;
+    WorkingCopy<3, B> gate_working, up_working, down_working;  ///< bf16 copies under the bf16 policy
 
     StackedExperts() = default;
     StackedExperts(index_t count, index_t hidden, index_t inner)
@@ -39,6 +44,18 @@ struct StackedExperts {
           down_proj({count, hidden, inner}, ParamKind::expert_matrix) {}
 
     index_t size() const { return gate_proj.value.size(0); }
+
+    void set_precision(NumberFormat f) {
+        gate_working.allocate(f, gate_proj.value.shape());
+        up_working.allocate(f, up_proj.value.shape());
+        down_working.allocate(f, down_proj.value.shape());
+        refresh_working();
+    }
+    void refresh_working() {
+        gate_working.refresh(gate_proj.value);
+        up_working.refresh(up_proj.value);
+        down_working.refresh(down_proj.value);
+    }
 
     /// One ParamRef per expert and matrix, pointing into the stacks, named prefix.<first + e>.gate_proj.weight etc.
     void visit_params(const std::string& prefix, index_t first, const ParamVisitor& f) {
@@ -69,6 +86,7 @@ struct MoE {
     StackedExperts<B> experts;
     SwiGLU<B> shared_experts;
     index_t skipped_assignments = 0;  ///< (token, expert) pairs of the last forward whose expert lives elsewhere
+    NumberFormat compute = NumberFormat::f32;
 
     /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
     /// the part of `experts` spent moving rows: the dispatch plan, gathering inputs, combining outputs.
@@ -101,6 +119,16 @@ struct MoE {
         if (c.shared > 0) shared_experts = SwiGLU<B>(hidden_, c.shared * c.expert_hidden);
     }
 
+    void set_precision(NumberFormat f) {
+        compute = f;
+        experts.set_precision(f);
+        if (cfg.shared > 0) shared_experts.set_precision(f);
+    }
+    void refresh_working() {
+        experts.refresh_working();
+        if (cfg.shared > 0) shared_experts.refresh_working();
+    }
+
     /// y = moe(u); keeps what backward needs.
     void forward(View<const float, 2, B> u, View<float, 2, B> y, Cache& c) {
         using backend::Trans;
@@ -118,15 +146,16 @@ struct MoE {
         times.dispatch += seconds(t1);  // the plan and the gather
         c.g = Mat({P, I});
         c.u = Mat({P, I});
-        Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), experts.gate_proj.value.view(), 0.0f, c.g.view(), p.offsets);
-        Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), experts.up_proj.value.view(), 0.0f, c.u.view(), p.offsets);
+        expert_product(Trans::yes, x.view(), experts.gate_proj, experts.gate_working, c.g.view(), p.offsets);
+        expert_product(Trans::yes, x.view(), experts.up_proj, experts.up_working, c.u.view(), p.offsets);
         x = Mat{};
         Mat a({P, I}), out({P, hidden});
-        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view());
-        Ops::gemm_grouped(Trans::yes, 1.0f, a.view(), experts.down_proj.value.view(), 0.0f, out.view(), p.offsets);
+        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), compute);
+        expert_product(Trans::yes, a.view(), experts.down_proj, experts.down_working, out.view(), p.offsets);
         const auto combine_start = clock::now();
         Ops::fill(y, 0.0f);
         Ops::combine(out.view(), p.slot_row.view(), c.router.routing.weight.view(), y);
+        round_to(compute, y);
         times.dispatch += seconds(combine_start);
         times.experts += seconds(t1);
         const auto t2 = clock::now();
@@ -159,6 +188,30 @@ struct MoE {
     }
 
 private:
+    /// y[seg e] = a[seg e] op(W_e) over the plan's segments (+= when accumulate): f32, or bf16 operands (the working
+    /// copy, a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
+    void expert_product(backend::Trans tw, View<const float, 2, B> a, const Param<3, B>& w,
+                        const WorkingCopy<3, B>& w16, View<float, 2, B> y, std::span<const index_t> offsets,
+                        bool accumulate = false) const {
+        if (compute == NumberFormat::f32)
+            return Ops::gemm_grouped(tw, 1.0f, a, w.value.view(), accumulate ? 1.0f : 0.0f, y, offsets);
+        const Tensor<bf16, 2, B> a16 = bf16_copy(a);
+        Mat t;
+        if (accumulate) t = Mat(y.shape);
+        const View<float, 2, B> out = accumulate ? t.view() : y;
+        Ops::template gemm_grouped<bf16>(tw, 1.0f, a16.view(), w16.value.view(), 0.0f, out, offsets);
+        round_to(compute, out);
+        if (accumulate) accumulate_rounded(compute, y, View<const float, 2, B>(out));
+    }
+
+    /// dW_e += dY[seg e]^T X[seg e] into the f32 gradient; bf16 operands under the bf16 policy.
+    void expert_weight_grad(View<const float, 2, B> dY, View<const float, 2, B> X, Param<3, B>& w,
+                            std::span<const index_t> offsets) const {
+        if (compute == NumberFormat::f32) return Ops::gemm_grouped_weight_grad(1.0f, dY, X, 1.0f, w.grad.view(), offsets);
+        Ops::template gemm_grouped_weight_grad<bf16>(1.0f, bf16_copy(dY).view(), bf16_copy(X).view(), 1.0f,
+                                                     w.grad.view(), offsets);
+    }
+
     /// The dispatch plan of this rank's experts; sets skipped_assignments.
     Plan make_plan(const Routing<B>& r) {
         Plan p;
@@ -186,20 +239,20 @@ private:
         Ops::gather_pairs(dy, p.row_slot.view(), K, dye.view());
         times.dispatch += seconds(gather_start);
         Mat a({P, I}), da({P, I});
-        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view());
+        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), compute);
         // da = w (dy W_down); the unweighted product dotted with a is the routing weight's gradient dy . y_e
-        Ops::gemm_grouped(Trans::no, 1.0f, dye.view(), experts.down_proj.value.view(), 0.0f, da.view(), p.offsets);
+        expert_product(Trans::no, dye.view(), experts.down_proj, experts.down_working, da.view(), p.offsets);
         Ops::pair_dot(da.view(), a.view(), p.row_slot.view(), dweight);
         const fn::ScaleByPairWeight by_weight{c.router.routing.weight.data(), p.row_slot.data()};
         Ops::map_indexed(by_weight, da.view());
         Ops::map(fn::SwiGLUBackward{}, c.g.view(), c.u.view(), View<const float, 2, B>(da.view()));  // -> dg, du
         Ops::map_indexed(by_weight, dye.view());
-        Ops::gemm_grouped_weight_grad(1.0f, dye.view(), a.view(), 1.0f, experts.down_proj.grad.view(), p.offsets);
+        expert_weight_grad(dye.view(), a.view(), experts.down_proj, p.offsets);
         Mat dx({P, hidden});
-        Ops::gemm_grouped_weight_grad(1.0f, c.g.view(), x.view(), 1.0f, experts.gate_proj.grad.view(), p.offsets);
-        Ops::gemm_grouped(Trans::no, 1.0f, c.g.view(), experts.gate_proj.value.view(), 0.0f, dx.view(), p.offsets);
-        Ops::gemm_grouped_weight_grad(1.0f, c.u.view(), x.view(), 1.0f, experts.up_proj.grad.view(), p.offsets);
-        Ops::gemm_grouped(Trans::no, 1.0f, c.u.view(), experts.up_proj.value.view(), 1.0f, dx.view(), p.offsets);
+        expert_weight_grad(c.g.view(), x.view(), experts.gate_proj, p.offsets);
+        expert_product(Trans::no, c.g.view(), experts.gate_proj, experts.gate_working, dx.view(), p.offsets);
+        expert_weight_grad(c.u.view(), x.view(), experts.up_proj, p.offsets);
+        expert_product(Trans::no, c.u.view(), experts.up_proj, experts.up_working, dx.view(), p.offsets, true);
         const auto scatter_start = clock::now();
         Ops::combine(dx.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
         times.dispatch += seconds(scatter_start);

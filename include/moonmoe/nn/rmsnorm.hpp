@@ -2,12 +2,14 @@
 //
 // Backward keeps x and the per-row 1/rms. With r = (mean(x^2) + eps)^-1/2 and g = w * dy:
 //   dx = r g - x r^3 mean(g x),   dw += sum over rows of dy * x * r.
+// The statistics are f32 under every policy; under the bf16 policy y and dx are rounded to bf16 (nn/precision.hpp).
 #pragma once
 
 #include <string>
 
 #include "../backend/backend.hpp"
 #include "param.hpp"
+#include "precision.hpp"
 
 namespace moonmoe::nn {
 
@@ -16,21 +18,26 @@ struct RMSNorm {
     using Ops = backend::Ops<B>;
     Param<1, B> weight;
     float eps = 1e-6f;
+    NumberFormat compute = NumberFormat::f32;
 
     RMSNorm() = default;
     RMSNorm(index_t dim, double eps_) : weight({dim}, ParamKind::vector), eps(float(eps_)) {
         Ops::fill(weight.value.template reshape<2>({1, dim}), 1.0f);
     }
 
+    void set_precision(NumberFormat f) { compute = f; }
+
     /// y = norm(x); rstd [rows] = 1 / rms per row (kept for backward).
     void forward(View<const float, 2, B> x, View<float, 2, B> y, View<float, 1, B> rstd) const {
         Ops::rmsnorm_forward(x, weight.value.view(), eps, y, rstd);
+        round_to(compute, y);
     }
 
     /// dx = d norm / dx applied to dy (+= when accumulate); dw += sum_rows dy * x * rstd.
     void backward(View<const float, 2, B> x, View<const float, 1, B> rstd, View<const float, 2, B> dy,
                   View<float, 2, B> dx, bool accumulate = false) {
         Ops::rmsnorm_backward(x, weight.value.view(), rstd, dy, dx, weight.grad.view(), accumulate);
+        round_to(compute, dx);
     }
 
     void visit_params(const std::string& name, const ParamVisitor& f) { visit(name + ".weight", weight, f); }

@@ -1,7 +1,8 @@
 // moonmoe/nn/swiglu.hpp: the SwiGLU MLP, down(silu(gate(x)) * up(x)): the dense MLP of the first layers, each
 // routed expert and the shared expert.
 //
-// Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM).
+// Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM). Under the
+// bf16 policy (nn/precision.hpp) silu(g) and the product are each rounded to bf16, as torch's bf16 ops round them.
 #pragma once
 
 #include "../backend/functors.hpp"
@@ -24,9 +25,19 @@ struct SwiGLU {
 
     index_t inner() const { return gate_proj.out_features(); }
 
-    /// a = silu(g) * u into a (same shape as g).
-    static void activate(View<const float, 2, B> g, View<const float, 2, B> u, View<float, 2, B> a) {
-        Ops::map(fn::SwiGLUForward{}, a, g, u);
+    void set_precision(NumberFormat f) {
+        for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->set_precision(f);
+    }
+    void refresh_working() {
+        for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->refresh_working();
+    }
+    NumberFormat compute() const { return down_proj.compute; }
+
+    /// a = silu(g) * u into a (same shape as g), rounded as the compute format rounds.
+    static void activate(View<const float, 2, B> g, View<const float, 2, B> u, View<float, 2, B> a,
+                         NumberFormat f = NumberFormat::f32) {
+        if (f == NumberFormat::bf16) Ops::map(fn::SwiGLUForwardBF16{}, a, g, u);
+        else Ops::map(fn::SwiGLUForward{}, a, g, u);
     }
 
     /// y = mlp(x) (y += mlp(x) when accumulate).
@@ -40,18 +51,20 @@ struct SwiGLU {
         gate_proj.forward(x, cache.g.view());
         up_proj.forward(x, cache.u.view());
         Tensor<float, 2, B> a({rows, inner()});
-        activate(cache.g.view(), cache.u.view(), a.view());
-        Ops::linear(a.view(), down_proj.weight.value.view(), y, accumulate);
+        activate(cache.g.view(), cache.u.view(), a.view(), compute());
+        down_proj.forward(a.view(), y, accumulate);
     }
 
     /// Given dy, accumulates weight gradients and writes (or adds) dx.
     void backward(View<const float, 2, B> dy, Cache& cache, View<float, 2, B> dx, bool accumulate_dx = false) {
         const index_t rows = dy.shape[0], n = inner();
         Tensor<float, 2, B> a({rows, n}), da({rows, n});
-        activate(cache.g.view(), cache.u.view(), a.view());
+        activate(cache.g.view(), cache.u.view(), a.view(), compute());
         down_proj.backward(a.view(), dy, da.view());
         // da -> dg = da * u * silu'(g) (into g), du = da * silu(g) (into u): the cache is spent here.
         Ops::map(fn::SwiGLUBackward{}, cache.g.view(), cache.u.view(), View<const float, 2, B>(da.view()));
+        round_to(compute(), cache.g.view());
+        round_to(compute(), cache.u.view());
         gate_proj.backward(cache.x.view(), cache.g.view(), dx, accumulate_dx);
         up_proj.backward(cache.x.view(), cache.u.view(), dx, true);
         cache = Cache{};

@@ -1,5 +1,10 @@
 // moonmoe/nn/transformer.hpp: the whole causal LM (HF DeepseekV3ForCausalLM): embed_tokens, the decoder layers
 // (the first DenseLayers dense, MoE after), the final norm and an untied lm_head.
+//
+// The precision policy is the configuration's (ModelConfig::precision, from the model type's Precision<...>). Under
+// bf16 (nn/precision.hpp) the weights' masters stay f32 and the products read bf16 working copies of them: whatever
+// writes the masters other than this library's optimizer, QK-Clip and checkpoint loading (which refresh them) calls
+// refresh_working_weights() before the next forward.
 #pragma once
 
 #include <span>
@@ -55,6 +60,17 @@ struct Transformer {
         validate(c);
         layers.reserve(static_cast<std::size_t>(c.dims.layers));
         for (index_t l = 0; l < c.dims.layers; ++l) layers.emplace_back(c, l);
+        norm.set_precision(c.precision.compute);
+        lm_head.set_precision(c.precision.compute);
+    }
+
+    NumberFormat compute() const { return config.precision.compute; }
+
+    /// Re-rounds every bf16 working copy from its f32 master weight (bf16 policy; nothing under f32). The
+    /// optimizer's step, QK-Clip and io's loading call it; so does any other code that writes master weights.
+    void refresh_working_weights() {
+        for (auto& layer : layers) layer.refresh_working();
+        lm_head.refresh_working();
     }
 
     /// logits [tokens, vocab] of `ids` laid out as `layout`; keeps what backward needs.
@@ -65,6 +81,7 @@ struct Transformer {
         c.layout = layout;
         Mat h({T, H}), next({T, H});
         embed_tokens.forward(ids, h.view());
+        round_to(compute(), h.view());
         c.layers.resize(layers.size());
         for (std::size_t l = 0; l < layers.size(); ++l) {
             layers[l].forward(h.view(), layout, next.view(), c.layers[l]);
@@ -160,6 +177,7 @@ struct Transformer {
         const index_t T = layout.tokens(), H = config.dims.hidden;
         Mat h({T, H}), next({T, H});
         embed_tokens.forward(ids, h.view());
+        round_to(compute(), h.view());
         for (std::size_t l = 0; l < layers.size(); ++l) {
             layers[l].forward_cached(h.view(), layout, caches[l], next.view());
             std::swap(h, next);

@@ -194,6 +194,7 @@ public:
                               s.exp_avg_sq.data(), s.param.numel());
             }
         }
+        model_.refresh_working_weights();  // bf16 policy: the products read bf16 copies of the updated masters
         if (bias_update_rate != 0.0f)  // before QK-Clip: a bias changes the routing, so what later layers see
             for (auto& layer : model_.layers)
                 if (!layer.dense) layer.moe.gate.update_bias(bias_update_rate);

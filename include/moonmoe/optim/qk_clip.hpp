@@ -131,6 +131,7 @@ ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
                                                           a.q_proj.in_features(), a.head_layout(), maxima, c));
             a.reset_max_logits();
         }
+        if (report.heads_clipped.back() > 0) layer.refresh_working();  // bf16 policy: the products read the copies
     }
     return report;
 }

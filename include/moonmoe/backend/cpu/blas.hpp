@@ -174,19 +174,25 @@ struct BlasOps<cpu> {
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]); W [groups, ., .].
     /// The groups run one after the other, each GEMM on every thread (a segment is usually hundreds of rows).
-    static void gemm_grouped(Trans tw, float alpha, View<const float, 2> X, View<const float, 3> W, float beta,
-                             View<float, 2> Y, std::span<const index_t> offsets) {
+    /// T = float, or bf16 (gemm_bf16 per segment, f32 Y).
+    template <class T = float>
+    static void gemm_grouped(Trans tw, float alpha, View<const std::type_identity_t<T>, 2> X,
+                             View<const std::type_identity_t<T>, 3> W, float beta, View<float, 2> Y,
+                             std::span<const index_t> offsets) {
         contract::check_gemm_grouped(X, W, Y, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
-            gemm<float>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
+            product<T>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
         }
     }
 
     /// dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g for every group g: dY [rows, n], X [rows, k], dW [groups, n, k].
-    static void gemm_grouped_weight_grad(float alpha, View<const float, 2> dY, View<const float, 2> X, float beta,
-                                         View<float, 3> dW, std::span<const index_t> offsets) {
+    /// T = float, or bf16 (gemm_bf16 per segment, f32 dW).
+    template <class T = float>
+    static void gemm_grouped_weight_grad(float alpha, View<const std::type_identity_t<T>, 2> dY,
+                                         View<const std::type_identity_t<T>, 2> X, float beta, View<float, 3> dW,
+                                         std::span<const index_t> offsets) {
         contract::check_gemm_grouped_weight_grad(dY, X, dW, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
@@ -194,7 +200,7 @@ struct BlasOps<cpu> {
                 if (beta != 1.0f) scale_in_place(dW[g], beta);
                 continue;
             }
-            gemm<float>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
+            product<T>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
         }
     }
 
@@ -235,6 +241,14 @@ struct BlasOps<cpu> {
     }
 
 private:
+    /// gemm<float>, or gemm_bf16 with an f32 C: one segment of the grouped products.
+    template <class T>
+    static void product(Trans ta, Trans tb, float alpha, View<const T, 2> A, View<const T, 2> B, float beta,
+                        View<float, 2> C) {
+        if constexpr (std::is_same_v<T, bf16>) gemm_bf16<float>(ta, tb, alpha, A, B, beta, C);
+        else gemm<float>(ta, tb, alpha, A, B, beta, C);
+    }
+
     /// A contiguous f32 copy of a bf16 matrix (exact).
     static Tensor<float, 2> widened(View<const bf16, 2> v) {
         Tensor<float, 2> out(v.shape);

@@ -251,39 +251,55 @@ struct BlasOps<cuda> {
     }
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]) (host offsets);
-    /// W [groups, ., .]. One GEMM per non-empty segment, queued on the current stream (or, opt-in under nvcc, one
-    /// grouped cuBLAS call for all of them: fast/grouped_gemm.hpp).
-    static void gemm_grouped(Trans tw, float alpha, View<const float, 2, cuda> X, View<const float, 3, cuda> W,
-                             float beta, View<float, 2, cuda> Y, std::span<const index_t> offsets) {
+    /// W [groups, ., .]; T = float, or bf16 (gemm_bf16 per segment, f32 Y). One GEMM per non-empty segment, queued
+    /// on the current stream (or, opt-in under nvcc for f32, one grouped cuBLAS call for all of them:
+    /// fast/grouped_gemm.hpp).
+    template <class T = float>
+    static void gemm_grouped(Trans tw, float alpha, View<const std::type_identity_t<T>, 2, cuda> X,
+                             View<const std::type_identity_t<T>, 3, cuda> W, float beta, View<float, 2, cuda> Y,
+                             std::span<const index_t> offsets) {
         contract::check_gemm_grouped(X, W, Y, offsets);
 #if !MOONMOE_CUDA_EMULATED
-        if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, X.shape[1]))
-            return cuda_fast::gemm_grouped(tw, alpha, X, W, beta, Y, offsets);
+        if constexpr (std::is_same_v<T, float>)
+            if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, X.shape[1]))
+                return cuda_fast::gemm_grouped(tw, alpha, X, W, beta, Y, offsets);
 #endif
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
-            gemm<float>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
+            product<T>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
         }
     }
 
     /// dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g for every group g: dY [rows, n], X [rows, k], dW [groups, n, k];
-    /// an empty group's dW_g is only scaled by beta.
-    static void gemm_grouped_weight_grad(float alpha, View<const float, 2, cuda> dY, View<const float, 2, cuda> X,
-                                         float beta, View<float, 3, cuda> dW, std::span<const index_t> offsets) {
+    /// an empty group's dW_g is only scaled by beta. T = float, or bf16 (gemm_bf16 per segment, f32 dW).
+    template <class T = float>
+    static void gemm_grouped_weight_grad(float alpha, View<const std::type_identity_t<T>, 2, cuda> dY,
+                                         View<const std::type_identity_t<T>, 2, cuda> X, float beta,
+                                         View<float, 3, cuda> dW, std::span<const index_t> offsets) {
         contract::check_gemm_grouped_weight_grad(dY, X, dW, offsets);
 #if !MOONMOE_CUDA_EMULATED
-        if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, 1)) {
-            for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g)
-                if (offsets[g + 1] == offsets[g]) cuda_detail::scale_or_zero<float>(dW[g], beta);
-            return cuda_fast::gemm_grouped_weight_grad(alpha, dY, X, beta, dW, offsets);
-        }
+        if constexpr (std::is_same_v<T, float>)
+            if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, 1)) {
+                for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g)
+                    if (offsets[g + 1] == offsets[g]) cuda_detail::scale_or_zero<float>(dW[g], beta);
+                return cuda_fast::gemm_grouped_weight_grad(alpha, dY, X, beta, dW, offsets);
+            }
 #endif
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) cuda_detail::scale_or_zero<float>(dW[g], beta);
-            else gemm<float>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
+            else product<T>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
         }
+    }
+
+private:
+    /// gemm<float>, or gemm_bf16 with an f32 C: one segment of the grouped products.
+    template <class T>
+    static void product(Trans ta, Trans tb, float alpha, View<const T, 2, cuda> A, View<const T, 2, cuda> B,
+                        float beta, View<float, 2, cuda> C) {
+        if constexpr (std::is_same_v<T, bf16>) gemm_bf16<float>(ta, tb, alpha, A, B, beta, C);
+        else gemm<float>(ta, tb, alpha, A, B, beta, C);
     }
 };
 

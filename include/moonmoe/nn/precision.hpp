@@ -1,0 +1,66 @@
+// moonmoe/nn/precision.hpp: what a module does differently under the bf16 compute policy (Precision<BF16>,
+// config/precision.hpp; docs/precision.md says what each policy means).
+//
+// Under NumberFormat::bf16 a module rounds what it hands on to bf16, as torch's bf16 operations round their
+// results: a projection's output, a norm's output, a residual sum, the gradients it passes back. The buffers
+// between operations stay f32 containers holding bf16 values (their bf16 storage is the activation-memory work of
+// issue 13), so the element-wise and row primitives run unchanged on them. Matrix products read bf16 operands: the
+// weights' bf16 working copies (Linear::working, StackedExperts) and bf16 copies of the activations (exact, since
+// the activations already hold bf16 values), with f32 accumulation (BlasOps::gemm_bf16). Master weights, their
+// gradients, the optimizer state, the router, the per-row statistics and the loss stay f32.
+#pragma once
+
+#include "../backend/backend.hpp"
+#include "../backend/functors.hpp"
+#include "../config/precision.hpp"
+#include "../tensor/tensor.hpp"
+
+namespace moonmoe::nn {
+
+/// Rounds `y`'s values to bf16 under the bf16 policy (nothing under f32).
+template <class B>
+void round_to(NumberFormat f, View<float, 2, B> y) {
+    if (f == NumberFormat::bf16 && y.numel() > 0) backend::Ops<B>::map(fn::RoundToBF16{}, y);
+}
+
+/// out = a + b, rounded to bf16 under the bf16 policy: a residual add.
+template <class B>
+void add_rounded(NumberFormat f, View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) {
+    if (f == NumberFormat::bf16) backend::Ops<B>::map(fn::SumBF16{}, out, a, b);
+    else backend::Ops<B>::map(fn::Sum{}, out, a, b);
+}
+
+/// y += x, rounded to bf16 under the bf16 policy: a bf16 result added into a bf16 accumulator.
+template <class B>
+void accumulate_rounded(NumberFormat f, View<float, 2, B> y, View<const float, 2, B> x) {
+    if (f == NumberFormat::bf16) backend::Ops<B>::map(fn::AddToBF16{}, y, x);
+    else backend::Ops<B>::map(fn::AddTo<float>{}, y, x);
+}
+
+/// A contiguous bf16 copy of a matrix (each value rounded to nearest even; exact for bf16 values).
+template <class B>
+Tensor<bf16, 2, B> bf16_copy(View<const float, 2, B> x) {
+    Tensor<bf16, 2, B> out(x.shape);
+    backend::Ops<B>::template cast<bf16, float>(x, out.view());
+    return out;
+}
+
+/// The bf16 working copy of a master weight, refreshed by `refresh` after the master changes (an optimizer step,
+/// QK-Clip, loading): what the matrix products read under the bf16 policy. Empty under f32.
+template <int R, class B>
+struct WorkingCopy {
+    Tensor<bf16, R, B> value;
+
+    void allocate(NumberFormat f, const Shape<R>& shape) {
+        value = f == NumberFormat::bf16 ? Tensor<bf16, R, B>(shape) : Tensor<bf16, R, B>{};
+    }
+    bool empty() const { return value.empty(); }
+    void refresh(const Tensor<float, R, B>& master) {
+        if (value.empty()) return;
+        const index_t last = master.size(R - 1), rows = last ? master.numel() / last : 0;
+        backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(master.data(), {rows, last}),
+                                                    View<bf16, 2, B>(value.data(), {rows, last}));
+    }
+};
+
+}  // namespace moonmoe::nn
