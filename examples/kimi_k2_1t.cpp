@@ -7,6 +7,7 @@
 //   kimi_k2_1t --accounting-only   the accounting alone (milliseconds)
 //   kimi_k2_1t --backend cpu|cuda  where the layer runs; the nvcc build (kimi_k2_1t_cuda) runs it on the GPU when
 //                                  one is present unless told --backend cpu, the C++ compiler's build on the CPU
+//   kimi_k2_1t --precision bf16    the layer under Precision<BF16> (bf16 products on the tensor cores on a GPU)
 // example-test: --accounting-only
 #include <sys/resource.h>
 
@@ -115,15 +116,18 @@ bool gpu_present() {
 
 /// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16, on backend B.
 template <class B>
-int run_full_width_layer(index_t tokens) {
+int run_full_width_layer(index_t tokens, moonmoe::NumberFormat precision) {
     using DecoderLayer = moonmoe::nn::DecoderLayer<B>;
     using Mat = moonmoe::Tensor<float, 2, B>;
     using Ops = moonmoe::backend::Ops<B>;
     constexpr bool gpu = !std::is_same_v<B, moonmoe::cpu>;
-    constexpr moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
-    constexpr index_t ep = cfg.parallel.ep, local = cfg.moe.experts / ep, H = cfg.dims.hidden;
-    std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s:\n",
-                long(tokens), gpu ? "GPU" : "CPU");
+    // KimiK2::with<Precision<BF16>> for --precision bf16: the same sizes, the precision chosen at run time
+    moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
+    cfg.precision.compute = precision;
+    constexpr index_t ep = moonmoe::KimiK2::config.parallel.ep,
+                      local = moonmoe::KimiK2::config.moe.experts / ep, H = moonmoe::KimiK2::config.dims.hidden;
+    std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s,"
+                " %s compute:\n", long(tokens), gpu ? "GPU" : "CPU", moonmoe::format_name(precision));
     std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
                 "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
                 "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
@@ -154,6 +158,7 @@ int run_full_width_layer(index_t tokens) {
         const float bound = std::sqrt(3.0f / float(p.shape.back()));  // unit-variance outputs
         Ops::fill_uniform(v, -bound, bound, seed++);
     });
+    layer.refresh_working();  // Precision<BF16>: the products read bf16 copies of the masters just written
     Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
     Ops::fill_normal(h.view(), 0.0f, 1.0f, 1000);
     Ops::fill_normal(dout.view(), 0.0f, 1.0f, 1001);
@@ -177,14 +182,14 @@ int run_full_width_layer(index_t tokens) {
     layer.self_attn.forward(a_in.view(), layout, attn.view(), cache.attn);
     wait_for_device<B>();
     fwd_attn += since(p), p = Clock::now();
-    DecoderLayer::add(h.view(), attn.view(), h1.view());
+    layer.add(h.view(), attn.view(), h1.view());
     layer.post_attention_layernorm.forward(h1.view(), m_in.view(), rstd2.view());
     wait_for_device<B>();
     fwd_norm += since(p), p = Clock::now();
     layer.moe.forward(m_in.view(), m.view(), cache.moe);
     wait_for_device<B>();
     fwd_moe += since(p);
-    DecoderLayer::add(h1.view(), m.view(), out.view());
+    layer.add(h1.view(), m.view(), out.view());
     wait_for_device<B>();
     const double forward_seconds = since(t);
     const auto forward_times = layer.moe.times;
@@ -249,13 +254,16 @@ int run_full_width_layer(index_t tokens) {
 int main(int argc, char** argv) try {
     bool layer = true;
     index_t tokens = 256;
+    moonmoe::NumberFormat precision = moonmoe::NumberFormat::f32;
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-            std::printf("usage: %s [--backend cpu|cuda] [--tokens N | --accounting-only]\n"
+            std::printf("usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--tokens N | --accounting-only]\n"
                         "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
                         "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n"
                         "  --backend: where the layer runs (default: the GPU in the nvcc build when one is present,\n"
-                        "  else the CPU)\n",
+                        "  else the CPU)\n"
+                        "  --precision: the layer's compute policy, Precision<F32> (default) or Precision<BF16>\n"
+                        "  (docs/precision.md)\n",
                         argv[0]);
             return 0;
         }
@@ -269,6 +277,13 @@ int main(int argc, char** argv) try {
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--accounting-only")) {
             layer = false;
+        } else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
+            const std::string p = argv[++i];
+            if (p != "f32" && p != "bf16") {
+                std::fprintf(stderr, "kimi_k2_1t: --precision is f32 or bf16, got '%s'\n", p.c_str());
+                return 2;
+            }
+            precision = p == "bf16" ? moonmoe::NumberFormat::bf16 : moonmoe::NumberFormat::f32;
         } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
             tokens = std::atol(argv[++i]);
             if (tokens < 1) {
@@ -276,7 +291,8 @@ int main(int argc, char** argv) try {
                 return 2;
             }
         } else {
-            std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--tokens N | --accounting-only]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--tokens N | --accounting-only]\n",
+                         argv[0]);
             return 2;
         }
     }
@@ -343,7 +359,7 @@ int main(int argc, char** argv) try {
     print_memory<moonmoe::KimiK2>("Kimi K2");
     print_memory<moonmoe::DeepSeekV3>("DeepSeek-V3");
     if (layer)
-        return example::with_backend(backend, [&]<class B>() { return run_full_width_layer<B>(tokens); });
+        return example::with_backend(backend, [&]<class B>() { return run_full_width_layer<B>(tokens, precision); });
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "kimi_k2_1t: %s\n", e.what());

@@ -41,6 +41,15 @@ void blas_primitives(CM<float> a, CM<float> b, M<float> c, CM<double> ad, CM<dou
     Blas::gemm_grouped_weight_grad(1.0f, a, b, 0.0f, dw, offsets);
 }
 
+void bf16_blas_primitives(CM<bf16> a, CM<bf16> b, M<float> c, M<bf16> c16, View<const bf16, 3, Cuda> w,
+                          View<float, 3, Cuda> dw, std::span<const index_t> offsets) {
+    Blas::gemm_bf16<float>(Trans::no, Trans::yes, 1.0f, a, b, 0.0f, c);
+    Blas::gemm_bf16<bf16>(Trans::yes, Trans::no, 1.0f, a, b, 1.0f, c16);
+    Blas::gemm_bf16_strided_batched<float>(4, Trans::no, Trans::no, 1.0f, a, 0, b, 16, 0.0f, c, 16);
+    Blas::gemm_grouped<bf16>(Trans::yes, 1.0f, a, w, 0.0f, c, offsets);
+    Blas::gemm_grouped_weight_grad<bf16>(1.0f, a, b, 1.0f, dw, offsets);
+}
+
 void map_primitives(M<float> x, M<float> y, M<float> z, M<float> u, CM<float> g, M<double> xd, CM<double> gd) {
     Map::map(fn::SetTo<float>{1.0f}, x);
     Map::map(fn::ScaleBy<float>{2.0f}, x);
@@ -50,6 +59,10 @@ void map_primitives(M<float> x, M<float> y, M<float> z, M<float> u, CM<float> g,
     Map::map(fn::Convert{}, x, gd);
     Map::map(fn::SwiGLUForward{}, x, g, g);
     Map::map(fn::SwiGLUBackward{}, x, y, g);
+    Map::map(fn::RoundToBF16{}, x);
+    Map::map(fn::SumBF16{}, x, g, g);
+    Map::map(fn::AddToBF16{}, x, g);
+    Map::map(fn::SwiGLUForwardBF16{}, x, g, g);
     Map::map(fn::MuonMomentum{0.95f, true}, x, y, g);
     Map::map(fn::DecayAndStep{0.99f, 0.01f}, x, g);
     Map::map(fn::AdamWUpdate{0.99f, 0.9f, 0.95f, 0.01f, 0.5f, 1e-8f}, x, y, z, g);

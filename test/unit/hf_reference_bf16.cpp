@@ -1,7 +1,8 @@
 // The bf16 compute policy (Precision<BF16>) against transformers run in bfloat16: the tiny Kimi K2 model with bf16
 // weights (test/data/tiny_k2_bf16/), its logits, loss and every gradient, on every backend of the build. The
 // reference is tools/make_bf16_model_reference.py's (test/data/bf16/model_tiny_k2.safetensors): transformers'
-// DeepseekV3ForCausalLM loaded with dtype=bfloat16 and sdpa attention.
+// DeepseekV3ForCausalLM loaded with dtype=bfloat16 and sdpa attention. Decoding with the latent cache is held to the
+// same bounds.
 //
 // bf16 computations round differently in detail (transformers' RMSNorm rounds twice where moonmoe's rounds once,
 // its combine of the experts rounds after each expert, an f32 sum in another order lands on the other side of a
@@ -104,6 +105,24 @@ TEST_CASE_TEMPLATE("Precision<BF16>: tiny Kimi K2 matches transformers in bfloat
     }
     MESSAGE(backend << ": " << ours.grads.size() << " gradients, relative to transformers' f32-vs-bf16 distance: ours vs "
                     << "theirs at most " << worst_agree << ", ours vs f32 from " << least_error << " to " << worst_error);
+
+    // decoding with the latent cache (absorbed MLA, its per-head products in bf16 too), token by token: the same
+    // logits within the same yardstick
+    nn::Transformer<B> model = load_transformer<TinyK2BF16, B>(data_dir("tiny_k2_bf16"));
+    std::vector<float> decoded;
+    for (index_t s = 0; s < 2; ++s) {
+        auto state = model.start_decoding(10);
+        for (index_t t = 0; t < 10; ++t) {
+            const std::vector<float> step = to_host(model.decode(&ids[std::size_t(s * 10 + t)], 1, state));
+            decoded.insert(decoded.end(), step.begin(), step.end());
+        }
+    }
+    const double decode_agree = relative_distance(decoded, logits), decode_error = relative_distance(decoded, f32.logits);
+    MESSAGE(backend << ": decoding one token at a time: vs theirs " << decode_agree / yard << ", vs f32 "
+                    << decode_error / yard);
+    CHECK(decode_agree <= 2.0 * yard);
+    CHECK(decode_error <= 1.5 * yard);
+    CHECK(decode_error >= 0.3 * yard);
 }
 
 TEST_CASE_TEMPLATE("Precision<BF16>: the products read bf16 working copies, refreshed by the optimizer step and by "
