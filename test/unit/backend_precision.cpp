@@ -135,7 +135,7 @@ TEST_CASE_TEMPLATE("bf16: bf16 -> f32 is exact, as torch widens it, scalar and M
 }
 
 TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identity on every bit pattern but NaN's, "
-                   "f32 -> bf16 -> f32 -> bf16 is stable; f32 -> f64 -> f32 is exact", B, MOONMOE_TEST_BACKENDS) {
+                   "f32 -> bf16 -> f32 -> bf16 is stable, f32 -> f64 -> f32 is exact", B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     std::vector<bf16> all(0x10000);
     for (std::uint32_t b = 0; b < 0x10000; ++b) all[b] = bf16{std::uint16_t(b)};
