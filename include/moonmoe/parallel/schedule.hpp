@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../config/macros.hpp"
+#include "../config/parallel.hpp"
 #include "../tensor/shape.hpp"
 
 namespace moonmoe::parallel {
@@ -97,9 +98,9 @@ inline std::vector<Step> interleaved_1f1b(const PipelineShape& s, index_t rank) 
     return out;
 }
 
-/// The bubble fraction the schedule should show: (PP - 1) / (V M).
+/// The bubble fraction the schedule should show: (PP - 1) / (V M) (config/parallel.hpp's bubble_fraction).
 inline double predicted_bubble(const PipelineShape& s) {
-    return double(s.pp - 1) / double(s.v * s.micro_batches);
+    return bubble_fraction(ParallelConfig{s.pp, 1, 1, s.v, SplitKind::balanced, 0, 0, s.micro_batches}, s.micro_batches);
 }
 
 }  // namespace moonmoe::parallel

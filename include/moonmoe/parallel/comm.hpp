@@ -1,0 +1,185 @@
+// moonmoe/parallel/comm.hpp: the collectives the parallel runtime needs, as one small interface with an MPI
+// implementation (parallel/mpi.hpp, host memory, the CPU backend) and an NCCL one (device memory, the CUDA backend).
+// Nothing outside those two files includes <mpi.h> or <nccl.h>.
+//
+//   exchange_counts(send_counts)                 each rank learns how many elements every other rank sends it
+//   all_to_all_v(send, send_counts, recv, recv_counts)
+//                                                rank r's block i (send_counts[i] elements, blocks in rank order)
+//                                                lands in rank i's recv as block r; counts known to both sides
+//   all_reduce(data, sum | max)                  in place
+//   reduce_scatter(in, out, sum)                 in = size() blocks of out.size(); rank r gets the sum of block r
+//   all_gather(in, out)                          out = every rank's in, in rank order
+//   all_gather_v(in, out, counts)                the same with counts[r] elements from rank r
+//   send / recv, isend / irecv -> Request        point to point, tag-matched; a Request is waited on once
+//   barrier(), split(color, key)                 a sub-group: the ranks with the same color, ordered by key
+//
+// Every operation is a bounded wait: an operation that does not complete within timeout() (a rank died, or the
+// ranks disagree on the sequence of collectives) throws comm_error naming the operation, the group and the rank,
+// instead of hanging. Element types: float, double, index_t (int64), bf16 and bytes (std::byte).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../numeric/bf16.hpp"
+#include "../tensor/shape.hpp"
+
+namespace moonmoe::parallel {
+
+/// A failed or timed-out communication; the message names the operation, the group and the rank.
+struct comm_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { sum, max };
+enum class Element { f32, f64, i64, bf16, byte };
+
+template <class T>
+constexpr Element element_of() {
+    if constexpr (std::is_same_v<T, float>) return Element::f32;
+    else if constexpr (std::is_same_v<T, double>) return Element::f64;
+    else if constexpr (std::is_same_v<T, index_t>) return Element::i64;
+    else if constexpr (std::is_same_v<T, bf16>) return Element::bf16;
+    else {
+        static_assert(std::is_same_v<T, std::byte>, "Communicator: float, double, index_t, bf16 or std::byte");
+        return Element::byte;
+    }
+}
+
+/// A pending send or receive.
+class Request {
+public:
+    virtual ~Request() = default;
+    /// Blocks until done (or throws comm_error after the communicator's timeout).
+    virtual void wait() = 0;
+};
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    /// What the group is ("world", "expert group of pp 0, dp 1", ...), for messages.
+    virtual std::string name() const = 0;
+    virtual std::chrono::milliseconds timeout() const = 0;
+    virtual void set_timeout(std::chrono::milliseconds t) = 0;
+
+    virtual void barrier() = 0;
+    /// The ranks that pass the same color, ordered by key (then by rank here); `name` names the new group.
+    virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+    /// The counts every rank sends this one, from the counts this one sends every rank (both size() long).
+    std::vector<index_t> exchange_counts(std::span<const index_t> send_counts) {
+        check_size("exchange_counts", "send_counts", send_counts.size());
+        std::vector<index_t> recv(send_counts.size());
+        std::vector<index_t> ones(send_counts.size(), 1);
+        all_to_all_v_bytes(send_counts.data(), ones, recv.data(), ones, Element::i64);
+        return recv;
+    }
+
+    template <class T>
+    void all_to_all_v(std::span<const T> send, std::span<const index_t> send_counts, std::span<T> recv,
+                      std::span<const index_t> recv_counts) {
+        check_size("all_to_all_v", "send_counts", send_counts.size());
+        check_size("all_to_all_v", "recv_counts", recv_counts.size());
+        check_total("all_to_all_v", "send", send.size(), send_counts);
+        check_total("all_to_all_v", "recv", recv.size(), recv_counts);
+        all_to_all_v_bytes(send.data(), send_counts, recv.data(), recv_counts, element_of<std::remove_const_t<T>>());
+    }
+
+    template <class T>
+    void all_reduce(std::span<T> data, ReduceOp op) {
+        all_reduce_bytes(data.data(), index_t(data.size()), element_of<T>(), op);
+    }
+
+    template <class T>
+    void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+        if (in.size() != out.size() * std::size_t(size()))
+            throw comm_error(where("reduce_scatter") + ": in holds " + std::to_string(in.size()) + " elements, " +
+                             std::to_string(size()) + " ranks x out's " + std::to_string(out.size()) + " expected");
+        reduce_scatter_bytes(in.data(), out.data(), index_t(out.size()), element_of<std::remove_const_t<T>>(), op);
+    }
+
+    template <class T>
+    void all_gather(std::span<const T> in, std::span<T> out) {
+        if (out.size() != in.size() * std::size_t(size()))
+            throw comm_error(where("all_gather") + ": out holds " + std::to_string(out.size()) + " elements, " +
+                             std::to_string(size()) + " ranks x in's " + std::to_string(in.size()) + " expected");
+        std::vector<index_t> counts(std::size_t(size()), index_t(in.size()));
+        all_gather_v_bytes(in.data(), index_t(in.size()), out.data(), counts, element_of<std::remove_const_t<T>>());
+    }
+
+    template <class T>
+    void all_gather_v(std::span<const T> in, std::span<T> out, std::span<const index_t> counts) {
+        check_size("all_gather_v", "counts", counts.size());
+        check_total("all_gather_v", "out", out.size(), counts);
+        if (index_t(in.size()) != counts[std::size_t(rank())])
+            throw comm_error(where("all_gather_v") + ": in holds " + std::to_string(in.size()) +
+                             " elements, counts says " + std::to_string(counts[std::size_t(rank())]));
+        all_gather_v_bytes(in.data(), index_t(in.size()), out.data(), counts, element_of<std::remove_const_t<T>>());
+    }
+
+    template <class T>
+    void send(std::span<const T> data, int dest, int tag) {
+        isend(data, dest, tag)->wait();
+    }
+    template <class T>
+    void recv(std::span<T> data, int source, int tag) {
+        irecv(data, source, tag)->wait();
+    }
+    template <class T>
+    std::unique_ptr<Request> isend(std::span<const T> data, int dest, int tag) {
+        check_peer("isend", dest);
+        return isend_bytes(data.data(), index_t(data.size()), element_of<std::remove_const_t<T>>(), dest, tag);
+    }
+    template <class T>
+    std::unique_ptr<Request> irecv(std::span<T> data, int source, int tag) {
+        check_peer("irecv", source);
+        return irecv_bytes(data.data(), index_t(data.size()), element_of<T>(), source, tag);
+    }
+
+    /// "<op> on <group> (rank r of n)": the start of every message.
+    std::string where(const std::string& op) const {
+        return op + " on " + name() + " (rank " + std::to_string(rank()) + " of " + std::to_string(size()) + ")";
+    }
+
+protected:
+    virtual void all_to_all_v_bytes(const void* send, std::span<const index_t> send_counts, void* recv,
+                                    std::span<const index_t> recv_counts, Element e) = 0;
+    virtual void all_reduce_bytes(void* data, index_t n, Element e, ReduceOp op) = 0;
+    virtual void reduce_scatter_bytes(const void* in, void* out, index_t n, Element e, ReduceOp op) = 0;
+    virtual void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts, Element e) = 0;
+    virtual std::unique_ptr<Request> isend_bytes(const void* data, index_t n, Element e, int dest, int tag) = 0;
+    virtual std::unique_ptr<Request> irecv_bytes(void* data, index_t n, Element e, int source, int tag) = 0;
+
+private:
+    void check_size(const char* op, const char* what, std::size_t n) const {
+        if (n != std::size_t(size()))
+            throw comm_error(where(op) + ": " + what + " has " + std::to_string(n) + " entries, one per rank (" +
+                             std::to_string(size()) + ") expected");
+    }
+    void check_total(const char* op, const char* what, std::size_t n, std::span<const index_t> counts) const {
+        index_t total = 0;
+        for (index_t c : counts) {
+            if (c < 0) throw comm_error(where(op) + ": a negative count (" + std::to_string(c) + ")");
+            total += c;
+        }
+        if (index_t(n) != total)
+            throw comm_error(where(op) + ": " + what + " holds " + std::to_string(n) + " elements, its counts sum to " +
+                             std::to_string(total));
+    }
+    void check_peer(const char* op, int peer) const {
+        if (peer < 0 || peer >= size())
+            throw comm_error(where(op) + ": peer rank " + std::to_string(peer) + " outside [0, " +
+                             std::to_string(size()) + ")");
+    }
+};
+
+}  // namespace moonmoe::parallel
