@@ -1,0 +1,134 @@
+// moonmoe/parallel/expert_parallel.hpp: expert parallelism's dispatch and combine over a Communicator, on the
+// backend's routing primitives (backend/routing.hpp).
+//
+// The EP ranks of an expert group hold contiguous ranges of the experts (rank d: experts [d L, (d + 1) L), L = E /
+// EP). A rank's dispatch plan over all E experts (RoutingOps::dispatch_plan with first 0) sorts its (token, expert)
+// pairs stably by expert; since the ranks hold contiguous ranges, that order is also by destination rank, so a rank
+// boundary is just another segment boundary of the plan, and gather_pairs fills the send buffer in the order
+// all-to-all-v wants. Then:
+//   dispatch  1. counts: every rank tells every other how many rows it sends each of its L experts (an all-to-all
+//                of L counts per pair of ranks: the same collectives whatever the routing, empty blocks included)
+//             2. the rows: all-to-all-v; they arrive as [source rank][local expert]
+//             3. reorder to [local expert][source rank] (one gather): the segments of the grouped GEMMs, each
+//                expert's rows by source rank, then token order
+//   return    the reverse: back to [source rank][local expert], all-to-all-v back, so each rank holds the expert
+//             outputs of its own pairs in its plan's row order; RoutingOps::combine then takes each token's weighted
+//             sum in ascending expert order (no atomics, the same sums as one process).
+// The backward is the mirror: dispatch the output gradients, return the input gradients.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../backend/backend.hpp"
+#include "../tensor/transfer.hpp"
+#include "comm.hpp"
+
+namespace moonmoe::parallel {
+
+/// One forward's exchange between the ranks of an expert group, for one MoE layer on one rank.
+template <class B>
+struct ExpertExchange {
+    index_t experts_per_rank = 0;
+    std::vector<index_t> send_rows;       ///< rows this rank sends each rank (its plan's segments, by rank)
+    std::vector<index_t> recv_rows;       ///< rows each rank sends this one
+    std::vector<index_t> expert_offsets;  ///< [L + 1]: local expert e's received rows, expert-major
+    Tensor<index_t, 1, B> to_expert_major;  ///< expert-major row i = received row to_expert_major[i]
+    Tensor<index_t, 1, B> to_source_major;  ///< received row i = expert-major row to_source_major[i]
+
+    index_t received() const { return expert_offsets.empty() ? 0 : expert_offsets.back(); }
+    index_t sent() const {
+        index_t n = 0;
+        for (index_t r : send_rows) n += r;
+        return n;
+    }
+};
+
+/// The exchange of a rank whose dispatch plan over all E experts has segment offsets `plan_offsets` (E + 1, host).
+/// Collective over `group` (every rank calls it, in the same order).
+template <class B>
+ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> plan_offsets) {
+    const index_t ranks = group.size(), experts = index_t(plan_offsets.size()) - 1;
+    if (experts < ranks || experts % ranks != 0)
+        throw comm_error(group.where("plan_exchange") + ": " + std::to_string(experts) + " experts do not split "
+                         "evenly over " + std::to_string(ranks) + " expert-parallel ranks");
+    const index_t L = experts / ranks;
+    ExpertExchange<B> ex;
+    ex.experts_per_rank = L;
+    // what this rank sends each rank, per expert there: the plan's segments
+    std::vector<index_t> per_expert(std::size_t(experts)), blocks(std::size_t(ranks), L);
+    for (index_t e = 0; e < experts; ++e) per_expert[std::size_t(e)] = plan_offsets[std::size_t(e + 1)] - plan_offsets[std::size_t(e)];
+    std::vector<index_t> incoming(std::size_t(experts));  // [source rank][local expert]
+    group.all_to_all_v(std::span<const index_t>(per_expert), blocks, std::span<index_t>(incoming), blocks);
+    ex.send_rows.assign(std::size_t(ranks), 0);
+    ex.recv_rows.assign(std::size_t(ranks), 0);
+    for (index_t d = 0; d < ranks; ++d)
+        for (index_t e = 0; e < L; ++e) {
+            ex.send_rows[std::size_t(d)] += per_expert[std::size_t(d * L + e)];
+            ex.recv_rows[std::size_t(d)] += incoming[std::size_t(d * L + e)];
+        }
+    // received rows are [source][expert]; the grouped GEMMs want [expert][source]
+    std::vector<index_t> source_start(std::size_t(ranks + 1), 0);
+    for (index_t s = 0; s < ranks; ++s) source_start[std::size_t(s + 1)] = source_start[std::size_t(s)] + ex.recv_rows[std::size_t(s)];
+    std::vector<index_t> to_expert, to_source(std::size_t(source_start.back()));
+    ex.expert_offsets.assign(1, 0);
+    for (index_t e = 0; e < L; ++e) {
+        for (index_t s = 0; s < ranks; ++s) {
+            index_t first = source_start[std::size_t(s)];
+            for (index_t f = 0; f < e; ++f) first += incoming[std::size_t(s * L + f)];
+            for (index_t i = 0; i < incoming[std::size_t(s * L + e)]; ++i) {
+                to_source[std::size_t(first + i)] = index_t(to_expert.size());
+                to_expert.push_back(first + i);
+            }
+        }
+        ex.expert_offsets.push_back(index_t(to_expert.size()));
+    }
+    ex.to_expert_major = to_device<B>(std::span<const index_t>(to_expert));
+    ex.to_source_major = to_device<B>(std::span<const index_t>(to_source));
+    return ex;
+}
+
+namespace ep_detail {
+
+/// Element counts of row blocks of `width` values.
+inline std::vector<index_t> times(const std::vector<index_t>& rows, index_t width) {
+    std::vector<index_t> out(rows);
+    for (index_t& r : out) r *= width;
+    return out;
+}
+
+}  // namespace ep_detail
+
+/// The rows this rank sends (its plan's order, [sent(), H]) -> the rows its experts compute on, expert-major
+/// ([received(), H], local expert e's rows at expert_offsets[e] ...). Collective over `group`.
+template <class B>
+Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, B> rows) {
+    const index_t H = rows.shape[1];
+    if (rows.shape[0] != ex.sent() || !rows.contiguous())
+        throw shape_error(group.where("dispatch_rows") + ": " + shape_string(rows.shape) + " rows to send, the plan has " +
+                          std::to_string(ex.sent()) + " (contiguous)");
+    Tensor<float, 2, B> received({ex.received(), H}), out({ex.received(), H});
+    group.all_to_all_v(std::span<const float>(rows.data, std::size_t(rows.numel())), ep_detail::times(ex.send_rows, H),
+                       std::span<float>(received.data(), std::size_t(received.numel())), ep_detail::times(ex.recv_rows, H));
+    if (ex.received() > 0) backend::Ops<B>::gather_pairs(received.view(), ex.to_expert_major.view(), 1, out.view());
+    return out;
+}
+
+/// The reverse of dispatch_rows: expert-major rows [received(), W] (the experts' outputs, or the gradients of
+/// their inputs) -> this rank's pairs in its plan's order [sent(), W]. Collective over `group`.
+template <class B>
+Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, B> rows) {
+    const index_t W = rows.shape[1];
+    if (rows.shape[0] != ex.received())
+        throw shape_error(group.where("return_rows") + ": " + shape_string(rows.shape) + " rows to return, " +
+                          std::to_string(ex.received()) + " were received");
+    Tensor<float, 2, B> source_major({ex.received(), W}), back({ex.sent(), W});
+    if (ex.received() > 0) backend::Ops<B>::gather_pairs(rows, ex.to_source_major.view(), 1, source_major.view());
+    group.all_to_all_v(std::span<const float>(source_major.data(), std::size_t(source_major.numel())),
+                       ep_detail::times(ex.recv_rows, W), std::span<float>(back.data(), std::size_t(back.numel())),
+                       ep_detail::times(ex.send_rows, W));
+    return back;
+}
+
+}  // namespace moonmoe::parallel
