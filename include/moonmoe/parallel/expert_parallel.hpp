@@ -18,6 +18,7 @@
 #pragma once
 
 #include <span>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,9 @@ ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> pl
     ExpertExchange<B> ex;
     ex.experts_per_rank = L;
     // what this rank sends each rank, per expert there: the plan's segments
-    std::vector<index_t> per_expert(std::size_t(experts)), blocks(std::size_t(ranks), L);
+    std::vector<index_t> per_expert(static_cast<std::size_t>(experts)), blocks(static_cast<std::size_t>(ranks), L);
     for (index_t e = 0; e < experts; ++e) per_expert[std::size_t(e)] = plan_offsets[std::size_t(e + 1)] - plan_offsets[std::size_t(e)];
-    std::vector<index_t> incoming(std::size_t(experts));  // [source rank][local expert]
+    std::vector<index_t> incoming(static_cast<std::size_t>(experts));  // [source rank][local expert]
     group.all_to_all_v(std::span<const index_t>(per_expert), blocks, std::span<index_t>(incoming), blocks);
     ex.send_rows.assign(std::size_t(ranks), 0);
     ex.recv_rows.assign(std::size_t(ranks), 0);
@@ -69,9 +70,9 @@ ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> pl
             ex.recv_rows[std::size_t(d)] += incoming[std::size_t(d * L + e)];
         }
     // received rows are [source][expert]; the grouped GEMMs want [expert][source]
-    std::vector<index_t> source_start(std::size_t(ranks + 1), 0);
+    std::vector<index_t> source_start(static_cast<std::size_t>(ranks + 1), 0);
     for (index_t s = 0; s < ranks; ++s) source_start[std::size_t(s + 1)] = source_start[std::size_t(s)] + ex.recv_rows[std::size_t(s)];
-    std::vector<index_t> to_expert, to_source(std::size_t(source_start.back()));
+    std::vector<index_t> to_expert, to_source(static_cast<std::size_t>(source_start.back()));
     ex.expert_offsets.assign(1, 0);
     for (index_t e = 0; e < L; ++e) {
         for (index_t s = 0; s < ranks; ++s) {
@@ -103,7 +104,8 @@ inline std::vector<index_t> times(const std::vector<index_t>& rows, index_t widt
 /// The rows this rank sends (its plan's order, [sent(), H]) -> the rows its experts compute on, expert-major
 /// ([received(), H], local expert e's rows at expert_offsets[e] ...). Collective over `group`.
 template <class B>
-Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, B> rows) {
+Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& ex,
+                                  View<const float, 2, std::type_identity_t<B>> rows) {
     const index_t H = rows.shape[1];
     if (rows.shape[0] != ex.sent() || !rows.contiguous())
         throw shape_error(group.where("dispatch_rows") + ": " + shape_string(rows.shape) + " rows to send, the plan has " +
@@ -118,7 +120,8 @@ Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& 
 /// The reverse of dispatch_rows: expert-major rows [received(), W] (the experts' outputs, or the gradients of
 /// their inputs) -> this rank's pairs in its plan's order [sent(), W]. Collective over `group`.
 template <class B>
-Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, B> rows) {
+Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex,
+                                  View<const float, 2, std::type_identity_t<B>> rows) {
     const index_t W = rows.shape[1];
     if (rows.shape[0] != ex.received())
         throw shape_error(group.where("return_rows") + ": " + shape_string(rows.shape) + " rows to return, " +
