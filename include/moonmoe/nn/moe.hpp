@@ -187,7 +187,8 @@ struct MoE {
         if (cfg.shared > 0) shared_experts.visit_params(name + ".shared_experts", f);
     }
 
-private:
+    // ---- the expert computation over given segments (also what expert parallelism runs, parallel/moe.hpp) ----
+
     /// y[seg e] = a[seg e] op(W_e) over the plan's segments (+= when accumulate): f32, or bf16 operands (the working
     /// copy, a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
     void expert_product(backend::Trans tw, View<const float, 2, B> a, const Param<3, B>& w,
@@ -212,6 +213,7 @@ private:
                                                      w.grad.view(), offsets);
     }
 
+private:
     /// The dispatch plan of this rank's experts; sets skipped_assignments.
     Plan make_plan(const Routing<B>& r) {
         Plan p;
