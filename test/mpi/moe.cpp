@@ -2,10 +2,11 @@
 // layer on one process (nn::MoE holding every expert), on every rank's own tokens: the outputs, the input
 // gradients, the router's and shared expert's gradients, and each expert's gradient summed over the ranks.
 //
-// Tolerance 2e-6 of each tensor's largest magnitude: the exchange moves rows without touching them, but an
-// expert's GEMMs run over other row counts than on one process (the rows of every rank together), which may change
-// the order of an f32 sum inside the GEMM; the expert weight gradients are sums over the ranks' rows in another
-// grouping (measured: bitwise equal on these sizes).
+// Tolerance 1e-5 of each tensor's largest magnitude: the exchange moves rows without touching them, but an
+// expert's GEMMs run over other row sets than on one process (the rows of every rank together, or of one rank),
+// which changes the order of f32 sums inside them, and the expert weight gradients are sums over the ranks' rows
+// in another grouping. Measured at most 3.4e-6 (the router weight's gradient on 2 ranks, through the routing
+// weights' gradients dy . y_e).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -66,8 +67,8 @@ void run(index_t tokens_here, std::uint64_t seed) {
     typename ExpertParallelMoE<cpu>::Cache c_ep;
     ExpertParallelMoE<cpu>::forward(ep, w, u.view(), y_ep.view(), c_ep);
     ExpertParallelMoE<cpu>::backward(ep, w, dy.view(), c_ep, du_ep.view());
-    CHECK(scaled_error(all(y_ep), all(y_full)) <= 2e-6);
-    CHECK(scaled_error(all(du_ep), all(du_full)) <= 2e-6);
+    CHECK(scaled_error(all(y_ep), all(y_full)) <= 1e-5);
+    CHECK(scaled_error(all(du_ep), all(du_full)) <= 1e-5);
 
     // gradients: router and shared expert are this rank's own; the experts' are summed over every rank's tokens
     std::map<std::string, std::vector<float>> full_grads;
@@ -78,14 +79,12 @@ void run(index_t tokens_here, std::uint64_t seed) {
     ep.visit_params("moe", [&](const ParamRef& p) {
         if (!p.grad) return;
         INFO(p.name);
-        std::vector<float> expected = full_grads.at(p.name);
         if (p.kind == ParamKind::expert_matrix) {
-            ++experts_checked;
-            // every rank holds the full layer's gradient of its own tokens; the expert rank's is their sum
-            (void)0;
+            ++experts_checked;  // compared below, with the sum over the ranks
+            return;
         }
         const std::vector<float> got(p.grad, p.grad + p.numel());
-        if (p.kind != ParamKind::expert_matrix) CHECK(scaled_error(got, expected) <= 2e-6);
+        CHECK(scaled_error(got, full_grads.at(p.name)) <= 1e-5);
     });
     CHECK(experts_checked == 3 * L);
     // the experts' sums: all-reduce the full layer's expert gradients, compare this rank's share
@@ -102,7 +101,7 @@ void run(index_t tokens_here, std::uint64_t seed) {
         ep.visit_params("moe", [&](const ParamRef& q) {
             if (q.name != p.name) return;
             INFO(q.name);
-            CHECK(scaled_error(std::span<const float>(q.grad, std::size_t(q.numel())), total) <= 2e-6);
+            CHECK(scaled_error(std::span<const float>(q.grad, std::size_t(q.numel())), total) <= 1e-5);
         });
     });
 }
