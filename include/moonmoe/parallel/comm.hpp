@@ -13,6 +13,10 @@
 //   send / recv, isend / irecv -> Request        point to point, tag-matched; a Request is waited on once
 //   barrier(), split(color, key)                 a sub-group: the ranks with the same color, ordered by key
 //
+// Buffers live where the implementation's backend keeps tensors: host memory for MPI, device memory for NCCL
+// (device_memory()). exchange_counts and host_all_to_all_v take host arrays on both (NCCL stages them through the
+// device): the counts and small plans the host decides with.
+//
 // Every operation is a bounded wait: an operation that does not complete within timeout() (a rank died, or the
 // ranks disagree on the sequence of collectives) throws comm_error naming the operation, the group and the rank,
 // instead of hanging. Element types: float, double, index_t (int64), bf16 and bytes (std::byte).
@@ -71,6 +75,9 @@ public:
     virtual std::chrono::milliseconds timeout() const = 0;
     virtual void set_timeout(std::chrono::milliseconds t) = 0;
 
+    /// Whether the buffers of the operations are device memory (NCCL) rather than host memory (MPI).
+    virtual bool device_memory() const { return false; }
+
     virtual void barrier() = 0;
     /// The ranks that pass the same color, ordered by key (then by rank here); `name` names the new group.
     virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
@@ -80,8 +87,19 @@ public:
         check_size("exchange_counts", "send_counts", send_counts.size());
         std::vector<index_t> recv(send_counts.size());
         std::vector<index_t> ones(send_counts.size(), 1);
-        all_to_all_v_bytes(send_counts.data(), ones, recv.data(), ones, Element::i64);
+        host_all_to_all_v_bytes(send_counts.data(), ones, recv.data(), ones, Element::i64);
         return recv;
+    }
+
+    /// all_to_all_v on host arrays whatever the implementation (small exchanges the host decides with).
+    template <class T>
+    void host_all_to_all_v(std::span<const T> send, std::span<const index_t> send_counts, std::span<T> recv,
+                           std::span<const index_t> recv_counts) {
+        check_size("host_all_to_all_v", "send_counts", send_counts.size());
+        check_size("host_all_to_all_v", "recv_counts", recv_counts.size());
+        check_total("host_all_to_all_v", "send", send.size(), send_counts);
+        check_total("host_all_to_all_v", "recv", recv.size(), recv_counts);
+        host_all_to_all_v_bytes(send.data(), send_counts, recv.data(), recv_counts, element_of<std::remove_const_t<T>>());
     }
 
     template <class T>
@@ -153,6 +171,11 @@ public:
 protected:
     virtual void all_to_all_v_bytes(const void* send, std::span<const index_t> send_counts, void* recv,
                                     std::span<const index_t> recv_counts, Element e) = 0;
+    /// The same on host arrays; an implementation on device memory stages them (the default: host memory).
+    virtual void host_all_to_all_v_bytes(const void* send, std::span<const index_t> send_counts, void* recv,
+                                         std::span<const index_t> recv_counts, Element e) {
+        all_to_all_v_bytes(send, send_counts, recv, recv_counts, e);
+    }
     virtual void all_reduce_bytes(void* data, index_t n, Element e, ReduceOp op) = 0;
     virtual void reduce_scatter_bytes(const void* in, void* out, index_t n, Element e, ReduceOp op) = 0;
     virtual void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts, Element e) = 0;

@@ -61,7 +61,7 @@ ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> pl
     std::vector<index_t> per_expert(static_cast<std::size_t>(experts)), blocks(static_cast<std::size_t>(ranks), L);
     for (index_t e = 0; e < experts; ++e) per_expert[std::size_t(e)] = plan_offsets[std::size_t(e + 1)] - plan_offsets[std::size_t(e)];
     std::vector<index_t> incoming(static_cast<std::size_t>(experts));  // [source rank][local expert]
-    group.all_to_all_v(std::span<const index_t>(per_expert), blocks, std::span<index_t>(incoming), blocks);
+    group.host_all_to_all_v(std::span<const index_t>(per_expert), blocks, std::span<index_t>(incoming), blocks);
     ex.send_rows.assign(std::size_t(ranks), 0);
     ex.recv_rows.assign(std::size_t(ranks), 0);
     for (index_t d = 0; d < ranks; ++d)
