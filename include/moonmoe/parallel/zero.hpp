@@ -34,7 +34,8 @@ public:
     DistributedOptimizer(nn::Transformer<B>& model, Communicator& group)
         : model_(model), group_(group), inner_(model, [this](const ParamRef& p) { return route(p); }) {}
 
-    /// The owning rank of every parameter, in visit order, and each rank's share of the cost.
+    /// The owning rank of every parameter, in visit order (-1 for the router biases), and each rank's share of the
+    /// cost.
     const std::vector<int>& owners() const { return owner_; }
     const std::vector<double>& loads() const { return load_; }
     /// Floats each rank sends per step: the reduce-scatter's and the all-gather's (padded) buffers.
@@ -48,12 +49,12 @@ public:
         // 1. gradients: each parameter's into its owner's block, summed over the group, my block back, / n
         Tensor<float, 1, B> send({block_ * n}), mine({block_});
         for (std::size_t i = 0; i < params.size(); ++i)
-            if (params[i].grad) copy(params[i].grad, send.data() + owner_[i] * block_ + offset_[i], params[i].numel());
+            if (owner_[i] >= 0) copy(params[i].grad, send.data() + owner_[i] * block_ + offset_[i], params[i].numel());
         group_.reduce_scatter(std::span<const float>(send.data(), std::size_t(send.numel())),
                               std::span<float>(mine.data(), std::size_t(mine.numel())));
         Ops::map(fn::ScaleBy<float>{1.0f / float(n)}, mine.template reshape<2>({1, block_}));
         for (std::size_t i = 0; i < params.size(); ++i)
-            if (params[i].grad && owner_[i] == me) copy(mine.data() + offset_[i], params[i].grad, params[i].numel());
+            if (owner_[i] == me) copy(mine.data() + offset_[i], params[i].grad, params[i].numel());
         // 2. the step's statistics over the group
         for (auto& layer : model_.layers) {
             auto& maxima = layer.latent ? layer.self_attn.max_logit_per_head : layer.mha.max_logit_per_head;
@@ -79,7 +80,7 @@ public:
         group_.all_gather(std::span<const float>(mine.data(), std::size_t(block_)),
                           std::span<float>(all.data(), std::size_t(all.numel())));
         for (std::size_t i = 0; i < params.size(); ++i)
-            if (owner_[i] != me && params[i].kind != ParamKind::router_bias)
+            if (owner_[i] >= 0 && owner_[i] != me)
                 copy(all.data() + owner_[i] * block_ + offset_[i], params[i].value, params[i].numel());
         model_.refresh_working_weights();
         model_.zero_grad();
@@ -113,7 +114,7 @@ private:
         std::vector<std::size_t> order(params.size());
         std::iota(order.begin(), order.end(), std::size_t(0));
         std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
-        owner_.assign(params.size(), 0);
+        owner_.assign(params.size(), -1);  // -1: the router biases, owned by nobody (no gradient, the same everywhere)
         load_.assign(std::size_t(n), 0.0);
         for (std::size_t i : order) {
             if (params[i].kind == ParamKind::router_bias) continue;  // no gradient; moved by the balancing rule
@@ -124,7 +125,7 @@ private:
         std::vector<index_t> used(std::size_t(n), 0);
         offset_.assign(params.size(), 0);
         for (std::size_t i = 0; i < params.size(); ++i) {
-            if (params[i].kind == ParamKind::router_bias) continue;
+            if (owner_[i] < 0) continue;
             offset_[i] = used[std::size_t(owner_[i])];
             used[std::size_t(owner_[i])] += params[i].numel();
         }
@@ -143,7 +144,7 @@ private:
     bool any_nonfinite(const std::vector<ParamRef>& params) {
         std::vector<View<const float, 1, B>> grads;
         for (std::size_t i = 0; i < params.size(); ++i)
-            if (params[i].grad && owner_[i] == group_.rank()) grads.push_back(View<const float, 1, B>(params[i].grad, {params[i].numel()}));
+            if (owner_[i] == group_.rank()) grads.push_back(View<const float, 1, B>(params[i].grad, {params[i].numel()}));
         Tensor<index_t, 1, B> first({1});
         backend::Ops<B>::first_nonfinite(grads, first.view());
         std::vector<index_t> bad = {element_to_host(first.view(), 0) < index_t(grads.size()) ? 1 : 0};
