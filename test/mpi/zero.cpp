@@ -2,8 +2,8 @@
 // data-parallel replica with its own micro-batch; the one-process reference (computed on every rank) accumulates all
 // replicas' micro-batches, averages the gradients and steps MuonClip. After three steps with QK-Clip clipping, the
 // weights agree within 1e-5 of each tensor's largest magnitude, and every replica's loss matches the reference's
-// loss of the same micro-batch. Not bitwise: the reduce-scatter sums the replicas' gradients in MPI's order, the
-// reference in micro-batch order.
+// loss of the same micro-batch. Not bitwise in general: the reduce-scatter sums the replicas' gradients in MPI's
+// order, the reference in micro-batch order (measured: bitwise on 2 ranks, 5.2e-8 on 3, 6.5e-8 on 4).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -84,6 +84,9 @@ TEST_CASE("ZeRO-1 with distributed Muon equals one process: three MuonClip steps
         worst = std::max(worst, e);
         CHECK(e <= 1e-5);
     });
-    MESSAGE("rank " << me << " of " << n << ": worst weight error " << worst << "; floats per rank per step "
-                    << dist.floats_per_step());
+    index_t model_floats = 0;
+    replica.visit_params([&](const ParamRef& p) { model_floats += p.numel(); });
+    MESSAGE("rank " << me << " of " << n << ": worst weight error " << worst << "; floats sent per rank per step "
+                    << dist.floats_per_step() << " (reduce-scatter + all-gather buffers; the model has " << model_floats
+                    << ")");
 }
