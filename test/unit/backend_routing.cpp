@@ -223,7 +223,7 @@ TEST_CASE_TEMPLATE("dispatch_plan: pairs sorted stably by expert, experts outsid
     Tensor<index_t, 2> idx({T, K});
     for (index_t i = 0; i < T * K; ++i) idx.data()[i] = (i * 7 + i / K) % 9;  // 9 experts
     auto d_idx = on<B>(idx);
-    for (const auto [first, local] : {std::pair<index_t, index_t>{0, 9}, {3, 4}, {8, 1}}) {
+    for (const auto& [first, local] : {std::pair<index_t, index_t>{0, 9}, {3, 4}, {8, 1}}) {
         CAPTURE(first);
         Tensor<index_t, 1, B> offsets({local + 1}), row_slot({T * K});
         Tensor<index_t, 2, B> slot_row({T, K});
