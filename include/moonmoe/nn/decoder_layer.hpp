@@ -76,6 +76,17 @@ struct DecoderLayer {
     }
 
     void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
+        forward_with(h, layout, out, c, [&](View<const float, 2, B> in, View<float, 2, B> m) {
+            if (dense) mlp.forward(in, m, c.mlp);
+            else moe.forward(in, m, c.moe);
+        });
+    }
+
+    /// forward with the MLP part run by `mlp_forward(in, out)` instead of this layer's own (the expert-parallel
+    /// MoE of parallel/moe.hpp runs there, keeping its own cache); the rest as forward.
+    template <class MlpForward>
+    void forward_with(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c,
+                      MlpForward&& mlp_forward) {
         const index_t T = h.shape[0];
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.h = Mat({T, hidden}), c.a_in = Mat({T, hidden}), c.h1 = Mat({T, hidden}), c.m_in = Mat({T, hidden});
@@ -89,18 +100,25 @@ struct DecoderLayer {
         add(h, attn.view(), c.h1.view());
         post_attention_layernorm.forward(c.h1.view(), c.m_in.view(), c.rstd2.view());
         Mat m({T, hidden});
-        if (dense) mlp.forward(c.m_in.view(), m.view(), c.mlp);
-        else moe.forward(c.m_in.view(), m.view(), c.moe);
+        mlp_forward(View<const float, 2, B>(c.m_in.view()), m.view());
         c.m_in = Mat{};  // the MLP / MoE keep their own copy
         add(c.h1.view(), m.view(), out);
     }
 
     /// dh = d out / d h applied to dout; accumulates parameter gradients.
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh) {
+        backward_with(dout, c, dh, [&](View<const float, 2, B> d, View<float, 2, B> dm) {
+            if (dense) mlp.backward(d, c.mlp, dm);
+            else moe.backward(d, c.moe, dm);
+        });
+    }
+
+    /// backward with the MLP part's backward run by `mlp_backward(dout, d_in)` (the mirror of forward_with).
+    template <class MlpBackward>
+    void backward_with(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh, MlpBackward&& mlp_backward) {
         const index_t T = dout.shape[0];
         Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden});
-        if (dense) mlp.backward(dout, c.mlp, dm.view());
-        else moe.backward(dout, c.moe, dm.view());
+        mlp_backward(dout, dm.view());
         Ops::copy(dout, dh1.view());
         post_attention_layernorm.backward(c.h1.view(), c.rstd2.view(), dm.view(), dh1.view(), true);
         if (latent) self_attn.backward(dh1.view(), c.attn, da.view());

@@ -5,6 +5,11 @@
 // bf16 (nn/precision.hpp) the weights' masters stay f32 and the products read bf16 working copies of them: whatever
 // writes the masters other than this library's optimizer, QK-Clip and checkpoint loading (which refresh them) calls
 // refresh_working_weights() before the next forward.
+//
+// A Transformer can also hold a part of the model (ModelPart): the pieces one process of a parallel run owns
+// (parallel/model.hpp builds them from the rank layout). Its parameters keep their whole-model names, so the
+// optimizer, the initialisation and the checkpoint code work on it unchanged; forward, backward and decoding need
+// the whole model, and the pipeline runtime (parallel/pipeline.hpp) drives a part's pieces instead.
 #pragma once
 
 #include <span>
@@ -17,6 +22,25 @@
 #include "embedding.hpp"
 
 namespace moonmoe::nn {
+
+/// Which pieces of the model a Transformer holds: decoder layers (whole-model indices, ascending), the embedding,
+/// the final norm with lm_head, and of every MoE layer the routed experts [first_expert, first_expert +
+/// expert_count) (-1: all of them).
+struct ModelPart {
+    std::vector<index_t> layers;
+    bool embedding = true, head = true;
+    index_t first_expert = 0, expert_count = -1;
+
+    static ModelPart whole(const ModelConfig& c) {
+        ModelPart p;
+        for (index_t l = 0; l < c.dims.layers; ++l) p.layers.push_back(l);
+        return p;
+    }
+    bool is_whole(const ModelConfig& c) const {
+        return embedding && head && index_t(layers.size()) == c.dims.layers && first_expert == 0 &&
+               (expert_count < 0 || expert_count == c.moe.experts);
+    }
+};
 
 template <class B = cpu>
 struct Transformer {
@@ -31,6 +55,7 @@ struct Transformer {
     std::vector<DecoderLayer<B>> layers;
     RMSNorm<B> norm;
     Linear<B> lm_head;
+    ModelPart part;  ///< what this object holds (the whole model unless built from a part)
 
     /// What backward needs of one forward. backward consumes it (frees the activations and marks it consumed), so
     /// each forward allows one backward; a second backward on the same cache is refused, naming the fix.
@@ -53,16 +78,28 @@ struct Transformer {
     };
 
     Transformer() = default;
-    explicit Transformer(const ModelConfig& c)
-        : config(c), embed_tokens(c.dims.vocab, c.dims.hidden), norm(c.dims.hidden, c.dims.norm_eps),
-          lm_head(c.dims.hidden, c.dims.vocab, ParamKind::output_head) {
+    explicit Transformer(const ModelConfig& c) : Transformer(c, ModelPart::whole(c)) {}
+    /// The pieces `p` names (parameters named as in the whole model).
+    Transformer(const ModelConfig& c, ModelPart p) : config(c), part(std::move(p)) {
         if (!c.is_static()) throw config_error("Transformer: every size must be known (resolve Dynamic sizes first)");
         validate(c);
-        layers.reserve(static_cast<std::size_t>(c.dims.layers));
-        for (index_t l = 0; l < c.dims.layers; ++l) layers.emplace_back(c, l);
+        for (std::size_t i = 0; i < part.layers.size(); ++i)
+            if (part.layers[i] < 0 || part.layers[i] >= c.dims.layers || (i > 0 && part.layers[i] <= part.layers[i - 1]))
+                throw std::invalid_argument("Transformer: the part's layers must be ascending indices in [0, " +
+                                            std::to_string(c.dims.layers) + "); entry " + std::to_string(i) + " is " +
+                                            std::to_string(part.layers[i]));
+        if (part.embedding) embed_tokens = Embedding<B>(c.dims.vocab, c.dims.hidden);
+        if (part.head) {
+            norm = RMSNorm<B>(c.dims.hidden, c.dims.norm_eps);
+            lm_head = Linear<B>(c.dims.hidden, c.dims.vocab, ParamKind::output_head);
+        }
+        layers.reserve(part.layers.size());
+        for (index_t l : part.layers) layers.emplace_back(c, l, part.first_expert, part.expert_count);
         norm.set_precision(c.precision.compute);
         lm_head.set_precision(c.precision.compute);
     }
+
+    bool is_whole() const { return part.is_whole(config); }
 
     NumberFormat compute() const { return config.precision.compute; }
 
@@ -75,6 +112,7 @@ struct Transformer {
 
     /// logits [tokens, vocab] of `ids` laid out as `layout`; keeps what backward needs.
     Mat forward(const index_t* ids, const TokenLayout& layout, Cache& c) {
+        require_whole("forward");
         const index_t T = layout.tokens(), H = config.dims.hidden;
         c.state = Cache::State::empty;  // until this forward completes
         c.ids.assign(ids, ids + T);
@@ -163,6 +201,7 @@ struct Transformer {
         if (counts.size() != states.size())
             throw std::invalid_argument("Transformer.decode: " + std::to_string(counts.size()) + " token counts for " +
                                         std::to_string(states.size()) + " decode states");
+        require_whole("decode");
         TokenLayout layout = TokenLayout::packed(counts);
         std::vector<std::vector<typename DecoderLayer<B>::DecodeCache*>> caches(layers.size());
         for (std::size_t s = 0; s < states.size(); ++s) {
@@ -205,10 +244,22 @@ struct Transformer {
 
     /// Every parameter under its Hugging Face checkpoint name.
     void visit_params(const ParamVisitor& f) {
-        embed_tokens.visit_params("model.embed_tokens", f);
-        for (std::size_t l = 0; l < layers.size(); ++l) layers[l].visit_params("model.layers." + std::to_string(l), f);
-        norm.visit_params("model.norm", f);
-        lm_head.visit_params("lm_head", f);
+        if (part.embedding) embed_tokens.visit_params("model.embed_tokens", f);
+        for (std::size_t l = 0; l < layers.size(); ++l)
+            layers[l].visit_params("model.layers." + std::to_string(part.layers[l]), f);
+        if (part.head) {
+            norm.visit_params("model.norm", f);
+            lm_head.visit_params("lm_head", f);
+        }
+    }
+
+private:
+    void require_whole(const char* op) const {
+        if (!is_whole())
+            throw std::logic_error(std::string("Transformer::") + op +
+                                   ": this model holds a part of the model (some layers or experts of a parallel run); "
+                                   "the whole model's forward needs every piece: run a part through "
+                                   "parallel::Pipeline (parallel/pipeline.hpp)");
     }
 };
 

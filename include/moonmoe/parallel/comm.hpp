@@ -17,6 +17,11 @@
 // (device_memory()). exchange_counts and host_all_to_all_v take host arrays on both (NCCL stages them through the
 // device): the counts and small plans the host decides with.
 //
+// traffic() counts what this rank handed to the group since reset_traffic(): the payload bytes bound for other
+// ranks, by the volume a bandwidth-optimal algorithm sends (all-to-all-v: the blocks for the other ranks;
+// reduce-scatter and all-gather: (size - 1) blocks; all-reduce: 2 (size - 1) / size of the data, the ring's;
+// send: the message), and the wall time spent in the blocking operations (waits on a Request are the caller's).
+//
 // Every operation is a bounded wait: an operation that does not complete within timeout() (a rank died, or the
 // ranks disagree on the sequence of collectives) throws comm_error naming the operation, the group and the rank,
 // instead of hanging. Element types: float, double, index_t (int64), bf16 and bytes (std::byte).
@@ -24,6 +29,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -64,9 +70,18 @@ public:
     virtual void wait() = 0;
 };
 
+/// Bytes sent to other ranks and seconds spent in blocking operations (see the header comment).
+struct Traffic {
+    std::uint64_t bytes = 0;
+    double seconds = 0;
+};
+
 class Communicator {
 public:
     virtual ~Communicator() = default;
+
+    Traffic traffic() const { return traffic_; }
+    void reset_traffic() { traffic_ = {}; }
 
     virtual int rank() const = 0;
     virtual int size() const = 0;
@@ -87,6 +102,7 @@ public:
         check_size("exchange_counts", "send_counts", send_counts.size());
         std::vector<index_t> recv(send_counts.size());
         std::vector<index_t> ones(send_counts.size(), 1);
+        const Timed timed(*this, sizeof(index_t) * std::size_t(size() - 1));
         host_all_to_all_v_bytes(send_counts.data(), ones, recv.data(), ones, Element::i64);
         return recv;
     }
@@ -99,6 +115,7 @@ public:
         check_size("host_all_to_all_v", "recv_counts", recv_counts.size());
         check_total("host_all_to_all_v", "send", send.size(), send_counts);
         check_total("host_all_to_all_v", "recv", recv.size(), recv_counts);
+        const Timed timed(*this, sizeof(T) * others(send_counts));
         host_all_to_all_v_bytes(send.data(), send_counts, recv.data(), recv_counts, element_of<std::remove_const_t<T>>());
     }
 
@@ -109,11 +126,13 @@ public:
         check_size("all_to_all_v", "recv_counts", recv_counts.size());
         check_total("all_to_all_v", "send", send.size(), send_counts);
         check_total("all_to_all_v", "recv", recv.size(), recv_counts);
+        const Timed timed(*this, sizeof(T) * others(send_counts));
         all_to_all_v_bytes(send.data(), send_counts, recv.data(), recv_counts, element_of<std::remove_const_t<T>>());
     }
 
     template <class T>
     void all_reduce(std::span<T> data, ReduceOp op) {
+        const Timed timed(*this, sizeof(T) * data.size() * 2 * std::size_t(size() - 1) / std::size_t(size()));
         all_reduce_bytes(data.data(), index_t(data.size()), element_of<T>(), op);
     }
 
@@ -122,6 +141,7 @@ public:
         if (in.size() != out.size() * std::size_t(size()))
             throw comm_error(where("reduce_scatter") + ": in holds " + std::to_string(in.size()) + " elements, " +
                              std::to_string(size()) + " ranks x out's " + std::to_string(out.size()) + " expected");
+        const Timed timed(*this, sizeof(T) * out.size() * std::size_t(size() - 1));
         reduce_scatter_bytes(in.data(), out.data(), index_t(out.size()), element_of<std::remove_const_t<T>>(), op);
     }
 
@@ -131,6 +151,7 @@ public:
             throw comm_error(where("all_gather") + ": out holds " + std::to_string(out.size()) + " elements, " +
                              std::to_string(size()) + " ranks x in's " + std::to_string(in.size()) + " expected");
         std::vector<index_t> counts(std::size_t(size()), index_t(in.size()));
+        const Timed timed(*this, sizeof(T) * in.size() * std::size_t(size() - 1));
         all_gather_v_bytes(in.data(), index_t(in.size()), out.data(), counts, element_of<std::remove_const_t<T>>());
     }
 
@@ -141,6 +162,7 @@ public:
         if (index_t(in.size()) != counts[std::size_t(rank())])
             throw comm_error(where("all_gather_v") + ": in holds " + std::to_string(in.size()) +
                              " elements, counts says " + std::to_string(counts[std::size_t(rank())]));
+        const Timed timed(*this, sizeof(T) * in.size() * std::size_t(size() - 1));
         all_gather_v_bytes(in.data(), index_t(in.size()), out.data(), counts, element_of<std::remove_const_t<T>>());
     }
 
@@ -155,6 +177,7 @@ public:
     template <class T>
     std::unique_ptr<Request> isend(std::span<const T> data, int dest, int tag) {
         check_peer("isend", dest);
+        if (dest != rank()) traffic_.bytes += sizeof(T) * data.size();
         return isend_bytes(data.data(), index_t(data.size()), element_of<std::remove_const_t<T>>(), dest, tag);
     }
     template <class T>
@@ -183,6 +206,30 @@ protected:
     virtual std::unique_ptr<Request> irecv_bytes(void* data, index_t n, Element e, int source, int tag) = 0;
 
 private:
+    /// Adds `bytes` and the scope's wall time to traffic_.
+    class Timed {
+    public:
+        Timed(Communicator& c, std::size_t bytes) : c_(c), start_(std::chrono::steady_clock::now()) {
+            c_.traffic_.bytes += bytes;
+        }
+        ~Timed() { c_.traffic_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+        Timed(const Timed&) = delete;
+        Timed& operator=(const Timed&) = delete;
+
+    private:
+        Communicator& c_;
+        std::chrono::steady_clock::time_point start_;
+    };
+    /// The elements of `counts` bound for the other ranks.
+    std::size_t others(std::span<const index_t> counts) const {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < counts.size(); ++i)
+            if (int(i) != rank()) n += std::size_t(counts[i]);
+        return n;
+    }
+
+    Traffic traffic_;
+
     void check_size(const char* op, const char* what, std::size_t n) const {
         if (n != std::size_t(size()))
             throw comm_error(where(op) + ": " + what + " has " + std::to_string(n) + " entries, one per rank (" +

@@ -1,0 +1,250 @@
+// moonmoe/parallel/pipeline.hpp: the pipeline executor: runs one rank's interleaved 1F1B schedule
+// (parallel/schedule.hpp) over its part of the model (parallel/groups.hpp), forward and backward of every
+// micro-batch of a step, accumulating the parameter gradients; DistributedOptimizer (parallel/zero.hpp) then steps.
+//
+//   ProcessGroups g(world, config.parallel);
+//   nn::Transformer<B> part(config, model_part(config, g.at));
+//   Pipeline<B> pipeline(part, g, micro_batches);
+//   DistributedOptimizer<Opt, B> opt(part, g);
+//   loop: pipeline.run(batches_of_my_replica, layout); opt.step();
+//
+// Virtual stage s (chunk s / PP of pipeline rank s % PP) receives its input from stage s - 1 (stage 0 embeds the
+// ids) and sends its output to stage s + 1; the last stage applies the final norm, lm_head and the cross-entropy of
+// the causal targets, and starts backward from the loss's gradient. Backward mirrors it: stage s receives the
+// gradient of its output from s + 1 and sends the gradient of its input to s - 1 (stage 0 ends in the embedding).
+// Sends are non-blocking and waited at the end of the step; a receive blocks when its step needs the data (the
+// schedules of all ranks together cannot deadlock: tested by simulating them in test/unit/parallel_schedule.cpp).
+// Messages are matched by tag, (micro-batch, virtual stage, direction). MoE layers of an EP > 1 run go through the
+// expert group's all-to-all (parallel/moe.hpp); every EP rank of a stage runs the same schedule, so they issue
+// the same sequence of exchanges.
+//
+// Loss and gradient: each micro-batch's loss is the mean over its targets; the step's loss is the mean over the
+// micro-batches, so the last stage scales each loss gradient by 1 / M; the optimizer then averages over the
+// replicas. Together: the gradient of the mean loss of every micro-batch of every replica, as one process
+// accumulating them gets.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "../nn/transformer.hpp"
+#include "groups.hpp"
+#include "moe.hpp"
+#include "schedule.hpp"
+
+namespace moonmoe::parallel {
+
+template <class B = cpu>
+class Pipeline {
+public:
+    using Ops = backend::Ops<B>;
+    using Mat = Tensor<float, 2, B>;
+
+    /// Where one rank's step went: seconds computing, in communication that is not waiting on the pipeline
+    /// (the experts' all-to-all, the last sends, the losses' all-reduce), idle waiting for a pipeline neighbour
+    /// (the bubble, with its share of transfer time), and the bytes it sent to other ranks.
+    struct Timing {
+        double total = 0, compute = 0, communication = 0, bubble = 0;
+        std::uint64_t bytes_sent = 0;
+    };
+    struct StepResult {
+        std::vector<float> losses;  ///< each micro-batch's mean loss (on every rank of the pipeline group)
+        float loss = 0;            ///< their mean
+        Timing timing;
+    };
+
+    Pipeline(nn::Transformer<B>& part, ProcessGroups& groups, index_t micro_batches, index_t extra_warmup = 0)
+        : part_(part), groups_(groups),
+          shape_{part.config.parallel.pp, part.config.parallel.virtual_stages, micro_batches, extra_warmup} {
+        check_shape(shape_);
+        schedule_ = interleaved_1f1b(shape_, groups_.at.pp);
+        index_t position = 0;
+        for (index_t v = 0; v < shape_.v; ++v) {
+            const auto [first, last] = chunk_layers(part.config, groups_.at.pp, v);
+            chunk_begin_.push_back(position);
+            position += last - first;
+        }
+        chunk_begin_.push_back(position);
+        if (position != index_t(part.layers.size()) || part.part.embedding != (groups_.at.pp == 0))
+            throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
+                                        ": the model part does not hold this rank's layers (build it with "
+                                        "model_part(config, groups.at))");
+    }
+
+    const std::vector<Step>& schedule() const { return schedule_; }
+    const PipelineShape& shape() const { return shape_; }
+
+    /// Forward and backward of the M micro-batches of this rank's replica (each ids of layout.tokens() tokens;
+    /// every rank of the pipeline group passes the same ones), accumulating (+=) the gradients of its part.
+    StepResult run(std::span<const std::vector<index_t>> micro_batches, const nn::TokenLayout& layout) {
+        using clock = std::chrono::steady_clock;
+        if (index_t(micro_batches.size()) != shape_.micro_batches)
+            throw std::invalid_argument(groups_.pipeline->where("Pipeline::run") + ": " +
+                                        std::to_string(micro_batches.size()) + " micro-batches, the schedule has " +
+                                        std::to_string(shape_.micro_batches));
+        for (std::size_t m = 0; m < micro_batches.size(); ++m)
+            if (index_t(micro_batches[m].size()) != layout.tokens())
+                throw std::invalid_argument(groups_.pipeline->where("Pipeline::run") + ": micro-batch " +
+                                            std::to_string(m) + " has " + std::to_string(micro_batches[m].size()) +
+                                            " ids, the layout " + std::to_string(layout.tokens()) + " tokens");
+        const auto start = clock::now();
+        const Traffic before = groups_.traffic();
+        batches_ = micro_batches;
+        layout_ = layout;
+        slots_.clear();
+        slots_.resize(std::size_t(shape_.micro_batches * shape_.v));
+        losses_.assign(std::size_t(shape_.micro_batches), 0.0f);
+        bubble_ = 0;
+        for (const Step& s : schedule_) {
+            if (s.pass == Pass::forward) forward(s.micro_batch, s.chunk);
+            else backward(s.micro_batch, s.chunk);
+        }
+        const auto sends = clock::now();
+        for (Pending& p : pending_) p.request->wait();
+        pending_.clear();
+        const double send_wait = std::chrono::duration<double>(clock::now() - sends).count();
+        // every rank of the pipeline group learns the losses (only the last stage computed them)
+        groups_.pipeline->all_reduce(std::span<float>(losses_), ReduceOp::sum);
+        StepResult r;
+        r.losses = losses_;
+        for (float l : losses_) r.loss += l / float(losses_.size());
+        const Traffic after = groups_.traffic();
+        r.timing.total = std::chrono::duration<double>(clock::now() - start).count();
+        r.timing.bubble = bubble_;
+        r.timing.communication = (after.seconds - before.seconds) + send_wait;
+        r.timing.compute = std::max(0.0, r.timing.total - r.timing.bubble - r.timing.communication);
+        r.timing.bytes_sent = after.bytes - before.bytes;
+        slots_.clear();
+        batches_ = {};
+        return r;
+    }
+
+private:
+    /// What the backward of one (micro-batch, chunk) needs from its forward.
+    struct Slot {
+        std::vector<typename nn::DecoderLayer<B>::Cache> layers;
+        std::vector<typename ExpertParallelMoE<B>::Cache> experts;
+        Mat h_last, h_normed, dlogits;  ///< last stage: the final norm's input and output, the loss's gradient
+        Tensor<float, 1, B> rstd;
+    };
+    struct Pending {
+        Mat buffer;
+        std::unique_ptr<Request> request;
+    };
+
+    index_t stages() const { return shape_.virtual_stages(); }
+    int rank_of_stage(index_t s) const { return int(s % shape_.pp); }
+    /// Tags: forward activations leaving stage s, backward gradients leaving stage s.
+    int tag(index_t micro_batch, index_t stage, Pass pass) const {
+        return int((micro_batch * stages() + stage) * 2 + (pass == Pass::forward ? 0 : 1));
+    }
+    Slot& slot(index_t micro_batch, index_t chunk) { return slots_[std::size_t(micro_batch * shape_.v + chunk)]; }
+    bool uses_expert_group(const nn::DecoderLayer<B>& layer) const { return !layer.dense && groups_.layout.ep > 1; }
+
+    void receive(Mat& into, index_t from_stage, int t) {
+        const auto start = std::chrono::steady_clock::now();
+        groups_.pipeline
+            ->irecv(std::span<float>(into.data(), std::size_t(into.numel())), rank_of_stage(from_stage), t)
+            ->wait();
+        bubble_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    void send(Mat&& from, index_t to_stage, int t) {
+        Pending p{std::move(from), nullptr};
+        p.request = groups_.pipeline->isend(std::span<const float>(p.buffer.data(), std::size_t(p.buffer.numel())),
+                                            rank_of_stage(to_stage), t);
+        pending_.push_back(std::move(p));
+    }
+
+    void forward(index_t mb, index_t chunk) {
+        const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
+                      H = part_.config.dims.hidden;
+        const std::vector<index_t>& ids = batches_[std::size_t(mb)];
+        Slot& c = slot(mb, chunk);
+        Mat h({T, H}), next({T, H});
+        if (s == 0) {
+            part_.embed_tokens.forward(ids.data(), h.view());
+            nn::round_to(part_.compute(), h.view());
+        } else {
+            receive(h, s - 1, tag(mb, s - 1, Pass::forward));
+        }
+        const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
+        c.layers.resize(std::size_t(count));
+        c.experts.resize(std::size_t(count));
+        for (index_t k = 0; k < count; ++k) {
+            auto& layer = part_.layers[std::size_t(first + k)];
+            auto& cache = c.layers[std::size_t(k)];
+            if (uses_expert_group(layer))
+                layer.forward_with(h.view(), layout_, next.view(), cache,
+                                   [&](View<const float, 2, B> in, View<float, 2, B> out) {
+                                       ExpertParallelMoE<B>::forward(layer.moe, *groups_.expert, in, out,
+                                                                     c.experts[std::size_t(k)]);
+                                   });
+            else
+                layer.forward(h.view(), layout_, next.view(), cache);
+            std::swap(h, next);
+        }
+        if (s + 1 < stages()) {
+            send(std::move(h), s + 1, tag(mb, s, Pass::forward));
+            return;
+        }
+        // the last stage: final norm, lm_head, the loss and its gradient
+        c.rstd = Tensor<float, 1, B>({T});
+        c.h_normed = Mat({T, H});
+        part_.norm.forward(h.view(), c.h_normed.view(), c.rstd.view());
+        c.h_last = std::move(h);
+        Mat logits({T, part_.config.dims.vocab});
+        part_.lm_head.forward(c.h_normed.view(), logits.view());
+        const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout_);
+        c.dlogits = Mat(logits.shape());
+        losses_[std::size_t(mb)] = nn::cross_entropy<B>(logits.view(), targets.data(), c.dlogits.view());
+        Ops::map(fn::ScaleBy<float>{1.0f / float(shape_.micro_batches)}, c.dlogits.view());
+    }
+
+    void backward(index_t mb, index_t chunk) {
+        const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
+                      H = part_.config.dims.hidden;
+        Slot& c = slot(mb, chunk);
+        Mat dh({T, H}), dprev({T, H});
+        if (s + 1 == stages()) {
+            Mat dn({T, H});
+            part_.lm_head.backward(c.h_normed.view(), c.dlogits.view(), dn.view());
+            part_.norm.backward(c.h_last.view(), c.rstd.view(), dn.view(), dh.view());
+        } else {
+            receive(dh, s + 1, tag(mb, s + 1, Pass::backward));
+        }
+        const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
+        for (index_t k = count; k-- > 0;) {
+            auto& layer = part_.layers[std::size_t(first + k)];
+            auto& cache = c.layers[std::size_t(k)];
+            if (uses_expert_group(layer))
+                layer.backward_with(dh.view(), cache, dprev.view(),
+                                    [&](View<const float, 2, B> dout, View<float, 2, B> din) {
+                                        ExpertParallelMoE<B>::backward(layer.moe, *groups_.expert, dout,
+                                                                       c.experts[std::size_t(k)], din);
+                                    });
+            else
+                layer.backward(dh.view(), cache, dprev.view());
+            std::swap(dh, dprev);
+        }
+        if (s == 0) part_.embed_tokens.backward(batches_[std::size_t(mb)].data(), dh.view());
+        else send(std::move(dh), s - 1, tag(mb, s, Pass::backward));
+        c = Slot{};
+    }
+
+    nn::Transformer<B>& part_;
+    ProcessGroups& groups_;
+    PipelineShape shape_;
+    std::vector<Step> schedule_;
+    std::vector<index_t> chunk_begin_;  ///< chunk v's layers are part_.layers[chunk_begin_[v], chunk_begin_[v + 1])
+    std::span<const std::vector<index_t>> batches_;
+    nn::TokenLayout layout_;
+    std::vector<Slot> slots_;
+    std::vector<float> losses_;
+    std::vector<Pending> pending_;
+    double bubble_ = 0;
+};
+
+}  // namespace moonmoe::parallel

@@ -1,0 +1,206 @@
+// The whole parallel runtime against one process: for every Parallel<PP, EP, DP> layout the world size allows
+// (2 ranks: (2,1,1) V=2, (1,2,1), (1,1,2); 4 ranks: (4,1,1) V=2, (2,2,1), (1,2,2), (2,1,2); 8 ranks: (2,2,2),
+// (1,4,2), (2,4,1)), on the tiny Kimi K2 and DeepSeek-V3 models (with layers raised to PP x V where the model has
+// fewer), three training steps of the pipeline (parallel/pipeline.hpp) and ZeRO-1 MuonClip
+// (parallel/zero.hpp) against one process that runs every micro-batch of every replica on the whole model and
+// steps optim::Optimizer with the mean gradient. Checked each step: the loss of every micro-batch, the gradient of
+// every parameter after the reduce-scatter (each on its owner), and after the last step every weight.
+//
+// Bitwise where the arithmetic is the same: with EP = 1 and at most two replicas every sum runs in the same order
+// (a pipeline accumulates a chunk's micro-batches in order; MPI's sum of two blocks is the one-process sum of two
+// replicas). Otherwise the tolerance is 1e-5 of each tensor's largest magnitude (losses: relative 1e-5): EP sums
+// an expert's rows from all senders in one grouped GEMM where one process has one per micro-batch, and MPI sums
+// more than two replicas in its own order; both are float rounding (measured below 2e-6 on the gradients).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include <moonmoe/backend/cpu.hpp>
+#include <moonmoe/config.hpp>
+#include <moonmoe/nn.hpp>
+#include <moonmoe/nn/init.hpp>
+#include <moonmoe/parallel/pipeline.hpp>
+#include <moonmoe/parallel/zero.hpp>
+
+#include "mpi_support.hpp"
+
+using namespace moonmoe;
+using namespace moonmoe::parallel;
+using moonmoe::testing::world;
+
+namespace {
+
+using Clipped = moonmoe::Optimizer<Muon<>, QKClip<0.001>>;  // a tau every head exceeds at init: it clips
+
+struct Layout {
+    index_t pp, ep, dp, v;
+};
+
+std::vector<Layout> layouts_for(int world_size) {
+    switch (world_size) {
+    case 1: return {{1, 1, 1, 1}};
+    case 2: return {{2, 1, 1, 2}, {1, 2, 1, 1}, {1, 1, 2, 1}};
+    case 4: return {{4, 1, 1, 2}, {2, 2, 1, 1}, {1, 2, 2, 1}, {2, 1, 2, 1}};
+    case 8: return {{2, 2, 2, 1}, {1, 4, 2, 1}, {2, 4, 1, 2}};
+    default: return {};
+    }
+}
+
+ModelConfig configure(ModelConfig c, const Layout& l, index_t micro_batches) {
+    c.parallel.pp = l.pp, c.parallel.ep = l.ep, c.parallel.dp = l.dp, c.parallel.virtual_stages = l.v;
+    c.parallel.micro_batches = micro_batches;
+    c.dims.layers = std::max(c.dims.layers, l.pp * l.v);
+    return c;
+}
+
+std::vector<index_t> batch_of(index_t vocab, index_t replica, index_t micro_batch, int step) {
+    std::mt19937_64 gen(7000 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
+    std::vector<index_t> ids(16);
+    for (index_t& t : ids) t = index_t(gen() % std::uint64_t(vocab));
+    return ids;
+}
+
+double scaled_error(const float* a, const float* b, index_t n) {
+    double diff = 0, scale = 0;
+    for (index_t i = 0; i < n; ++i)
+        diff = std::max(diff, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
+    return scale > 0 ? diff / scale : diff;
+}
+
+/// One process: every micro-batch of every replica on the whole model, the gradients averaged as the runtime
+/// defines (each micro-batch's loss gradient / M, then the mean over replicas).
+struct Reference {
+    nn::Transformer<cpu> model;
+    optim::Optimizer<Clipped, cpu> opt;
+    std::map<std::string, std::vector<float>> grad;  ///< the mean gradient of the last step
+    std::vector<std::vector<float>> losses;          ///< [replica][micro-batch]
+
+    explicit Reference(const ModelConfig& c) : model(c), opt(model) { nn::init_weights(model, {.seed = 5}); }
+
+    void accumulate(const std::vector<std::vector<std::vector<index_t>>>& batches, const nn::TokenLayout& layout) {
+        const auto R = batches.size();
+        grad.clear();
+        losses.assign(R, {});
+        for (std::size_t q = 0; q < R; ++q) {
+            model.zero_grad();
+            const float scale = 1.0f / float(batches[q].size());
+            for (const std::vector<index_t>& ids : batches[q]) {
+                nn::Transformer<cpu>::Cache cache;
+                Tensor<float, 2, cpu> logits = model.forward(ids.data(), layout, cache);
+                Tensor<float, 2, cpu> dlogits(logits.shape());
+                const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
+                losses[q].push_back(nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view()));
+                for (index_t i = 0; i < dlogits.numel(); ++i) dlogits.data()[i] *= scale;
+                model.backward(dlogits.view(), cache);
+            }
+            model.visit_params([&](const ParamRef& p) {
+                if (!p.grad) return;
+                auto& g = grad[p.name];
+                if (q == 0) g.assign(p.grad, p.grad + p.numel());
+                else for (index_t i = 0; i < p.numel(); ++i) g[std::size_t(i)] += p.grad[i];
+            });
+        }
+        const float mean = 1.0f / float(R);
+        model.visit_params([&](const ParamRef& p) {
+            if (!p.grad) return;
+            auto& g = grad[p.name];
+            for (index_t i = 0; i < p.numel(); ++i) g[std::size_t(i)] *= mean, p.grad[i] = g[std::size_t(i)];
+        });
+    }
+};
+
+void check_layout(const std::string& model_name, ModelConfig base, const Layout& l) {
+    Communicator& w = world();
+    const index_t M = std::max<index_t>(2, l.pp);
+    const ModelConfig c = configure(base, l, M);
+    const bool bitwise = l.ep == 1 && l.ep * l.dp <= 2;
+    INFO(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << ", " << M
+                    << " micro-batches per replica, rank " << w.rank());
+    ProcessGroups g(w, c.parallel);
+    nn::Transformer<cpu> part(c, model_part(c, g.at));
+    nn::init_weights(part, {.seed = 5});
+    Pipeline<cpu> pipeline(part, g, M);
+    DistributedOptimizer<Clipped, cpu> opt(part, g);
+    Reference ref(c);
+    const auto layout = nn::TokenLayout::sequences(2, 8);
+
+    double worst_loss = 0, worst_grad = 0;
+    index_t clipped = 0;
+    for (int step = 0; step < 3; ++step) {
+        std::vector<std::vector<std::vector<index_t>>> batches(std::size_t(g.replicas()));
+        for (index_t q = 0; q < g.replicas(); ++q)
+            for (index_t m = 0; m < M; ++m) batches[std::size_t(q)].push_back(batch_of(c.dims.vocab, q, m, step));
+        const auto result = pipeline.run(batches[std::size_t(g.replica())], layout);
+        ref.accumulate(batches, layout);
+        for (index_t m = 0; m < M; ++m) {
+            const float expected = ref.losses[std::size_t(g.replica())][std::size_t(m)];
+            const float got = result.losses[std::size_t(m)];
+            worst_loss = std::max(worst_loss, std::abs(double(got) - expected) / std::abs(double(expected)));
+            if (bitwise) CHECK(got == expected);
+            else CHECK(got == doctest::Approx(expected).epsilon(1e-5));
+        }
+        REQUIRE_FALSE(opt.reduce_gradients());
+        const std::vector<int>& owners = opt.owners();
+        std::size_t i = 0;
+        part.visit_params([&](const ParamRef& p) {
+            const int owner = owners[i++];
+            if (!p.grad || owner < 0) return;
+            const bool expert = p.kind == ParamKind::expert_matrix;
+            const Communicator& group = expert ? *g.expert_dp : *g.dense_dp;
+            if (owner != group.rank()) return;
+            INFO(p.name << " step " << step);
+            const std::vector<float>& want = ref.grad.at(p.name);
+            const double e = scaled_error(p.grad, want.data(), p.numel());
+            worst_grad = std::max(worst_grad, e);
+            if (bitwise) CHECK(std::equal(p.grad, p.grad + p.numel(), want.begin()));
+            else CHECK(e <= 1e-5);
+        });
+        const optim::StepReport a = opt.update(), b = ref.opt.step();
+        CHECK(a.clip.total() <= b.clip.total());  // a part clips the heads of its own layers
+        clipped += b.clip.total();
+    }
+    CHECK(clipped > 0);
+    std::map<std::string, const float*> want;
+    ref.model.visit_params([&](const ParamRef& p) { want[p.name] = p.value; });
+    double worst_weight = 0;
+    part.visit_params([&](const ParamRef& p) {
+        INFO(p.name);
+        const double e = scaled_error(p.value, want.at(p.name), p.numel());
+        worst_weight = std::max(worst_weight, e);
+        if (bitwise) CHECK(e == 0.0);
+        else CHECK(e <= 1e-5);
+    });
+    std::vector<double> worst = {worst_loss, worst_grad, worst_weight};
+    w.all_reduce(std::span<double>(worst), ReduceOp::max);
+    if (w.rank() == 0)
+        MESSAGE(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v
+                           << std::string(bitwise ? " (bitwise expected)" : "") << ": worst over ranks and 3 steps: loss "
+                           << worst[0] << ", gradient " << worst[1] << ", weight " << worst[2]);
+}
+
+}  // namespace
+
+TEST_CASE("Pipeline, expert and ZeRO-1 parallelism equal one process: tiny K2 and V3, every layout of this world") {
+    const std::vector<Layout> layouts = layouts_for(world().size());
+    if (layouts.empty()) {
+        MESSAGE("no layout listed for " << world().size() << " ranks");
+        return;
+    }
+    for (const Layout& l : layouts) {
+        check_layout("TinyK2", TinyK2::config, l);
+        check_layout("TinyV3", TinyV3::config, l);
+    }
+}
+
+TEST_CASE("A part of the model refuses the whole model's forward, naming the fix") {
+    ModelConfig c = TinyK2::config;
+    nn::ModelPart p = nn::ModelPart::whole(c);
+    p.head = false;
+    nn::Transformer<cpu> part(c, p);
+    nn::Transformer<cpu>::Cache cache;
+    const std::vector<index_t> ids(4, 1);
+    CHECK_THROWS_WITH_AS(part.forward(ids.data(), nn::TokenLayout::sequences(1, 4), cache),
+                         doctest::Contains("parallel::Pipeline"), std::logic_error);
+}
