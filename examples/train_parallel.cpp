@@ -1,0 +1,308 @@
+// train_parallel: the Kimi K2-shaped tiny model of train_tiny trained over MPI with pipeline, expert and ZeRO-1
+// data parallelism, Parallel<PP, EP, DP> (default (2, 2, 2): 8 processes), with MuonClip; then, on rank 0, the same
+// run in one process (Parallel<1, 1, 1>, every micro-batch through one pipeline stage) for comparison.
+//
+//   mpirun -np 8 train_parallel [--layout PP,EP,DP] [--virtual V] [--micro-batches M] [--steps N] [--text FILE]
+//                               [--seed N] [--out DIR] [--no-reference] [--help]
+//
+// Each step takes a global batch of EP x DP x M micro-batches of 2 sequences of 64 bytes from the text (the
+// same file as train_tiny); token stream (ep, dp) runs its M micro-batches through the pipeline. Rank 0 shows
+// progress, then prints per rank the time in compute, communication and pipeline bubble and the bytes sent, and
+// the bubble against the interleaved 1F1B formula (PP - 1) / (V M). Writes DIR/train_parallel.csv (step, the loss
+// of the parallel run and of the one-process run), DIR/train_parallel.png (both curves), and
+// DIR/train_parallel_ranks.csv (the per-rank figures).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <moonmoe/moonmoe.hpp>
+#include <moonmoe/nn/init.hpp>
+#include <moonmoe/parallel/mpi.hpp>
+#include <moonmoe/parallel/pipeline.hpp>
+#include <moonmoe/parallel/zero.hpp>
+
+#include "support/plot_png.hpp"
+#include "train_tiny.hpp"
+
+namespace {
+
+using moonmoe::index_t;
+using namespace moonmoe::parallel;
+
+struct Options {
+    index_t pp = 2, ep = 2, dp = 2, v = 1, micro_batches = 4, steps = 60, sequences = 2, seq = 64;
+    std::string text = train_tiny::Options{}.text, out = ".";
+    std::uint64_t seed = 7;
+    bool reference = true;
+};
+
+void usage(std::FILE* to, const Options& d) {
+    std::fprintf(to,
+                 "usage: train_parallel [--layout PP,EP,DP] [--virtual V] [--micro-batches M] [--steps N] [--text FILE]\n"
+                 "                      [--seed N] [--out DIR] [--no-reference] [--help]\n"
+                 "Run under mpirun with PP x EP x DP processes (default 2,2,2: mpirun -np 8). Trains train_tiny's Kimi\n"
+                 "K2-shaped model with pipeline (interleaved 1F1B), expert and ZeRO-1 data parallelism and MuonClip, then\n"
+                 "the same run in one process on rank 0; writes DIR/train_parallel.csv and .png (both loss curves) and\n"
+                 "DIR/train_parallel_ranks.csv (per rank: compute, communication and bubble seconds, bytes sent).\n"
+                 "  --layout PP,EP,DP   the process layout (default %ld,%ld,%ld)\n"
+                 "  --virtual V         model chunks per pipeline rank (default %ld)\n"
+                 "  --micro-batches M   per step and token stream, at least PP, a multiple of PP when V > 1 (default %ld)\n"
+                 "  --steps N           optimizer steps (default %ld)\n"
+                 "  --text FILE         training text, read as bytes (default %s)\n"
+                 "  --seed N            initial weights and batches (default %llu)\n"
+                 "  --out DIR           output directory (default .)\n"
+                 "  --no-reference      skip the one-process run\n"
+                 "  --help              this text\n",
+                 long(d.pp), long(d.ep), long(d.dp), long(d.v), long(d.micro_batches), long(d.steps), d.text.c_str(),
+                 (unsigned long long)d.seed);
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        auto value = [&](const char* flag) {
+            if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
+            return std::string(argv[++i]);
+        };
+        if (!std::strcmp(argv[i], "--layout")) {
+            const std::string s = value("--layout");
+            long a = 0, b = 0, c = 0;
+            char tail = 0;
+            if (std::sscanf(s.c_str(), "%ld,%ld,%ld%c", &a, &b, &c, &tail) != 3 || a < 1 || b < 1 || c < 1)
+                throw std::invalid_argument("--layout takes PP,EP,DP (three positive integers), got '" + s + "'");
+            o.pp = a, o.ep = b, o.dp = c;
+        } else if (!std::strcmp(argv[i], "--virtual")) o.v = std::stol(value("--virtual"));
+        else if (!std::strcmp(argv[i], "--micro-batches")) o.micro_batches = std::stol(value("--micro-batches"));
+        else if (!std::strcmp(argv[i], "--steps")) o.steps = std::stol(value("--steps"));
+        else if (!std::strcmp(argv[i], "--text")) o.text = value("--text");
+        else if (!std::strcmp(argv[i], "--seed")) o.seed = std::stoull(value("--seed"));
+        else if (!std::strcmp(argv[i], "--out")) o.out = value("--out");
+        else if (!std::strcmp(argv[i], "--no-reference")) o.reference = false;
+        else if (!std::strcmp(argv[i], "--backend")) value("--backend");  // cpu (anything else is refused in main)
+        else
+            throw std::invalid_argument(std::string("unknown argument '") + argv[i] + "' (--help lists them)");
+    }
+    if (o.steps < 1 || o.v < 1) throw std::invalid_argument("--steps and --virtual must be positive");
+    return o;
+}
+
+/// The text's sequences of one step: [stream][micro-batch] -> ids (sequences x seq), the same on every rank.
+class Batches {
+public:
+    Batches(const Options& o, index_t streams) : o_(o), streams_(streams), text_(train_tiny::read_bytes(o.text)) {
+        if (index_t(text_.size()) < o.seq + 1) throw std::runtime_error(o.text + ": too short for one sequence");
+    }
+    std::vector<std::vector<std::vector<index_t>>> next() {
+        std::vector<std::vector<std::vector<index_t>>> b(static_cast<std::size_t>(streams_));
+        for (auto& stream : b)
+            for (index_t m = 0; m < o_.micro_batches; ++m) {
+                std::vector<index_t> ids;
+                for (index_t s = 0; s < o_.sequences; ++s) {
+                    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+                    const auto start = std::ptrdiff_t((state_ >> 17) % std::uint64_t(text_.size() - o_.seq));
+                    ids.insert(ids.end(), text_.begin() + start, text_.begin() + start + o_.seq);
+                }
+                stream.push_back(std::move(ids));
+            }
+        return b;
+    }
+
+private:
+    Options o_;
+    index_t streams_;
+    std::vector<index_t> text_;
+    std::uint64_t state_ = 0x9E3779B97F4A7C15ull;
+};
+
+moonmoe::ModelConfig configure(const Options& o, index_t pp, index_t ep, index_t dp, index_t v, index_t m) {
+    moonmoe::ModelConfig c = train_tiny::TinyModel::config;
+    c.parallel.pp = pp, c.parallel.ep = ep, c.parallel.dp = dp, c.parallel.virtual_stages = v;
+    c.parallel.micro_batches = m;
+    c.dims.layers = std::max(c.dims.layers, pp * v);  // every chunk holds at least one layer
+    (void)o;
+    return c;
+}
+
+/// MuonClip as train_tiny sets it (lr, warm-up, tau, balancing rate).
+template <class Opt>
+void set_up(Opt& inner, const Options& o) {
+    const train_tiny::Options t;
+    inner.config.muon.learning_rate = inner.config.adamw.learning_rate = t.lr;
+    inner.config.schedule = {t.warmup, o.steps, 0, 1.0};
+    inner.config.qk_clip.enabled = true;
+    inner.config.qk_clip.tau = t.tau;
+    inner.bias_update_rate = t.bias_rate;
+}
+
+struct Totals {
+    double compute = 0, communication = 0, bubble = 0, optimizer = 0, total = 0;
+    double bytes = 0, optimizer_bytes = 0;
+};
+
+/// Trains `steps` steps of config c on `world`; returns the mean loss per step (on every rank).
+std::vector<float> train(const moonmoe::ModelConfig& c, const Options& o, Communicator& world, Totals& totals,
+                         bool show_progress, const char* label) {
+    ProcessGroups g(world, c.parallel);
+    moonmoe::nn::Transformer<moonmoe::cpu> part(c, model_part(c, g.at));
+    moonmoe::nn::init_weights(part, {.seed = o.seed});
+    Pipeline<moonmoe::cpu> pipeline(part, g, c.parallel.micro_batches);
+    DistributedOptimizer<train_tiny::TinyModel::optimizer, moonmoe::cpu> opt(part, g);
+    set_up(opt.inner(), o);
+    const auto layout = moonmoe::nn::TokenLayout::sequences(o.sequences, o.seq);
+    // the streams of the parallel run, each o.micro_batches micro-batches; a one-process run takes them all
+    Batches batches(o, o.ep * o.dp);
+    std::vector<float> losses;
+    const auto start = std::chrono::steady_clock::now();
+    for (index_t step = 1; step <= o.steps; ++step) {
+        auto all = batches.next();
+        std::vector<std::vector<index_t>> mine;
+        if (g.replicas() == 1)
+            for (auto& stream : all)
+                for (auto& mb : stream) mine.push_back(std::move(mb));
+        else
+            mine = std::move(all[std::size_t(g.replica())]);
+        const auto r = pipeline.run(mine, layout);
+        // the mean over the replicas' losses (each replica's is the mean of its micro-batches)
+        std::vector<float> loss = {g.at.pp == 0 ? r.loss : 0.0f};
+        const Traffic before = g.traffic();
+        const auto opt_start = std::chrono::steady_clock::now();
+        opt.step();
+        const double opt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - opt_start).count();
+        const Traffic after = g.traffic();
+        totals.compute += r.timing.compute, totals.communication += r.timing.communication;
+        totals.bubble += r.timing.bubble, totals.total += r.timing.total + opt_seconds;
+        totals.bytes += double(r.timing.bytes_sent);
+        totals.optimizer += opt_seconds, totals.optimizer_bytes += double(after.bytes - before.bytes);
+        world.all_reduce(std::span<float>(loss), ReduceOp::sum);
+        losses.push_back(loss[0] / float(g.replicas()));
+        if (show_progress) {
+            const int width = 30, done = int(width * step / o.steps);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            std::fprintf(stderr, "\r%-10s [%s%s] %4ld/%ld  loss %.3f  %6.1f s", label,
+                         std::string(std::size_t(done), '#').c_str(), std::string(std::size_t(width - done), '.').c_str(),
+                         long(step), long(o.steps), losses.back(), seconds);
+            if (step == o.steps) std::fprintf(stderr, "\n");
+        }
+    }
+    return losses;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(stdout, Options{}), 0;
+        if (!std::strcmp(argv[i], "--backend") && i + 1 < argc && std::strcmp(argv[i + 1], "cpu") != 0) {
+            std::fprintf(stderr, "train_parallel: --backend %s: this binary was built without CUDA; it runs the CPU "
+                                 "backend over MPI (the CUDA backend's communicator is NCCL's, parallel/nccl.hpp; "
+                                 "configure with -DMOONMOE_BUILD_CUDA=ON for the CUDA examples)\n", argv[i + 1]);
+            return 1;
+        }
+    }
+    MpiSession mpi(&argc, &argv);
+    std::unique_ptr<Communicator> world = mpi.world();
+    const int me = world->rank();
+    try {
+        const Options o = parse(argc, argv);
+        moonmoe::set_threads(1);  // one thread per process: the ranks share this machine's cores
+        const moonmoe::ModelConfig c = configure(o, o.pp, o.ep, o.dp, o.v, o.micro_batches);
+        if (me == 0)
+            std::printf("train_parallel: %lld parameters, Parallel<%ld, %ld, %ld> V=%ld on %d processes; %ld steps of "
+                        "%ld x %ld micro-batches of %ld x %ld bytes from %s\n",
+                        (long long)moonmoe::count_parameters(c).total, long(o.pp), long(o.ep), long(o.dp), long(o.v),
+                        world->size(), long(o.steps), long(o.ep * o.dp), long(o.micro_batches), long(o.sequences),
+                        long(o.seq), o.text.c_str());
+        Totals t;
+        const std::vector<float> parallel = train(c, o, *world, t, me == 0, "parallel");
+
+        // per rank: where the time went, the bytes sent
+        std::vector<double> mine = {t.compute, t.communication, t.bubble, t.optimizer, t.total, t.bytes, t.optimizer_bytes};
+        std::vector<double> all(mine.size() * std::size_t(world->size()));
+        world->all_gather(std::span<const double>(mine), std::span<double>(all));
+        const double predicted = bubble_fraction(c.parallel, o.micro_batches);
+        std::vector<std::string> rows;
+        if (me == 0) {
+            std::printf("per rank over %ld steps (seconds; bytes sent to other ranks):\n", long(o.steps));
+            std::printf("rank (pp,ep,dp)  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent "
+                        "(pipeline+EP / ZeRO)\n");
+            const RankLayout layout(c.parallel);
+            double bubble_sum = 0, pipeline_sum = 0;
+            for (int r = 0; r < world->size(); ++r) {
+                const double* v = all.data() + std::size_t(r) * mine.size();
+                const Coordinates at = layout.coordinates(r);
+                const double busy = v[4] - v[3] - v[2];  // the pipeline's time, less its idle waits
+                bubble_sum += v[2], pipeline_sum += busy;
+                std::printf("%4d (%ld,%ld,%ld)  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %7.2f / %7.2f\n", r,
+                            long(at.pp), long(at.ep), long(at.dp), v[0], v[1], v[2], v[3], v[4],
+                            100.0 * v[2] / busy, v[5] / 1e6, v[6] / 1e6);
+                rows.push_back(std::to_string(r) + "," + std::to_string(at.pp) + "," + std::to_string(at.ep) + "," +
+                               std::to_string(at.dp) + "," + std::to_string(v[0]) + "," + std::to_string(v[1]) + "," +
+                               std::to_string(v[2]) + "," + std::to_string(v[3]) + "," + std::to_string(v[4]) + "," +
+                               std::to_string(v[5]) + "," + std::to_string(v[6]));
+            }
+            std::printf("pipeline bubble: measured %.1f%% of the busy time (over all ranks: waits for a pipeline "
+                        "neighbour, transfers included, over the time spent otherwise), interleaved 1F1B predicts "
+                        "(PP - 1) / (V M) = %.1f%% (with equal chunks, free transfers and a core per process)\n",
+                        100.0 * bubble_sum / pipeline_sum, 100.0 * predicted);
+        }
+
+        std::vector<float> single;
+        if (o.reference) {
+            // every rank takes part in the split; rank 0 alone trains the one-process run
+            std::unique_ptr<Communicator> self = world->split(me, 0, "rank " + std::to_string(me) + " alone");
+            if (me == 0) {
+                Totals ignored;
+                const moonmoe::ModelConfig one = configure(o, 1, 1, 1, 1, o.ep * o.dp * o.micro_batches);
+                single = train(one, o, *self, ignored, true, "1 process");
+            }
+        }
+        if (me == 0) {
+            std::filesystem::create_directories(o.out);
+            const std::string csv = o.out + "/train_parallel.csv", png = o.out + "/train_parallel.png",
+                              ranks = o.out + "/train_parallel_ranks.csv";
+            std::ofstream f(csv);
+            if (!f) throw std::runtime_error(csv + ": cannot write");
+            f.precision(9);
+            f << "step,loss_parallel" << (single.empty() ? "" : ",loss_one_process") << "\n";
+            double worst = 0;
+            for (std::size_t s = 0; s < parallel.size(); ++s) {
+                f << s + 1 << ',' << parallel[s];
+                if (!single.empty()) {
+                    f << ',' << single[s];
+                    worst = std::max(worst, std::abs(double(parallel[s]) - single[s]) / std::abs(double(single[s])));
+                }
+                f << '\n';
+            }
+            std::ofstream rf(ranks);
+            rf << "rank,pp,ep,dp,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_bytes\n";
+            for (const std::string& r : rows) rf << r << '\n';
+            using namespace moonmoe::plot;
+            Figure fig;
+            fig.title = "train_parallel: Parallel<" + std::to_string(o.pp) + ", " + std::to_string(o.ep) + ", " +
+                        std::to_string(o.dp) + "> V=" + std::to_string(o.v) + " vs one process (MuonClip)";
+            Panel loss{"training loss", "step", "loss (nats / byte)"};
+            Series a{"Parallel<" + std::to_string(o.pp) + ", " + std::to_string(o.ep) + ", " + std::to_string(o.dp) + ">"};
+            for (std::size_t s = 0; s < parallel.size(); ++s) a.x.push_back(double(s + 1)), a.y.push_back(parallel[s]);
+            loss.series.push_back(a);
+            if (!single.empty()) {
+                Series b{"one process"};
+                for (std::size_t s = 0; s < single.size(); ++s) b.x.push_back(double(s + 1)), b.y.push_back(single[s]);
+                loss.series.push_back(b);
+            }
+            fig.panels = {loss};
+            write_png(png, fig);
+            std::printf("final loss %.4f%s\n", parallel.back(),
+                        single.empty() ? ""
+                                       : (" (one process: " + std::to_string(single.back()) +
+                                          "; largest relative difference over the steps " + std::to_string(worst) + ")")
+                                             .c_str());
+            std::printf("wrote %s, %s and %s\n", csv.c_str(), png.c_str(), ranks.c_str());
+        }
+        return 0;
+    } catch (const std::exception& e) {
+        MpiSession::abort(1, std::string("train_parallel: ") + e.what());
+    }
+}
