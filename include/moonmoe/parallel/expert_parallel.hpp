@@ -101,37 +101,73 @@ inline std::vector<index_t> times(const std::vector<index_t>& rows, index_t widt
 
 }  // namespace ep_detail
 
-/// The rows this rank sends (its plan's order, [sent(), H]) -> the rows its experts compute on, expert-major
-/// ([received(), H], local expert e's rows at expert_offsets[e] ...). Collective over `group`.
+/// The staging buffer of dispatch / return, kept between calls: a layer that exchanges every step reuses it
+/// instead of allocating (and zeroing, and faulting in) a fresh block of rows x hidden floats each time.
 template <class B>
-Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& ex,
-                                  View<const float, 2, std::type_identity_t<B>> rows) {
+struct ExchangeBuffers {
+    Tensor<float, 1, B> staging;
+    /// A [rows, width] view of the staging buffer, grown when too small.
+    View<float, 2, B> rows(index_t rows, index_t width) {
+        if (staging.numel() < rows * width) staging = Tensor<float, 1, B>({rows * width});
+        return View<float, 2, B>(staging.data(), {rows, width});
+    }
+};
+
+/// The rows this rank sends (its plan's order, [sent(), H]) -> into `out` ([received(), H]), the rows its experts
+/// compute on, expert-major (local expert e's rows at expert_offsets[e] ...). Collective over `group`.
+template <class B>
+void dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, std::type_identity_t<B>> rows,
+                   View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers) {
     const index_t H = rows.shape[1];
     if (rows.shape[0] != ex.sent() || !rows.contiguous())
         throw shape_error(group.where("dispatch_rows") + ": " + shape_string(rows.shape) + " rows to send, the plan has " +
                           std::to_string(ex.sent()) + " (contiguous)");
-    Tensor<float, 2, B> received({ex.received(), H}), out({ex.received(), H});
+    if (out.shape[0] != ex.received() || out.shape[1] != H)
+        throw shape_error(group.where("dispatch_rows") + ": the output is " + shape_string(out.shape) + ", [" +
+                          std::to_string(ex.received()) + ", " + std::to_string(H) + "] expected");
+    const View<float, 2, B> received = buffers.rows(ex.received(), H);
     group.all_to_all_v(std::span<const float>(rows.data, std::size_t(rows.numel())), ep_detail::times(ex.send_rows, H),
-                       std::span<float>(received.data(), std::size_t(received.numel())), ep_detail::times(ex.recv_rows, H));
-    if (ex.received() > 0) backend::Ops<B>::gather_pairs(received.view(), ex.to_expert_major.view(), 1, out.view());
-    return out;
+                       std::span<float>(received.data, std::size_t(received.numel())), ep_detail::times(ex.recv_rows, H));
+    if (ex.received() > 0) backend::Ops<B>::gather_pairs(View<const float, 2, B>(received), ex.to_expert_major.view(), 1, out);
 }
 
 /// The reverse of dispatch_rows: expert-major rows [received(), W] (the experts' outputs, or the gradients of
-/// their inputs) -> this rank's pairs in its plan's order [sent(), W]. Collective over `group`.
+/// their inputs) -> into `out`, this rank's pairs in its plan's order [sent(), W]. Collective over `group`.
 template <class B>
-Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex,
-                                  View<const float, 2, std::type_identity_t<B>> rows) {
+void return_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, std::type_identity_t<B>> rows,
+                 View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers) {
     const index_t W = rows.shape[1];
     if (rows.shape[0] != ex.received())
         throw shape_error(group.where("return_rows") + ": " + shape_string(rows.shape) + " rows to return, " +
                           std::to_string(ex.received()) + " were received");
-    Tensor<float, 2, B> source_major({ex.received(), W}), back({ex.sent(), W});
-    if (ex.received() > 0) backend::Ops<B>::gather_pairs(rows, ex.to_source_major.view(), 1, source_major.view());
-    group.all_to_all_v(std::span<const float>(source_major.data(), std::size_t(source_major.numel())),
-                       ep_detail::times(ex.recv_rows, W), std::span<float>(back.data(), std::size_t(back.numel())),
+    if (out.shape[0] != ex.sent() || out.shape[1] != W || !out.contiguous())
+        throw shape_error(group.where("return_rows") + ": the output is " + shape_string(out.shape) + ", [" +
+                          std::to_string(ex.sent()) + ", " + std::to_string(W) + "] expected (contiguous)");
+    const View<float, 2, B> source_major = buffers.rows(ex.received(), W);
+    if (ex.received() > 0) backend::Ops<B>::gather_pairs(rows, ex.to_source_major.view(), 1, source_major);
+    group.all_to_all_v(std::span<const float>(source_major.data, std::size_t(source_major.numel())),
+                       ep_detail::times(ex.recv_rows, W), std::span<float>(out.data, std::size_t(out.numel())),
                        ep_detail::times(ex.send_rows, W));
-    return back;
+}
+
+/// dispatch_rows into a new tensor (a buffer of its own for the staging).
+template <class B>
+Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& ex,
+                                  View<const float, 2, std::type_identity_t<B>> rows) {
+    Tensor<float, 2, B> out({ex.received(), rows.shape[1]});
+    ExchangeBuffers<B> buffers;
+    dispatch_rows(group, ex, rows, out.view(), buffers);
+    return out;
+}
+
+/// return_rows into a new tensor.
+template <class B>
+Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex,
+                                View<const float, 2, std::type_identity_t<B>> rows) {
+    Tensor<float, 2, B> out({ex.sent(), rows.shape[1]});
+    ExchangeBuffers<B> buffers;
+    return_rows(group, ex, rows, out.view(), buffers);
+    return out;
 }
 
 }  // namespace moonmoe::parallel
