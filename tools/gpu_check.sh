@@ -10,7 +10,9 @@
 #                              decoding, MuonClip steps against the CPU), runs it, then runs a short part of it under
 #                              compute-sanitizer (memcheck); then builds and runs test/nvcc/fast_kernels.cu (the
 #                              fast kernels against the portable path) and sanitizes it (memcheck, racecheck).
-#                              Writes build-gpu/results/{tests,fast_kernels,sanitizer,device}.txt.
+#                              Then test/nvcc/nccl_run.cu: NCCL with one rank (every collective, and the parallel
+#                              runtime's training over it against one process).
+#                              Writes build-gpu/results/{tests,fast_kernels,sanitizer,nccl,device}.txt.
 #   tools/gpu_check.sh bench   on the GPU machine: builds moonmoe_cuda_bench (every family of bench/SUITE.md on the
 #                              CUDA backend, one nvcc object per bench/<family>.cpp) and runs it, one process per
 #                              family; then PyTorch on the same GPU (bench/torch_suite.py --device cuda, f32 with TF32
@@ -86,6 +88,16 @@ run() {
         | tee -a "$results/sanitizer.txt"
     "$cuda/bin/compute-sanitizer" --tool racecheck --error-exitcode 1 "$obj/fast_kernels" --test-case='fast attention*' \
         2>&1 | tail -20 | tee -a "$results/sanitizer.txt"
+    # NCCL and the parallel runtime on it (test/nvcc/nccl_run.cu): one rank on this GPU, every collective, then
+    # Parallel<1, 1, 1> training through Pipeline and DistributedOptimizer over NCCL against one process.
+    # Writes build-gpu/results/nccl.txt.
+    if [ -e "$cuda/include/nccl.h" ] || [ -e /usr/include/nccl.h ]; then
+        "$nvcc" "${flags[@]}" -c "$root/test/nvcc/nccl_run.cu" -o "$obj/nccl_run.o"
+        "$nvcc" "-arch=$arch" "$obj/nccl_run.o" -lcublas -lnccl -o "$obj/nccl_run"
+        "$obj/nccl_run" 2>&1 | tee "$results/nccl.txt"
+    else
+        echo "gpu_check: no nccl.h under $cuda/include or /usr/include: NCCL not run" | tee "$results/nccl.txt"
+    fi
 }
 
 # The benchmarks (bench/SUITE.md, "On the GPU"): ours, PyTorch's when it is here, the targets.
