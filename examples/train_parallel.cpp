@@ -8,7 +8,8 @@
 // Each step takes a global batch of EP x DP x M micro-batches of 2 sequences of 64 bytes from the text (the
 // same file as train_tiny); token stream (ep, dp) runs its M micro-batches through the pipeline. Rank 0 shows
 // progress, then prints per rank the time in compute, communication and pipeline bubble and the bytes sent, and
-// the bubble against the interleaved 1F1B formula (PP - 1) / (V M). Writes DIR/train_parallel.csv (step, the loss
+// the bubble against the interleaved 1F1B formula (PP - 1) / (V M), and the bytes per step against
+// parallel/traffic.hpp's formula. Writes DIR/train_parallel.csv (step, the loss
 // of the parallel run and of the one-process run), DIR/train_parallel.png (both curves), and
 // DIR/train_parallel_ranks.csv (the per-rank figures).
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <moonmoe/nn/init.hpp>
 #include <moonmoe/parallel/mpi.hpp>
 #include <moonmoe/parallel/pipeline.hpp>
+#include <moonmoe/parallel/traffic.hpp>
 #include <moonmoe/parallel/zero.hpp>
 
 #include "support/plot_png.hpp"
@@ -140,6 +142,7 @@ void set_up(Opt& inner, const Options& o) {
 struct Totals {
     double compute = 0, communication = 0, bubble = 0, optimizer = 0, total = 0;
     double bytes = 0, optimizer_bytes = 0;
+    StepTraffic predicted;  ///< per step (parallel/traffic.hpp)
 };
 
 /// Trains `steps` steps of config c on `world`; returns the mean loss per step (on every rank).
@@ -152,6 +155,7 @@ std::vector<float> train(const moonmoe::ModelConfig& c, const Options& o, Commun
     DistributedOptimizer<train_tiny::TinyModel::optimizer, moonmoe::cpu> opt(part, g);
     set_up(opt.inner(), o);
     const auto layout = moonmoe::nn::TokenLayout::sequences(o.sequences, o.seq);
+    totals.predicted = step_traffic(c, g.at, layout.tokens());
     // the streams of the parallel run, each o.micro_batches micro-batches; a one-process run takes them all
     Batches batches(o, o.ep * o.dp);
     std::vector<float> losses;
@@ -219,15 +223,16 @@ int main(int argc, char** argv) {
         const std::vector<float> parallel = train(c, o, *world, t, me == 0, "parallel");
 
         // per rank: where the time went, the bytes sent
-        std::vector<double> mine = {t.compute, t.communication, t.bubble, t.optimizer, t.total, t.bytes, t.optimizer_bytes};
+        std::vector<double> mine = {t.compute, t.communication, t.bubble, t.optimizer, t.total, t.bytes, t.optimizer_bytes,
+                                    t.predicted.pipeline + t.predicted.expert, t.predicted.zero};
         std::vector<double> all(mine.size() * std::size_t(world->size()));
         world->all_gather(std::span<const double>(mine), std::span<double>(all));
         const double predicted = bubble_fraction(c.parallel, o.micro_batches);
         std::vector<std::string> rows;
         if (me == 0) {
             std::printf("per rank over %ld steps (seconds; bytes sent to other ranks):\n", long(o.steps));
-            std::printf("rank (pp,ep,dp)  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent "
-                        "(pipeline+EP / ZeRO)\n");
+            std::printf("rank (pp,ep,dp)  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent per "
+                        "step: pipeline+EP (formula)   ZeRO-1 (flat ZeRO-1)\n");
             const RankLayout layout(c.parallel);
             double bubble_sum = 0, pipeline_sum = 0;
             for (int r = 0; r < world->size(); ++r) {
@@ -235,13 +240,15 @@ int main(int argc, char** argv) {
                 const Coordinates at = layout.coordinates(r);
                 const double busy = v[4] - v[3] - v[2];  // the pipeline's time, less its idle waits
                 bubble_sum += v[2], pipeline_sum += busy;
-                std::printf("%4d (%ld,%ld,%ld)  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %7.2f / %7.2f\n", r,
-                            long(at.pp), long(at.ep), long(at.dp), v[0], v[1], v[2], v[3], v[4],
-                            100.0 * v[2] / busy, v[5] / 1e6, v[6] / 1e6);
+                const double per_step = 1e6 * double(o.steps);
+                std::printf("%4d (%ld,%ld,%ld)  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f (%6.3f)\n",
+                            r, long(at.pp), long(at.ep), long(at.dp), v[0], v[1], v[2], v[3], v[4],
+                            100.0 * v[2] / busy, v[5] / per_step, v[7] / 1e6, v[6] / per_step, v[8] / 1e6);
                 rows.push_back(std::to_string(r) + "," + std::to_string(at.pp) + "," + std::to_string(at.ep) + "," +
                                std::to_string(at.dp) + "," + std::to_string(v[0]) + "," + std::to_string(v[1]) + "," +
                                std::to_string(v[2]) + "," + std::to_string(v[3]) + "," + std::to_string(v[4]) + "," +
-                               std::to_string(v[5]) + "," + std::to_string(v[6]));
+                               std::to_string(v[5]) + "," + std::to_string(v[6]) + "," + std::to_string(v[7]) + "," +
+                               std::to_string(v[8]));
             }
             std::printf("pipeline bubble: measured %.1f%% of the busy time (over all ranks: waits for a pipeline "
                         "neighbour, transfers included, over the time spent otherwise), interleaved 1F1B predicts "
@@ -277,7 +284,8 @@ int main(int argc, char** argv) {
                 f << '\n';
             }
             std::ofstream rf(ranks);
-            rf << "rank,pp,ep,dp,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_bytes\n";
+            rf << "rank,pp,ep,dp,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_bytes,"
+                  "formula_pipeline_ep_bytes_per_step,formula_flat_zero_bytes_per_step\n";
             for (const std::string& r : rows) rf << r << '\n';
             using namespace moonmoe::plot;
             Figure fig;

@@ -4,7 +4,9 @@
 // fewer), three training steps of the pipeline (parallel/pipeline.hpp) and ZeRO-1 MuonClip
 // (parallel/zero.hpp) against one process that runs every micro-batch of every replica on the whole model and
 // steps optim::Optimizer with the mean gradient. Checked each step: the loss of every micro-batch, the gradient of
-// every parameter after the reduce-scatter (each on its owner), and after the last step every weight.
+// every parameter after the reduce-scatter (each on its owner), and after the last step every weight; the bytes
+// each rank sends against parallel/traffic.hpp (the pipeline's exactly without EP; ZeRO's, summed over the ranks,
+// exactly flat ZeRO-1's).
 //
 // Bitwise where the arithmetic is the same: with EP = 1 and at most two replicas every sum runs in the same order
 // (a pipeline accumulates a chunk's micro-batches in order; MPI's sum of two blocks is the one-process sum of two
@@ -22,6 +24,7 @@
 #include <moonmoe/nn.hpp>
 #include <moonmoe/nn/init.hpp>
 #include <moonmoe/parallel/pipeline.hpp>
+#include <moonmoe/parallel/traffic.hpp>
 #include <moonmoe/parallel/zero.hpp>
 
 #include "mpi_support.hpp"
@@ -133,6 +136,8 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
         for (index_t q = 0; q < g.replicas(); ++q)
             for (index_t m = 0; m < M; ++m) batches[std::size_t(q)].push_back(batch_of(c.dims.vocab, q, m, step));
         const auto result = pipeline.run(batches[std::size_t(g.replica())], layout);
+        const StepTraffic predicted = step_traffic(c, g.at, layout.tokens());
+        if (l.ep == 1) CHECK(double(result.timing.bytes_sent) == predicted.pipeline);  // exact without EP
         ref.accumulate(batches, layout);
         for (index_t m = 0; m < M; ++m) {
             const float expected = ref.losses[std::size_t(g.replica())][std::size_t(m)];
@@ -141,6 +146,7 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
             if (bitwise) CHECK(got == expected);
             else CHECK(got == doctest::Approx(expected).epsilon(1e-5));
         }
+        const Traffic before = g.traffic();
         REQUIRE_FALSE(opt.reduce_gradients());
         const std::vector<int>& owners = opt.owners();
         std::size_t i = 0;
@@ -158,6 +164,10 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
             else CHECK(e <= 1e-5);
         });
         const optim::StepReport a = opt.update(), b = ref.opt.step();
+        // ZeRO-1's traffic summed over the world: flat ZeRO-1's (whole-parameter shares move the same bytes in all)
+        std::vector<double> zero = {double(g.traffic().bytes - before.bytes), predicted.zero};
+        w.all_reduce(std::span<double>(zero), ReduceOp::sum);
+        CHECK(zero[0] == doctest::Approx(zero[1]).epsilon(1e-9));
         CHECK(a.clip.total() <= b.clip.total());  // a part clips the heads of its own layers
         clipped += b.clip.total();
     }

@@ -8,6 +8,7 @@
 //                                                lands in rank i's recv as block r; counts known to both sides
 //   all_reduce(data, sum | max)                  in place
 //   reduce_scatter(in, out, sum)                 in = size() blocks of out.size(); rank r gets the sum of block r
+//   reduce_scatter_v(in, out, counts, sum)       the same with blocks of counts[r] elements
 //   all_gather(in, out)                          out = every rank's in, in rank order
 //   all_gather_v(in, out, counts)                the same with counts[r] elements from rank r
 //   send / recv, isend / irecv -> Request        point to point, tag-matched; a Request is waited on once
@@ -19,7 +20,7 @@
 //
 // traffic() counts what this rank handed to the group since reset_traffic(): the payload bytes bound for other
 // ranks, by the volume a bandwidth-optimal algorithm sends (all-to-all-v: the blocks for the other ranks;
-// reduce-scatter and all-gather: (size - 1) blocks; all-reduce: 2 (size - 1) / size of the data, the ring's;
+// reduce-scatter(-v): the blocks of the other ranks; all-gather(-v): its block to each other rank; all-reduce: 2 (size - 1) / size of the data, the ring's;
 // send: the message), and the wall time spent in the blocking operations (waits on a Request are the caller's).
 //
 // Every operation is a bounded wait: an operation that does not complete within timeout() (a rank died, or the
@@ -146,6 +147,18 @@ public:
     }
 
     template <class T>
+    void reduce_scatter_v(std::span<const T> in, std::span<T> out, std::span<const index_t> counts,
+                          ReduceOp op = ReduceOp::sum) {
+        check_size("reduce_scatter_v", "counts", counts.size());
+        check_total("reduce_scatter_v", "in", in.size(), counts);
+        if (index_t(out.size()) != counts[std::size_t(rank())])
+            throw comm_error(where("reduce_scatter_v") + ": out holds " + std::to_string(out.size()) +
+                             " elements, counts says " + std::to_string(counts[std::size_t(rank())]));
+        const Timed timed(*this, sizeof(T) * others(counts));
+        reduce_scatter_v_bytes(in.data(), out.data(), counts, element_of<std::remove_const_t<T>>(), op);
+    }
+
+    template <class T>
     void all_gather(std::span<const T> in, std::span<T> out) {
         if (out.size() != in.size() * std::size_t(size()))
             throw comm_error(where("all_gather") + ": out holds " + std::to_string(out.size()) + " elements, " +
@@ -201,6 +214,8 @@ protected:
     }
     virtual void all_reduce_bytes(void* data, index_t n, Element e, ReduceOp op) = 0;
     virtual void reduce_scatter_bytes(const void* in, void* out, index_t n, Element e, ReduceOp op) = 0;
+    virtual void reduce_scatter_v_bytes(const void* in, void* out, std::span<const index_t> counts, Element e,
+                                        ReduceOp op) = 0;
     virtual void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts, Element e) = 0;
     virtual std::unique_ptr<Request> isend_bytes(const void* data, index_t n, Element e, int dest, int tag) = 0;
     virtual std::unique_ptr<Request> irecv_bytes(void* data, index_t n, Element e, int source, int tag) = 0;

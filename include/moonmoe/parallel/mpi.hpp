@@ -158,6 +158,15 @@ protected:
               "reduce_scatter");
         wait(r, "reduce_scatter");
     }
+    void reduce_scatter_v_bytes(const void* in, void* out, std::span<const index_t> counts, Element e,
+                                ReduceOp o) override {
+        reducible("reduce_scatter_v", e);
+        const std::vector<int> c = ints("reduce_scatter_v", counts);
+        MPI_Request r;
+        check(MPI_Ireduce_scatter(in, out, c.data(), mpi_detail::datatype(e), mpi_detail::op(o), comm_, &r),
+              "reduce_scatter_v");
+        wait(r, "reduce_scatter_v");
+    }
     void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts, Element e) override {
         const std::vector<int> c = ints("all_gather_v", counts), d = displacements("all_gather_v", c);
         MPI_Request r;

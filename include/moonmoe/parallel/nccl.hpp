@@ -172,6 +172,24 @@ protected:
               "reduce_scatter");
         wait("reduce_scatter");
     }
+    /// A group of ncclReduce calls, one per rank as the root of its block (NCCL has no reduce-scatter-v).
+    void reduce_scatter_v_bytes(const void* in, void* out, std::span<const index_t> counts, Element e,
+                                ReduceOp o) override {
+        const std::size_t w = nccl_detail::bytes_of(e);
+        const ncclDataType_t t = nccl_detail::datatype(e);
+        const auto stream = backend::current_stream();
+        std::size_t at = 0;
+        check(ncclGroupStart(), "reduce_scatter_v");
+        for (int root = 0; root < size_; ++root) {
+            const auto c = std::size_t(counts[std::size_t(root)]);
+            if (c) check(ncclReduce(static_cast<const char*>(in) + at * w, out, c, t, o == ReduceOp::sum ? ncclSum : ncclMax,
+                                    root, comm_, stream),
+                         "reduce_scatter_v");
+            at += c;
+        }
+        check(ncclGroupEnd(), "reduce_scatter_v");
+        wait("reduce_scatter_v");
+    }
     void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts, Element e) override {
         const std::size_t w = nccl_detail::bytes_of(e);
         const ncclDataType_t t = nccl_detail::datatype(e);

@@ -8,7 +8,7 @@
 // and every other parameter's is the EP x DP ranks holding the same layers; with one group, every parameter's is it.
 // A step:
 //   1. reduce-scatter of the gradients, per group: every rank packs each parameter's gradient into its owner's
-//      block of one buffer (blocks padded to the largest share) and reduce_scatter sums the blocks over the group;
+//      block of one buffer (block r holds rank r's share) and reduce_scatter_v sums the blocks over the group;
 //      each owner unpacks its share, divided by the number of token streams (replicas: EP x DP), the mean over
 //      them that one process averaging the same micro-batches gets (the experts' gradients already hold the
 //      EP streams' contributions, which reached them through the all-to-all)
@@ -18,9 +18,9 @@
 //   3. every rank runs optim::Optimizer on the parameters it owns (the others are routed to none: no state), then
 //      QK-Clip and the bias update, which are the same on every rank holding the layer since their inputs are
 //   4. all-gather of the updated parameters, per group: each owner's block to every rank.
-// Communication per step, per rank: the gradients once (reduce-scatter) and the parameters once (all-gather), each
-// about (size - 1) / size of its part's floats (plus the padding of uneven shares): the same as ZeRO-1 with AdamW,
-// whose reduce-scatter and all-gather move the same two buffers (only its shards are flat slices).
+// Communication per step: the gradients once (reduce-scatter) and the parameters once (all-gather), (size - 1) /
+// size of the group's floats each on average over the ranks: the same as ZeRO-1 with AdamW, whose reduce-scatter
+// and all-gather move the same two buffers (only its shards are flat slices, equal on every rank).
 #pragma once
 
 #include <algorithm>
@@ -48,10 +48,10 @@ public:
     /// rank's share of the cost, per group (dense, then experts when they have their own group).
     const std::vector<int>& owners() const { return owner_; }
     const std::vector<double>& loads() const { return shards_[0].load; }
-    /// Floats this rank sends per step: the reduce-scatters' and the all-gathers' (padded) buffers.
+    /// The floats of the reduce-scatters' and the all-gathers' buffers per step (each the group's whole part).
     index_t floats_per_step() const {
         index_t n = 0;
-        for (const Shard& s : shards_) n += 2 * s.block * index_t(s.group->size());
+        for (const Shard& s : shards_) n += 2 * s.total();
         return n;
     }
     optim::Optimizer<Config, B>& inner() { return inner_; }
@@ -61,13 +61,13 @@ public:
     bool reduce_gradients() {
         const std::vector<ParamRef> params = parameters();
         for (Shard& s : shards_) {
-            const int n = s.group->size();
-            Tensor<float, 1, B> send({s.block * n});
-            s.mine = Tensor<float, 1, B>({s.block});
-            for (std::size_t i : s.members) copy(params[i].grad, send.data() + owner_[i] * s.block + offset_[i], params[i].numel());
-            s.group->reduce_scatter(std::span<const float>(send.data(), std::size_t(send.numel())),
-                                    std::span<float>(s.mine.data(), std::size_t(s.mine.numel())));
-            Ops::map(fn::ScaleBy<float>{1.0f / float(replicas_)}, s.mine.template reshape<2>({1, s.block}));
+            Tensor<float, 1, B> send({s.total()});
+            const index_t mine = s.counts[std::size_t(s.group->rank())];
+            s.mine = Tensor<float, 1, B>({mine});
+            for (std::size_t i : s.members) copy(params[i].grad, send.data() + s.start(owner_[i]) + offset_[i], params[i].numel());
+            s.group->reduce_scatter_v(std::span<const float>(send.data(), std::size_t(send.numel())),
+                                      std::span<float>(s.mine.data(), std::size_t(mine)), s.counts);
+            Ops::map(fn::ScaleBy<float>{1.0f / float(replicas_)}, s.mine.template reshape<2>({1, mine}));
             for (std::size_t i : s.members)
                 if (owner_[i] == s.group->rank()) copy(s.mine.data() + offset_[i], params[i].grad, params[i].numel());
         }
@@ -89,11 +89,11 @@ public:
             const int me = s.group->rank();
             for (std::size_t i : s.members)
                 if (owner_[i] == me) copy(params[i].value, s.mine.data() + offset_[i], params[i].numel());
-            Tensor<float, 1, B> all({s.block * s.group->size()});
-            s.group->all_gather(std::span<const float>(s.mine.data(), std::size_t(s.block)),
-                                std::span<float>(all.data(), std::size_t(all.numel())));
+            Tensor<float, 1, B> all({s.total()});
+            s.group->all_gather_v(std::span<const float>(s.mine.data(), std::size_t(s.mine.numel())),
+                                  std::span<float>(all.data(), std::size_t(all.numel())), s.counts);
             for (std::size_t i : s.members)
-                if (owner_[i] != me) copy(all.data() + owner_[i] * s.block + offset_[i], params[i].value, params[i].numel());
+                if (owner_[i] != me) copy(all.data() + s.start(owner_[i]) + offset_[i], params[i].value, params[i].numel());
         }
         model_.refresh_working_weights();
         model_.zero_grad();
@@ -121,8 +121,20 @@ private:
         Communicator* group = nullptr;
         std::vector<std::size_t> members;  ///< indices into the visit order
         std::vector<double> load;
-        index_t block = 0;
+        std::vector<index_t> counts;  ///< floats each rank owns
         Tensor<float, 1, B> mine;
+
+        index_t total() const {
+            index_t n = 0;
+            for (index_t c : counts) n += c;
+            return n;
+        }
+        /// Where rank r's block starts in the packed buffers.
+        index_t start(int r) const {
+            index_t n = 0;
+            for (int q = 0; q < r; ++q) n += counts[std::size_t(q)];
+            return n;
+        }
     };
 
     DistributedOptimizer(nn::Transformer<B>& model, Communicator& world, Communicator& dense, Communicator& experts,
@@ -184,12 +196,11 @@ private:
             owner_[i] = int(least);
             s.load[least] += cost(i);
         }
-        std::vector<index_t> used(std::size_t(n), 0);
+        s.counts.assign(std::size_t(n), 0);
         for (std::size_t i : s.members) {
-            offset_[i] = used[std::size_t(owner_[i])];
-            used[std::size_t(owner_[i])] += params[i].numel();
+            offset_[i] = s.counts[std::size_t(owner_[i])];
+            s.counts[std::size_t(owner_[i])] += params[i].numel();
         }
-        s.block = *std::max_element(used.begin(), used.end());
     }
 
     static void copy(const float* from, float* to, index_t n) {
