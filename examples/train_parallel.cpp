@@ -143,6 +143,7 @@ struct Totals {
     double compute = 0, communication = 0, bubble = 0, optimizer = 0, total = 0;
     double bytes = 0, optimizer_bytes = 0;
     StepTraffic predicted;  ///< per step (parallel/traffic.hpp)
+    double parameters = 0;  ///< of this rank's part
 };
 
 /// Trains `steps` steps of config c on `world`; returns the mean loss per step (on every rank).
@@ -151,6 +152,7 @@ std::vector<float> train(const moonmoe::ModelConfig& c, const Options& o, Commun
     ProcessGroups g(world, c.parallel);
     moonmoe::nn::Transformer<moonmoe::cpu> part(c, model_part(c, g.at));
     moonmoe::nn::init_weights(part, {.seed = o.seed});
+    part.visit_params([&](const moonmoe::ParamRef& p) { totals.parameters += double(p.numel()); });
     Pipeline<moonmoe::cpu> pipeline(part, g, c.parallel.micro_batches);
     DistributedOptimizer<train_tiny::TinyModel::optimizer, moonmoe::cpu> opt(part, g);
     set_up(opt.inner(), o);
@@ -224,15 +226,15 @@ int main(int argc, char** argv) {
 
         // per rank: where the time went, the bytes sent
         std::vector<double> mine = {t.compute, t.communication, t.bubble, t.optimizer, t.total, t.bytes, t.optimizer_bytes,
-                                    t.predicted.pipeline + t.predicted.expert, t.predicted.zero};
+                                    t.predicted.pipeline + t.predicted.expert, t.predicted.zero, t.parameters};
         std::vector<double> all(mine.size() * std::size_t(world->size()));
         world->all_gather(std::span<const double>(mine), std::span<double>(all));
         const double predicted = bubble_fraction(c.parallel, o.micro_batches);
         std::vector<std::string> rows;
         if (me == 0) {
             std::printf("per rank over %ld steps (seconds; bytes sent to other ranks):\n", long(o.steps));
-            std::printf("rank (pp,ep,dp)  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent per "
-                        "step: pipeline+EP (formula)   ZeRO-1 (flat ZeRO-1)\n");
+            std::printf("rank (pp,ep,dp)  params  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent "
+                        "per step: pipeline+EP (formula)   ZeRO-1 (flat ZeRO-1)\n");
             const RankLayout layout(c.parallel);
             double bubble_sum = 0, pipeline_sum = 0;
             for (int r = 0; r < world->size(); ++r) {
@@ -241,11 +243,11 @@ int main(int argc, char** argv) {
                 const double busy = v[4] - v[3] - v[2];  // the pipeline's time, less its idle waits
                 bubble_sum += v[2], pipeline_sum += busy;
                 const double per_step = 1e6 * double(o.steps);
-                std::printf("%4d (%ld,%ld,%ld)  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f (%6.3f)\n",
-                            r, long(at.pp), long(at.ep), long(at.dp), v[0], v[1], v[2], v[3], v[4],
+                std::printf("%4d (%ld,%ld,%ld)  %6.0f  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f (%6.3f)\n",
+                            r, long(at.pp), long(at.ep), long(at.dp), v[9], v[0], v[1], v[2], v[3], v[4],
                             100.0 * v[2] / busy, v[5] / per_step, v[7] / 1e6, v[6] / per_step, v[8] / 1e6);
                 rows.push_back(std::to_string(r) + "," + std::to_string(at.pp) + "," + std::to_string(at.ep) + "," +
-                               std::to_string(at.dp) + "," + std::to_string(v[0]) + "," + std::to_string(v[1]) + "," +
+                               std::to_string(at.dp) + "," + std::to_string(v[9]) + "," + std::to_string(v[0]) + "," + std::to_string(v[1]) + "," +
                                std::to_string(v[2]) + "," + std::to_string(v[3]) + "," + std::to_string(v[4]) + "," +
                                std::to_string(v[5]) + "," + std::to_string(v[6]) + "," + std::to_string(v[7]) + "," +
                                std::to_string(v[8]));
@@ -284,7 +286,7 @@ int main(int argc, char** argv) {
                 f << '\n';
             }
             std::ofstream rf(ranks);
-            rf << "rank,pp,ep,dp,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_bytes,"
+            rf << "rank,pp,ep,dp,parameters,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_bytes,"
                   "formula_pipeline_ep_bytes_per_step,formula_flat_zero_bytes_per_step\n";
             for (const std::string& r : rows) rf << r << '\n';
             using namespace moonmoe::plot;
@@ -301,6 +303,16 @@ int main(int argc, char** argv) {
                 loss.series.push_back(b);
             }
             fig.panels = {loss};
+            if (!single.empty()) {  // the curves overlap: their distance, step by step
+                Panel diff{"the two losses' relative difference", "step", "|a - b| / b"};
+                Series d{"Parallel<" + std::to_string(o.pp) + ", " + std::to_string(o.ep) + ", " + std::to_string(o.dp) +
+                         "> vs one process"};
+                for (std::size_t s = 0; s < single.size(); ++s)
+                    d.x.push_back(double(s + 1)),
+                        d.y.push_back(std::abs(double(parallel[s]) - single[s]) / std::abs(double(single[s])));
+                diff.series.push_back(d);
+                fig.panels.push_back(diff);
+            }
             write_png(png, fig);
             std::printf("final loss %.4f%s\n", parallel.back(),
                         single.empty() ? ""
