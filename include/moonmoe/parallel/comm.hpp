@@ -12,6 +12,7 @@
 //   all_gather(in, out)                          out = every rank's in, in rank order
 //   all_gather_v(in, out, counts)                the same with counts[r] elements from rank r
 //   send / recv, isend / irecv -> Request        point to point, tag-matched; a Request is waited on once
+//   group_start(), group_end()                   point-to-point operations issued together (NCCL groups)
 //   barrier(), split(color, key)                 a sub-group: the ranks with the same color, ordered by key
 //
 // Buffers live where the implementation's backend keeps tensors: host memory for MPI, device memory for NCCL
@@ -95,6 +96,11 @@ public:
     virtual bool device_memory() const { return false; }
 
     virtual void barrier() = 0;
+    /// Point-to-point operations posted between group_start() and group_end() are issued together, so a send and
+    /// a receive of one group cannot block each other (NCCL's ncclGroupStart / ncclGroupEnd). MPI's non-blocking
+    /// operations need no grouping: no-ops there.
+    virtual void group_start() {}
+    virtual void group_end() {}
     /// The ranks that pass the same color, ordered by key (then by rank here); `name` names the new group.
     virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 

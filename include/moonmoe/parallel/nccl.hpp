@@ -10,7 +10,8 @@
 // all-to-all-v is a group of ncclSend / ncclRecv (blocks with no elements are skipped on both sides, which both
 // know from the counts); all-gather-v the same, the other collectives NCCL's own. isend / irecv are single NCCL
 // operations on the stream, matched by order (NCCL has no tags): a rank that sends and receives at once (a ring)
-// posts the receive and the send in the order its peer does, or uses all_to_all_v, which groups them. exchange_counts and
+// posts them between group_start() and group_end() (ncclGroupStart / ncclGroupEnd), or uses all_to_all_v, which
+// groups them. exchange_counts and
 // host_all_to_all_v stage their host arrays through the device. Compiled in CI by nvcc; run by tools/gpu_check.sh
 // (one GPU: NCCL with one rank per process still exercises every call).
 #pragma once
@@ -90,6 +91,9 @@ public:
     std::chrono::milliseconds timeout() const override { return timeout_; }
     void set_timeout(std::chrono::milliseconds t) override { timeout_ = t; }
     bool device_memory() const override { return true; }
+
+    void group_start() override { check(ncclGroupStart(), "group_start"); }
+    void group_end() override { check(ncclGroupEnd(), "group_end"); }
 
     void barrier() override {
         Tensor<float, 1, cuda> one({1});

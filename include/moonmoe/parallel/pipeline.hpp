@@ -14,7 +14,12 @@
 // gradient of its output from s + 1 and sends the gradient of its input to s - 1 (stage 0 ends in the embedding).
 // Sends are non-blocking and waited at the end of the step; a receive blocks when its step needs the data (the
 // schedules of all ranks together cannot deadlock: tested by simulating them in test/unit/parallel_schedule.cpp).
-// Messages are matched by tag, (micro-batch, virtual stage, direction). MoE layers of an EP > 1 run go through the
+// A send whose rank's next step starts with a receive is posted together with that receive, in one group
+// (Communicator::group_start / group_end), as Megatron pairs send-forward with receive-backward: over NCCL, where
+// a send blocks the stream until its receiver posts, a lone send there could wait on a peer that waits on us.
+// Messages are matched by tag, (micro-batch, virtual stage, direction), over MPI; NCCL matches by order, which is
+// consistent for V = 1 (activations travel one way between two ranks, gradients the other) but not for the
+// interleaved schedule, where one pair of ranks exchanges both in orders that differ: V > 1 over NCCL is refused. MoE layers of an EP > 1 run go through the
 // expert group's all-to-all (parallel/moe.hpp); every EP rank of a stage runs the same schedule, so they issue
 // the same sequence of exchanges.
 //
@@ -72,6 +77,11 @@ public:
             throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
                                         ": the model part does not hold this rank's layers (build it with "
                                         "model_part(config, groups.at))");
+        if (shape_.v > 1 && shape_.pp > 1 && groups_.pipeline->device_memory())
+            throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
+                                        ": the interleaved schedule (VirtualStages " + std::to_string(shape_.v) +
+                                        ") over a communicator that matches sends and receives by order (NCCL) could "
+                                        "pair an activation with a gradient; use VirtualStages<1> there, or MPI");
     }
 
     const std::vector<Step>& schedule() const { return schedule_; }
@@ -98,9 +108,12 @@ public:
         slots_.resize(std::size_t(shape_.micro_batches * shape_.v));
         losses_.assign(std::size_t(shape_.micro_batches), 0.0f);
         bubble_ = 0;
-        for (const Step& s : schedule_) {
+        for (std::size_t i = 0; i < schedule_.size(); ++i) {
+            const Step& s = schedule_[i];
             if (s.pass == Pass::forward) forward(s.micro_batch, s.chunk);
             else backward(s.micro_batch, s.chunk);
+            // a send waits to be grouped with the next step's receive, if it has one (the header comment)
+            if (i + 1 == schedule_.size() || !receives(schedule_[i + 1])) post_sends();
         }
         const auto sends = clock::now();
         for (Pending& p : pending_) p.request->wait();
@@ -132,7 +145,8 @@ private:
     };
     struct Pending {
         Mat buffer;
-        std::unique_ptr<Request> request;
+        std::unique_ptr<Request> request;  ///< null while waiting to be posted
+        int peer = 0, tag = 0;
     };
 
     index_t stages() const { return shape_.virtual_stages(); }
@@ -144,19 +158,38 @@ private:
     Slot& slot(index_t micro_batch, index_t chunk) { return slots_[std::size_t(micro_batch * shape_.v + chunk)]; }
     bool uses_expert_group(const nn::DecoderLayer<B>& layer) const { return !layer.dense && groups_.layout.ep > 1; }
 
+    /// Whether step `s` starts by receiving (its input from the previous stage, or its output's gradient).
+    bool receives(const Step& s) const {
+        const index_t stage = shape_.virtual_stage(groups_.at.pp, s.chunk);
+        return s.pass == Pass::forward ? stage > 0 : stage + 1 < stages();
+    }
+    /// The waiting sends (in the order they were made), then `then` (a receive), as one group.
+    template <class Then>
+    void post_sends(Then&& then) {
+        Communicator& c = *groups_.pipeline;
+        c.group_start();
+        for (Pending& p : waiting_) {
+            p.request = c.isend(std::span<const float>(p.buffer.data(), std::size_t(p.buffer.numel())), p.peer, p.tag);
+            pending_.push_back(std::move(p));
+        }
+        waiting_.clear();
+        then();
+        c.group_end();
+    }
+    void post_sends() {
+        if (!waiting_.empty()) post_sends([] {});
+    }
     void receive(Mat& into, index_t from_stage, int t) {
+        std::unique_ptr<Request> r;
+        post_sends([&] {
+            r = groups_.pipeline->irecv(std::span<float>(into.data(), std::size_t(into.numel())),
+                                        rank_of_stage(from_stage), t);
+        });
         const auto start = std::chrono::steady_clock::now();
-        groups_.pipeline
-            ->irecv(std::span<float>(into.data(), std::size_t(into.numel())), rank_of_stage(from_stage), t)
-            ->wait();
+        r->wait();
         bubble_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    void send(Mat&& from, index_t to_stage, int t) {
-        Pending p{std::move(from), nullptr};
-        p.request = groups_.pipeline->isend(std::span<const float>(p.buffer.data(), std::size_t(p.buffer.numel())),
-                                            rank_of_stage(to_stage), t);
-        pending_.push_back(std::move(p));
-    }
+    void send(Mat&& from, index_t to_stage, int t) { waiting_.push_back({std::move(from), nullptr, rank_of_stage(to_stage), t}); }
 
     void forward(index_t mb, index_t chunk) {
         const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
@@ -243,7 +276,8 @@ private:
     nn::TokenLayout layout_;
     std::vector<Slot> slots_;
     std::vector<float> losses_;
-    std::vector<Pending> pending_;
+    std::vector<Pending> waiting_;  ///< sends not yet posted
+    std::vector<Pending> pending_;  ///< sends posted, waited at the end of the step
     double bubble_ = 0;
 };
 
