@@ -14,7 +14,7 @@
 // (ExchangeBuffers). Fixed iteration counts (every rank must run the same collectives).
 //
 // bench-mpi: 2
-// bench-smoke-filter: /tokens:16$
+// bench-smoke-filter: /tokens:16/
 #include <benchmark/benchmark.h>
 
 #include <chrono>
