@@ -15,20 +15,19 @@
 //
 // bench-mpi: 2
 // bench-smoke-filter: /tokens:16/
-#include <benchmark/benchmark.h>
-
-#include <chrono>
 #include <random>
 
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/parallel/expert_parallel.hpp>
-#include <moonmoe/parallel/mpi.hpp>
+
+#include "support/mpi_bench.hpp"
 
 namespace {
 
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using Ops = backend::Ops<cpu>;
+using moonmoe::bench::slowest;
 
 constexpr index_t hidden = 7168, top_k = 8, experts = 384;
 
@@ -63,17 +62,6 @@ struct Routed {
         offsets.assign(off.data(), off.data() + experts + 1);
     }
 };
-
-/// The slowest rank's seconds for `f` (every rank runs it; the maximum is what the group waited for).
-template <class F>
-double slowest(Communicator& w, F&& f) {
-    w.barrier();
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    std::vector<double> s = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
-    w.all_reduce(std::span<double>(s), ReduceOp::max);
-    return s[0];
-}
 
 /// Rows this rank sends to other ranks in one direction, from its plan.
 index_t rows_to_others(const ExpertExchange<cpu>& ex, int me) {
@@ -151,29 +139,13 @@ void shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(EP_DispatchCombine)->Apply(shapes);
 BENCHMARK(MPI_Alltoallv)->Apply(shapes);
 
-/// Ranks other than 0 run the same benchmarks and print nothing.
-class Silent : public benchmark::BenchmarkReporter {
-public:
-    bool ReportContext(const Context&) override { return true; }
-    void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    MpiSession mpi(&argc, &argv);
-    MpiCommunicator world(MPI_COMM_WORLD, "world");
-    world.set_timeout(std::chrono::minutes(10));
-    world_ptr = &world;
-    benchmark::Initialize(&argc, argv);
-    if (world.rank() == 0) {
-        std::printf("expert group: %d ranks (EP %d), hidden %ld, top-%ld of %ld experts, f32 rows\n", world.size(),
-                    world.size(), long(hidden), long(top_k), long(experts));
-        benchmark::RunSpecifiedBenchmarks();
-    } else {
-        Silent silent;
-        benchmark::RunSpecifiedBenchmarks(&silent);
-    }
-    benchmark::Shutdown();
-    return 0;
+    return moonmoe::bench::mpi_benchmark_main(argc, argv, [](MpiCommunicator& world) {
+        world_ptr = &world;
+        return "expert group: " + std::to_string(world.size()) + " ranks (EP " + std::to_string(world.size()) +
+               "), hidden " + std::to_string(hidden) + ", top-" + std::to_string(top_k) + " of " +
+               std::to_string(experts) + " experts, f32 rows";
+    });
 }

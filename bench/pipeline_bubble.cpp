@@ -13,16 +13,14 @@
 //
 // bench-mpi: 2
 // bench-smoke-filter: ^PipelineStep/v:1/m:2/
-#include <benchmark/benchmark.h>
-
-#include <chrono>
 #include <random>
 
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config.hpp>
 #include <moonmoe/nn/init.hpp>
-#include <moonmoe/parallel/mpi.hpp>
 #include <moonmoe/parallel/pipeline.hpp>
+
+#include "support/mpi_bench.hpp"
 
 namespace {
 
@@ -69,39 +67,23 @@ void PipelineStep(benchmark::State& state, index_t v, index_t m) {
     state.counters["pp"] = double(pp);
 }
 
-class Silent : public benchmark::BenchmarkReporter {
-public:
-    bool ReportContext(const Context&) override { return true; }
-    void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    MpiSession mpi(&argc, &argv);
-    MpiCommunicator world(MPI_COMM_WORLD, "world");
-    world.set_timeout(std::chrono::minutes(10));
-    world_ptr = &world;
-    moonmoe::set_threads(1);
-    // M = PP, 2 PP, 4 PP for V = 1, 2; fixed iterations (every rank must run the same steps)
-    for (index_t v : {1, 2})
-        for (index_t k : {1, 2, 4}) {
-            const index_t m = k * world.size();
-            benchmark::RegisterBenchmark(("PipelineStep/v:" + std::to_string(v) + "/m:" + std::to_string(m)).c_str(),
-                                         PipelineStep, v, m)
-                ->UseManualTime()
-                ->Unit(benchmark::kMillisecond)
-                ->Iterations(3);
-        }
-    benchmark::Initialize(&argc, argv);
-    if (world.rank() == 0) {
-        std::printf("pipeline: %d ranks (PP %d), a K2-shaped model of hidden 256, 8 layers, micro-batches of 256 tokens\n",
-                    world.size(), world.size());
-        benchmark::RunSpecifiedBenchmarks();
-    } else {
-        Silent silent;
-        benchmark::RunSpecifiedBenchmarks(&silent);
-    }
-    benchmark::Shutdown();
-    return 0;
+    return moonmoe::bench::mpi_benchmark_main(argc, argv, [](MpiCommunicator& world) {
+        world_ptr = &world;
+        moonmoe::set_threads(1);
+        // M = PP, 2 PP, 4 PP for V = 1, 2; fixed iterations (every rank must run the same steps)
+        for (index_t v : {1, 2})
+            for (index_t k : {1, 2, 4}) {
+                const index_t m = k * world.size();
+                benchmark::RegisterBenchmark(
+                    ("PipelineStep/v:" + std::to_string(v) + "/m:" + std::to_string(m)).c_str(), PipelineStep, v, m)
+                    ->UseManualTime()
+                    ->Unit(benchmark::kMillisecond)
+                    ->Iterations(3);
+            }
+        return "pipeline: " + std::to_string(world.size()) + " ranks (PP " + std::to_string(world.size()) +
+               "), a K2-shaped model of hidden 256, 8 layers, micro-batches of 256 tokens";
+    });
 }

@@ -31,6 +31,7 @@
 
 using namespace moonmoe;
 using namespace moonmoe::parallel;
+using moonmoe::testing::scaled_error;
 using moonmoe::testing::world;
 
 namespace {
@@ -63,13 +64,6 @@ std::vector<index_t> batch_of(index_t vocab, index_t replica, index_t micro_batc
     std::vector<index_t> ids(16);
     for (index_t& t : ids) t = index_t(gen() % std::uint64_t(vocab));
     return ids;
-}
-
-double scaled_error(const float* a, const float* b, index_t n) {
-    double diff = 0, scale = 0;
-    for (index_t i = 0; i < n; ++i)
-        diff = std::max(diff, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
-    return scale > 0 ? diff / scale : diff;
 }
 
 /// One process: every micro-batch of every replica on the whole model, the gradients averaged as the runtime

@@ -1,6 +1,8 @@
 // The world communicator of the MPI test binary (test/mpi/main.cpp sets it before the cases run).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include <moonmoe/parallel/mpi.hpp>
@@ -12,5 +14,13 @@ inline std::unique_ptr<parallel::Communicator>& world_communicator() {
     return c;
 }
 inline parallel::Communicator& world() { return *world_communicator(); }
+
+/// The largest difference of a and b over the largest magnitude of b (the difference itself when b is zero).
+inline double scaled_error(const float* a, const float* b, index_t n) {
+    double diff = 0, scale = 0;
+    for (index_t i = 0; i < n; ++i)
+        diff = std::max(diff, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
+    return scale > 0 ? diff / scale : diff;
+}
 
 }  // namespace moonmoe::testing

@@ -20,6 +20,7 @@
 
 using namespace moonmoe;
 using namespace moonmoe::parallel;
+using moonmoe::testing::scaled_error;
 using moonmoe::testing::world;
 
 namespace {
@@ -31,13 +32,6 @@ std::vector<index_t> batch_of(int rank, int step) {
     std::vector<index_t> ids(16);
     for (index_t& t : ids) t = index_t(gen() % std::uint64_t(TinyK2::config.dims.vocab));
     return ids;
-}
-
-double scaled_error(const float* a, const float* b, index_t n) {
-    double diff = 0, scale = 0;
-    for (index_t i = 0; i < n; ++i)
-        diff = std::max(diff, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
-    return scale > 0 ? diff / scale : diff;
 }
 
 }  // namespace
