@@ -189,7 +189,9 @@ private:
             return a * b * b;
         };
         std::vector<std::size_t> order = s.members;
-        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost(a) > cost(b); });
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {  // by cost, ties in visit order
+            return cost(a) != cost(b) ? cost(a) > cost(b) : a < b;
+        });
         s.load.assign(std::size_t(n), 0.0);
         for (std::size_t i : order) {
             const auto least = std::size_t(std::min_element(s.load.begin(), s.load.end()) - s.load.begin());
