@@ -6,8 +6,9 @@
 //   mpirun -np 2 build/bench/bench_pipeline_bubble     (one process per core: the formula assumes each stage runs
 //                                                        on its own hardware)
 //
-// Counters: bubble_measured = the time ranks waited for a pipeline neighbour (transfers included) over the time
-// they spent otherwise, averaged over the ranks; bubble_formula = (PP - 1) / (V M). The formula assumes equal
+// Counters: bubble_measured = the time ranks idled in a step (the step lasts as long as its slowest rank; a rank
+// works for its step's time less its waits for a pipeline neighbour, transfers included) over the time they
+// worked, summed over the ranks; bubble_formula = (PP - 1) / (V M), the same ratio in the ideal pipeline. The formula assumes equal
 // chunks, free communication and no other work; the measurement has the embedding on the first stage and the head
 // and loss on the last, real transfer latency, and (V > 1) more messages. Time: the slowest rank's step.
 //
@@ -54,13 +55,14 @@ void PipelineStep(benchmark::State& state, index_t v, index_t m) {
         part.zero_grad();
         w.barrier();
         const auto r = pipeline.run(batches, layout);
-        std::vector<double> t = {r.timing.total, r.timing.bubble, r.timing.total - r.timing.bubble};
-        std::vector<double> slowest = {t[0]};
-        w.all_reduce(std::span<double>(slowest), ReduceOp::max);
-        std::vector<double> sums = {t[1], t[2]};
-        w.all_reduce(std::span<double>(sums), ReduceOp::sum);
-        state.SetIterationTime(slowest[0]);
-        bubble += sums[0], busy += sums[1];
+        // the step ends when the slowest rank ends; each rank idles the rest (its receive waits, and the wait
+        // for the flush after its last backward), as the formula counts it
+        std::vector<double> step = {r.timing.total};
+        w.all_reduce(std::span<double>(step), ReduceOp::max);
+        std::vector<double> worked = {r.timing.total - r.timing.bubble};
+        w.all_reduce(std::span<double>(worked), ReduceOp::sum);
+        state.SetIterationTime(step[0]);
+        bubble += double(pp) * step[0] - worked[0], busy += worked[0];
     }
     state.counters["bubble_measured"] = bubble / busy;
     state.counters["bubble_formula"] = predicted_bubble(pipeline.shape());

@@ -236,12 +236,16 @@ int main(int argc, char** argv) {
             std::printf("rank (pp,ep,dp)  params  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent "
                         "per step: pipeline+EP (formula)   ZeRO-1 (flat ZeRO-1)\n");
             const RankLayout layout(c.parallel);
-            double bubble_sum = 0, pipeline_sum = 0;
+            double bubble_sum = 0, pipeline_sum = 0, longest = 0;
+            for (int r = 0; r < world->size(); ++r) {
+                const double* v = all.data() + std::size_t(r) * mine.size();
+                longest = std::max(longest, v[4] - v[3]);
+            }
             for (int r = 0; r < world->size(); ++r) {
                 const double* v = all.data() + std::size_t(r) * mine.size();
                 const Coordinates at = layout.coordinates(r);
                 const double busy = v[4] - v[3] - v[2];  // the pipeline's time, less its idle waits
-                bubble_sum += v[2], pipeline_sum += busy;
+                bubble_sum += longest - busy, pipeline_sum += busy;  // idle: waits, and the flush of the slowest
                 const double per_step = 1e6 * double(o.steps);
                 std::printf("%4d (%ld,%ld,%ld)  %6.0f  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f (%6.3f)\n",
                             r, long(at.pp), long(at.ep), long(at.dp), v[9], v[0], v[1], v[2], v[3], v[4],
@@ -252,9 +256,9 @@ int main(int argc, char** argv) {
                                std::to_string(v[5]) + "," + std::to_string(v[6]) + "," + std::to_string(v[7]) + "," +
                                std::to_string(v[8]));
             }
-            std::printf("pipeline bubble: measured %.1f%% of the busy time (over all ranks: waits for a pipeline "
-                        "neighbour, transfers included, over the time spent otherwise), interleaved 1F1B predicts "
-                        "(PP - 1) / (V M) = %.1f%% (with equal chunks, free transfers and a core per process)\n",
+            std::printf("pipeline bubble: measured %.1f%% (over all ranks, the time a rank idled while the slowest "
+                        "rank's pipeline ran, over the time it worked), interleaved 1F1B predicts (PP - 1) / (V M) = "
+                        "%.1f%% (equal chunks, free transfers, a core per process)\n",
                         100.0 * bubble_sum / pipeline_sum, 100.0 * predicted);
         }
 
