@@ -7,8 +7,8 @@
 //                                                        on its own hardware)
 //
 // Counters: bubble_measured = the time ranks idled in a step (the step lasts as long as its slowest rank; a rank
-// works for its step's time less its waits for a pipeline neighbour, transfers included) over the time they
-// worked, summed over the ranks; bubble_formula = (PP - 1) / (V M), the same ratio in the ideal pipeline. The formula assumes equal
+// works for its compute time: not its waits for a pipeline neighbour, nor the end of the step's losses
+// all-reduce, where it waits for the last stage) over the time they worked, summed over the ranks; bubble_formula = (PP - 1) / (V M), the same ratio in the ideal pipeline. The formula assumes equal
 // chunks, free communication and no other work; the measurement has the embedding on the first stage and the head
 // and loss on the last, real transfer latency, and (V > 1) more messages. Time: the slowest rank's step.
 //
@@ -59,7 +59,7 @@ void PipelineStep(benchmark::State& state, index_t v, index_t m) {
         // for the flush after its last backward), as the formula counts it
         std::vector<double> step = {r.timing.total};
         w.all_reduce(std::span<double>(step), ReduceOp::max);
-        std::vector<double> worked = {r.timing.total - r.timing.bubble};
+        std::vector<double> worked = {r.timing.compute};
         w.all_reduce(std::span<double>(worked), ReduceOp::sum);
         state.SetIterationTime(step[0]);
         bubble += double(pp) * step[0] - worked[0], busy += worked[0];

@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
             for (int r = 0; r < world->size(); ++r) {
                 const double* v = all.data() + std::size_t(r) * mine.size();
                 const Coordinates at = layout.coordinates(r);
-                const double busy = v[4] - v[3] - v[2];  // the pipeline's time, less its idle waits
+                const double busy = v[0];  // the pipeline's compute
                 bubble_sum += longest - busy, pipeline_sum += busy;  // idle: waits, and the flush of the slowest
                 const double per_step = 1e6 * double(o.steps);
                 std::printf("%4d (%ld,%ld,%ld)  %6.0f  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f (%6.3f)\n",
