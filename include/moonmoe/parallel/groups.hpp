@@ -26,7 +26,10 @@ struct ProcessGroups {
     RankLayout layout;
     Coordinates at;
     Communicator& world;
-    std::unique_ptr<Communicator> pipeline;   ///< same (ep, dp); group rank = pp
+    std::unique_ptr<Communicator> pipeline;   ///< same (ep, dp); group rank = pp: activations, losses
+    /// The pipeline group again, for the gradients: a channel of their own, since NCCL matches sends and receives
+    /// by order per communicator, and with interleaved stages two ranks exchange both kinds in differing orders.
+    std::unique_ptr<Communicator> pipeline_backward;
     std::unique_ptr<Communicator> expert;     ///< same (pp, dp); group rank = ep
     std::unique_ptr<Communicator> dense_dp;   ///< same pp; group rank = dp EP + ep (the replica)
     std::unique_ptr<Communicator> expert_dp;  ///< same (pp, ep); group rank = dp
@@ -38,6 +41,8 @@ struct ProcessGroups {
         const int replica_index = int(replica());
         pipeline = w.split(int(at.dp * layout.ep + at.ep), int(at.pp),
                            "pipeline group of ep " + s(at.ep) + ", dp " + s(at.dp));
+        pipeline_backward = w.split(int(at.dp * layout.ep + at.ep), int(at.pp),
+                                    "pipeline group of ep " + s(at.ep) + ", dp " + s(at.dp) + " (gradients)");
         expert = w.split(int(at.pp * layout.dp + at.dp), int(at.ep), "expert group of pp " + s(at.pp) + ", dp " + s(at.dp));
         dense_dp = w.split(int(at.pp), replica_index, "data-parallel group of pp " + s(at.pp));
         expert_dp = w.split(int(at.pp * layout.ep + at.ep), int(at.dp),
@@ -51,12 +56,14 @@ struct ProcessGroups {
     /// Every group's traffic since the last reset, summed (parallel/comm.hpp, Traffic), and the reset.
     Traffic traffic() const {
         Traffic t;
-        for (const Communicator* c : {&world, pipeline.get(), expert.get(), dense_dp.get(), expert_dp.get()})
+        for (const Communicator* c :
+             {&world, pipeline.get(), pipeline_backward.get(), expert.get(), dense_dp.get(), expert_dp.get()})
             t.bytes += c->traffic().bytes, t.seconds += c->traffic().seconds;
         return t;
     }
     void reset_traffic() {
-        for (Communicator* c : {&world, pipeline.get(), expert.get(), dense_dp.get(), expert_dp.get()}) c->reset_traffic();
+        for (Communicator* c : {&world, pipeline.get(), pipeline_backward.get(), expert.get(), dense_dp.get(), expert_dp.get()})
+            c->reset_traffic();
     }
 };
 

@@ -17,9 +17,12 @@
 // A send whose rank's next step starts with a receive is posted together with that receive, in one group
 // (Communicator::group_start / group_end), as Megatron pairs send-forward with receive-backward: over NCCL, where
 // a send blocks the stream until its receiver posts, a lone send there could wait on a peer that waits on us.
-// Messages are matched by tag, (micro-batch, virtual stage, direction), over MPI; NCCL matches by order, which is
-// consistent for V = 1 (activations travel one way between two ranks, gradients the other) but not for the
-// interleaved schedule, where one pair of ranks exchanges both in orders that differ: V > 1 over NCCL is refused. MoE layers of an EP > 1 run go through the
+// Activations travel on the pipeline group's communicator, gradients on a second one (pipeline_backward). MPI
+// matches by tag, (micro-batch, virtual stage, direction); NCCL matches by order, per communicator and pair of
+// ranks: on each channel a rank sends in its schedule's order and its neighbour receives in its own, which is the
+// same order of (micro-batch, chunk) (every rank walks the virtual micro-batches in the same sequence), so they
+// agree, interleaved stages included (with one channel, two ranks of an interleaved schedule exchange activations
+// and gradients in orders that differ). MoE layers of an EP > 1 run go through the
 // expert group's all-to-all (parallel/moe.hpp); every EP rank of a stage runs the same schedule, so they issue
 // the same sequence of exchanges.
 //
@@ -77,11 +80,6 @@ public:
             throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
                                         ": the model part does not hold this rank's layers (build it with "
                                         "model_part(config, groups.at))");
-        if (shape_.v > 1 && shape_.pp > 1 && groups_.pipeline->device_memory())
-            throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
-                                        ": the interleaved schedule (VirtualStages " + std::to_string(shape_.v) +
-                                        ") over a communicator that matches sends and receives by order (NCCL) could "
-                                        "pair an activation with a gradient; use VirtualStages<1> there, or MPI");
     }
 
     const std::vector<Step>& schedule() const { return schedule_; }
@@ -147,6 +145,7 @@ private:
         Mat buffer;
         std::unique_ptr<Request> request;  ///< null while waiting to be posted
         int peer = 0, tag = 0;
+        Pass pass = Pass::forward;  ///< its channel
     };
 
     index_t stages() const { return shape_.virtual_stages(); }
@@ -166,30 +165,35 @@ private:
     /// The waiting sends (in the order they were made), then `then` (a receive), as one group.
     template <class Then>
     void post_sends(Then&& then) {
-        Communicator& c = *groups_.pipeline;
-        c.group_start();
+        groups_.pipeline->group_start();
+        groups_.pipeline_backward->group_start();
         for (Pending& p : waiting_) {
-            p.request = c.isend(std::span<const float>(p.buffer.data(), std::size_t(p.buffer.numel())), p.peer, p.tag);
+            p.request = channel(p.pass).isend(std::span<const float>(p.buffer.data(), std::size_t(p.buffer.numel())),
+                                              p.peer, p.tag);
             pending_.push_back(std::move(p));
         }
         waiting_.clear();
         then();
-        c.group_end();
+        groups_.pipeline_backward->group_end();
+        groups_.pipeline->group_end();
     }
+    /// Activations on the pipeline group, gradients on its second channel.
+    Communicator& channel(Pass p) { return p == Pass::forward ? *groups_.pipeline : *groups_.pipeline_backward; }
     void post_sends() {
         if (!waiting_.empty()) post_sends([] {});
     }
-    void receive(Mat& into, index_t from_stage, int t) {
+    void receive(Mat& into, index_t from_stage, Pass pass, int t) {
         std::unique_ptr<Request> r;
         post_sends([&] {
-            r = groups_.pipeline->irecv(std::span<float>(into.data(), std::size_t(into.numel())),
-                                        rank_of_stage(from_stage), t);
+            r = channel(pass).irecv(std::span<float>(into.data(), std::size_t(into.numel())), rank_of_stage(from_stage), t);
         });
         const auto start = std::chrono::steady_clock::now();
         r->wait();
         bubble_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    void send(Mat&& from, index_t to_stage, int t) { waiting_.push_back({std::move(from), nullptr, rank_of_stage(to_stage), t}); }
+    void send(Mat&& from, index_t to_stage, Pass pass, int t) {
+        waiting_.push_back({std::move(from), nullptr, rank_of_stage(to_stage), t, pass});
+    }
 
     void forward(index_t mb, index_t chunk) {
         const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
@@ -201,7 +205,7 @@ private:
             part_.embed_tokens.forward(ids.data(), h.view());
             nn::round_to(part_.compute(), h.view());
         } else {
-            receive(h, s - 1, tag(mb, s - 1, Pass::forward));
+            receive(h, s - 1, Pass::forward, tag(mb, s - 1, Pass::forward));
         }
         const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
         c.layers.resize(std::size_t(count));
@@ -220,7 +224,7 @@ private:
             std::swap(h, next);
         }
         if (s + 1 < stages()) {
-            send(std::move(h), s + 1, tag(mb, s, Pass::forward));
+            send(std::move(h), s + 1, Pass::forward, tag(mb, s, Pass::forward));
             return;
         }
         // the last stage: final norm, lm_head, the loss and its gradient
@@ -246,7 +250,7 @@ private:
             part_.lm_head.backward(c.h_normed.view(), c.dlogits.view(), dn.view());
             part_.norm.backward(c.h_last.view(), c.rstd.view(), dn.view(), dh.view());
         } else {
-            receive(dh, s + 1, tag(mb, s + 1, Pass::backward));
+            receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
         }
         const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
         for (index_t k = count; k-- > 0;) {
@@ -263,7 +267,7 @@ private:
             std::swap(dh, dprev);
         }
         if (s == 0) part_.embed_tokens.backward(batches_[std::size_t(mb)].data(), dh.view());
-        else send(std::move(dh), s - 1, tag(mb, s, Pass::backward));
+        else send(std::move(dh), s - 1, Pass::backward, tag(mb, s, Pass::backward));
         c = Slot{};
     }
 
