@@ -16,12 +16,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <random>
 
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config.hpp>
 #include <moonmoe/nn.hpp>
+#include <moonmoe/io/model_io.hpp>
 #include <moonmoe/nn/init.hpp>
 #include <moonmoe/parallel/pipeline.hpp>
 #include <moonmoe/parallel/traffic.hpp>
@@ -209,4 +211,62 @@ TEST_CASE("A part of the model refuses the whole model's forward, naming the fix
     const std::vector<index_t> ids(4, 1);
     CHECK_THROWS_WITH_AS(part.forward(ids.data(), nn::TokenLayout::sequences(1, 4), cache),
                          doctest::Contains("parallel::Pipeline"), std::logic_error);
+}
+
+TEST_CASE("Every rank loads its part of a Hugging Face checkpoint and trains on it as the whole model does") {
+    // tiny_k2: the transformers-written checkpoint of the tiny K2 model (tools/make_hf_reference.py); 3 layers, so
+    // the layouts of this world that need no more
+    Communicator& w = world();
+    const std::filesystem::path dir = std::filesystem::path(MOONMOE_TEST_SOURCE_DIR) / "data" / "tiny_k2";
+    const auto layout = nn::TokenLayout::sequences(2, 8);
+    for (const Layout& l : layouts_for(w.size())) {
+        Checkpoint ck(dir);
+        const ModelConfig loaded = resolve(TinyK2::config, ck.config());
+        const index_t M = std::max<index_t>(2, l.pp);
+        const ModelConfig c = configure(loaded, l, M);
+        if (c.dims.layers != loaded.dims.layers) continue;
+        INFO("Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << ", rank " << w.rank());
+        ProcessGroups g(w, c.parallel);
+        nn::Transformer<cpu> part(c, model_part(c, g.at));
+        load_weights(part, ck);  // the other parts' tensors stay in the file, not an error
+        nn::Transformer<cpu> whole = load_transformer<TinyK2>(dir);
+        std::map<std::string, const float*> want;
+        whole.visit_params([&](const ParamRef& p) { want[p.name] = p.value; });
+        part.visit_params([&](const ParamRef& p) {
+            INFO(p.name);
+            CHECK(std::equal(p.value, p.value + p.numel(), want.at(p.name)));
+        });
+        // one step's losses: the pipeline over the loaded parts against the loaded whole model
+        Pipeline<cpu> pipeline(part, g, M);
+        std::vector<std::vector<index_t>> mine;
+        for (index_t m = 0; m < M; ++m) mine.push_back(batch_of(c.dims.vocab, g.replica(), m, 0));
+        const auto r = pipeline.run(mine, layout);
+        for (index_t m = 0; m < M; ++m) {
+            nn::Transformer<cpu>::Cache cache;
+            const Tensor<float, 2, cpu> logits = whole.forward(mine[std::size_t(m)].data(), layout, cache);
+            const std::vector<index_t> targets = nn::causal_targets(mine[std::size_t(m)].data(), layout);
+            const float expected = nn::cross_entropy<cpu>(logits.view(), targets.data());
+            if (l.ep == 1) CHECK(r.losses[std::size_t(m)] == expected);
+            else CHECK(r.losses[std::size_t(m)] == doctest::Approx(expected).epsilon(1e-5));
+        }
+    }
+}
+
+TEST_CASE("Which checkpoint tensors a part leaves to the other parts, and which stay errors") {
+    // load_weights skips only tensors another part of this model holds: a layer beyond the model, an expert it
+    // does not have, or an unknown name stay "tensors the model has no parameter for"
+    ModelConfig c = TinyK2::config;
+    nn::ModelPart p = nn::ModelPart::whole(c);
+    p.layers = {0};
+    p.head = false;
+    CHECK(moonmoe::detail::held_by_another_part(p, c, "model.layers.1.self_attn.o_proj.weight"));
+    CHECK(moonmoe::detail::held_by_another_part(p, c, "lm_head.weight"));
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.self_attn.o_proj.weight"));
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.7.self_attn.o_proj.weight"));  // beyond the model
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.embed_tokens.weight"));                  // the part holds it
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.unknown.weight"));
+    p.first_expert = 2, p.expert_count = 2;
+    CHECK(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.5.up_proj.weight"));
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.3.up_proj.weight"));
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.8.up_proj.weight"));  // no such expert
 }

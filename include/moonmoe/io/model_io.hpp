@@ -16,6 +16,8 @@
 //     auto again = moonmoe::load_transformer("out");           // the same weights, bit for bit (F32)
 #pragma once
 
+#include <algorithm>
+
 #include <cmath>
 #include <deque>
 #include <filesystem>
@@ -69,6 +71,34 @@ inline std::optional<index_t> layer_of(std::string_view name) {
     return digits > 0 && digits < name.size() && name[digits] == '.' ? std::optional<index_t>(n) : std::nullopt;
 }
 
+/// The routed expert a tensor name belongs to ("model.layers.<l>.mlp.experts.<e>. ..."), if any.
+inline std::optional<index_t> expert_of(std::string_view name) {
+    constexpr std::string_view marker = ".mlp.experts.";
+    const std::size_t at = name.find(marker);
+    if (at == std::string_view::npos) return std::nullopt;
+    name.remove_prefix(at + marker.size());
+    index_t n = 0;
+    std::size_t digits = 0;
+    for (; digits < name.size() && digits < 18 && name[digits] >= '0' && name[digits] <= '9'; ++digits)
+        n = n * 10 + (name[digits] - '0');
+    return digits > 0 && digits < name.size() && name[digits] == '.' ? std::optional<index_t>(n) : std::nullopt;
+}
+
+/// Whether `name` is a tensor of the whole model that a part (nn::ModelPart: one rank's share in a parallel run)
+/// leaves to other ranks: a layer it does not hold, an expert outside its range, the embedding or the head.
+inline bool held_by_another_part(const nn::ModelPart& part, const ModelConfig& c, std::string_view name) {
+    if (const auto layer = layer_of(name)) {
+        if (*layer >= c.dims.layers) return false;  // not the model's (MTP modules are handled apart)
+        if (std::find(part.layers.begin(), part.layers.end(), *layer) == part.layers.end()) return true;
+        const auto expert = expert_of(name);
+        const index_t count = part.expert_count < 0 ? c.moe.experts - part.first_expert : part.expert_count;
+        return expert && *expert < c.moe.experts && (*expert < part.first_expert || *expert >= part.first_expert + count);
+    }
+    if (name == "model.embed_tokens.weight") return !part.embedding;
+    if (name == "model.norm.weight" || name == "lm_head.weight") return !part.head;
+    return false;
+}
+
 /// A parameter's values as host memory: the parameter itself on a host-visible backend, else a copy kept in
 /// `copies` (io is one of the named places where values cross to the host).
 template <class B>
@@ -85,7 +115,9 @@ std::span<const float> host_values(const float* data, index_t n, std::deque<std:
 }  // namespace detail
 
 /// Reads every parameter of `model` from `ck`; throws io_error naming the directory and tensor on any problem,
-/// including tensors the checkpoint holds that the model has no place for.
+/// including tensors the checkpoint holds that the model has no place for. A part of the model (a parallel run's
+/// rank, parallel/groups.hpp) reads its own tensors; those of the other parts are expected in the checkpoint and
+/// left there.
 ///
 /// DeepSeek-V3 stores its num_nextn_predict_layers multi-token-prediction modules as layers L, L+1, ... which the
 /// model (like transformers) does not load. Such a layer is recognised by its MTP tensors (eh_proj, enorm,
@@ -119,7 +151,7 @@ void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& 
                            " makes a multi-token-prediction module, but the layer has no MTP tensors (eh_proj, "
                            "enorm, hnorm): it is a decoder layer, so num_hidden_layers " + std::to_string(layers) +
                            " is smaller than the checkpoint");
-        if (!mtp) extra.push_back(name);
+        if (!mtp && !detail::held_by_another_part(model.part, model.config, name)) extra.push_back(name);
     }
     if (!extra.empty()) {
         std::string list;
