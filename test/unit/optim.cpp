@@ -41,7 +41,7 @@ std::vector<T> run_ns(const std::vector<double>& g, index_t rows, index_t cols, 
 
 /// Every parameter value of `model`, on the host, end to end in visit order.
 template <class B>
-std::vector<float> all_values(nn::Transformer<B>& model) {
+std::vector<float> flat_values(nn::Transformer<B>& model) {
     std::vector<float> out;
     model.visit_params([&](const ParamRef& p) {
         const std::vector<float> v = floats_to_host<B>(p.value, p.numel());
@@ -330,7 +330,7 @@ TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, froze
     save_parameters(dir + "opt_weights.safetensors", model, Saved::values);
     // continue two steps, then reload weights and state and repeat: bitwise the same
     train(opt, 2);
-    const std::vector<float> first = all_values(model);
+    const std::vector<float> first = flat_values(model);
     {
         const Reference w(dir + "opt_weights.safetensors");
         model.visit_params([&](const ParamRef& p) {
@@ -341,7 +341,7 @@ TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, froze
     load_optimizer_state(dir + "opt_state.safetensors", reloaded);
     CHECK(reloaded.steps() == 3);
     train(reloaded, 2);
-    const std::vector<float> second = all_values(model);
+    const std::vector<float> second = flat_values(model);
     CHECK(first.size() == second.size());
     CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);
     // a state file for another model is refused, naming what is wrong

@@ -13,11 +13,13 @@
 #include <vector>
 
 #include <moonmoe/backend/cpu.hpp>
+#include "support/thread_count.hpp"
 #include <moonmoe/config.hpp>
 #include <moonmoe/nn.hpp>
 #include <moonmoe/optim.hpp>
 
 using namespace moonmoe;
+using moonmoe::testing::ThreadCount;
 using Ops = backend::Ops<cpu>;
 using backend::Trans;
 
@@ -45,12 +47,6 @@ private:
     std::atomic<bool> stop_{false};
     std::atomic<std::uint64_t> sink_{0};
     std::thread thread_;
-};
-
-/// Restores the thread count a test changed.
-struct ThreadCount {
-    int saved = threads();
-    ~ThreadCount() { set_threads(saved); }
 };
 
 struct Run {

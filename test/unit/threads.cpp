@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <moonmoe/backend/cpu.hpp>
+#include "support/thread_count.hpp"
 
 using namespace moonmoe;
 using backend::cpu_detail::parallel_chunks;
@@ -17,12 +18,7 @@ using backend::cpu_detail::parallel_for;
 
 namespace cc = moonmoe::detail::cpu_count;
 
-namespace {
-struct ThreadCount {
-    int saved = threads();
-    ~ThreadCount() { set_threads(saved); }
-};
-}  // namespace
+using moonmoe::testing::ThreadCount;
 
 TEST_CASE("cgroup v2 cpu.max: quota / period in CPUs, nothing for 'max' or a malformed file") {
     CHECK(cc::parse_cpu_max("150000 100000\n") == 1.5);

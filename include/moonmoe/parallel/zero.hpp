@@ -20,7 +20,9 @@
 //   4. all-gather of the updated parameters, per group: each owner's block to every rank.
 // Communication per step: the gradients once (reduce-scatter) and the parameters once (all-gather), (size - 1) /
 // size of the group's floats each on average over the ranks: the same as ZeRO-1 with AdamW, whose reduce-scatter
-// and all-gather move the same two buffers (only its shards are flat slices, equal on every rank).
+// and all-gather move the same two buffers (only its shards are flat slices, equal on every rank). The other way,
+// flat slices with each matrix gathered to one rank for Newton-Schulz and scattered back, sends 25-53 % more for
+// the same work (bench/distributed_muon.cpp; docs/parallel.md, "ZeRO-1 and distributed Muon").
 #pragma once
 
 #include <algorithm>
@@ -31,6 +33,35 @@
 #include "groups.hpp"
 
 namespace moonmoe::parallel {
+
+/// The cost by which whole matrices are shared out for Muon: Newton-Schulz's max(m, n) min(m, n)^2.
+inline double newton_schulz_cost(index_t rows, index_t cols) {
+    const double a = double(std::max(rows, cols)), b = double(std::min(rows, cols));
+    return a * b * b;
+}
+
+/// Items shared out whole over `ranks`: owner[i] for each item, and each rank's summed cost.
+struct Assignment {
+    std::vector<int> owner;
+    std::vector<double> load;
+};
+
+/// Greedy longest-processing-time: the costliest item first (ties in item order), each to the least loaded rank
+/// (ties to the lowest rank). Deterministic, so every rank of a group computes the same assignment.
+inline Assignment assign_by_cost(const std::vector<double>& cost, int ranks) {
+    Assignment a{std::vector<int>(cost.size(), 0), std::vector<double>(std::size_t(ranks), 0.0)};
+    std::vector<std::size_t> order(cost.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+        return cost[x] != cost[y] ? cost[x] > cost[y] : x < y;
+    });
+    for (std::size_t i : order) {
+        const auto least = std::size_t(std::min_element(a.load.begin(), a.load.end()) - a.load.begin());
+        a.owner[i] = int(least);
+        a.load[least] += cost[i];
+    }
+    return a;
+}
 
 template <class Config = moonmoe::Optimizer<>, class B = cpu>
 class DistributedOptimizer {
@@ -182,22 +213,15 @@ private:
 
     void share_out(const std::vector<ParamRef>& params, Shard& s) {
         const int n = s.group->size();
-        const auto cost = [&](std::size_t i) {
+        std::vector<double> cost;
+        for (std::size_t i : s.members) {
             const ParamRef& p = params[i];
-            if (optim::route_by_kind(p, Config::value.muon.enabled) != optim::Route::muon) return double(p.numel());
-            const double a = double(std::max(p.shape[0], p.shape[1])), b = double(std::min(p.shape[0], p.shape[1]));
-            return a * b * b;
-        };
-        std::vector<std::size_t> order = s.members;
-        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {  // by cost, ties in visit order
-            return cost(a) != cost(b) ? cost(a) > cost(b) : a < b;
-        });
-        s.load.assign(std::size_t(n), 0.0);
-        for (std::size_t i : order) {
-            const auto least = std::size_t(std::min_element(s.load.begin(), s.load.end()) - s.load.begin());
-            owner_[i] = int(least);
-            s.load[least] += cost(i);
+            const bool muon = optim::route_by_kind(p, Config::value.muon.enabled) == optim::Route::muon;
+            cost.push_back(muon ? newton_schulz_cost(p.shape[0], p.shape[1]) : double(p.numel()));
         }
+        const Assignment a = assign_by_cost(cost, n);
+        for (std::size_t k = 0; k < s.members.size(); ++k) owner_[s.members[k]] = a.owner[k];
+        s.load = a.load;
         s.counts.assign(std::size_t(n), 0);
         for (std::size_t i : s.members) {
             offset_[i] = s.counts[std::size_t(owner_[i])];
