@@ -10,6 +10,9 @@
 
 #include "mpi_support.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace mpi_comm {
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::world;
@@ -135,3 +138,5 @@ TEST_CASE("a receive that nothing matches ends in a named error after the timeou
     w.set_timeout(saved);
     w.barrier();
 }
+
+}  // namespace mpi_comm

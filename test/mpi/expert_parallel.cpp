@@ -11,6 +11,9 @@
 
 #include "mpi_support.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace mpi_expert_parallel {
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::world;
@@ -130,3 +133,5 @@ TEST_CASE("expert parallelism: each sender's rows arrive intact at the right exp
         CHECK_THROWS_WITH_AS(plan_exchange<cpu>(w, odd.offsets), doctest::Contains("do not split evenly"), comm_error);
     }
 }
+
+}  // namespace mpi_expert_parallel

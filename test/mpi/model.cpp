@@ -31,6 +31,9 @@
 
 #include "mpi_support.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace mpi_model {
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::scaled_error;
@@ -270,3 +273,5 @@ TEST_CASE("Which checkpoint tensors a part leaves to the other parts, and which 
     CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.3.up_proj.weight"));
     CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.8.up_proj.weight"));  // no such expert
 }
+
+}  // namespace mpi_model

@@ -19,6 +19,9 @@
 
 #include "mpi_support.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace mpi_moe {
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::world;
@@ -114,3 +117,5 @@ TEST_CASE("expert-parallel MoE equals the one-process MoE: outputs, input gradie
     SUBCASE("rank 0 has no tokens") { run(r == 0 ? 0 : 5, 21 + std::uint64_t(r)); }
     SUBCASE("fewer tokens than ranks") { run(r == n - 1 ? 1 : 0, 31); }
 }
+
+}  // namespace mpi_moe

@@ -18,6 +18,9 @@
 
 #include "mpi_support.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace mpi_zero {
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::scaled_error;
@@ -90,3 +93,5 @@ TEST_CASE("ZeRO-1 with distributed Muon equals one process: three MuonClip steps
                     << " (mean over the ranks " << all_sent[0] / n << "; flat ZeRO-1's 2 (n - 1) / n of the model's "
                     << model_floats << " trained floats: " << flat << ")");
 }
+
+}  // namespace mpi_zero

@@ -10,6 +10,9 @@
 
 #include <moonmoe/moonmoe.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_api_training {
+
 using namespace moonmoe;
 
 namespace {
@@ -186,3 +189,5 @@ TEST_CASE("init_weights: N(0, initializer_range^2) matrices and embedding, norms
     CHECK(values(shallow, "model.layers.2.self_attn.q_a_proj.weight") !=
           values(model, "model.layers.2.self_attn.q_a_proj.weight"));
 }
+
+}  // namespace unit_api_training

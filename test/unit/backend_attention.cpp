@@ -7,6 +7,9 @@
 #include <span>
 #include <vector>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_attention {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -301,3 +304,5 @@ TEST_CASE("CPU attention's softmax: causal rows, log-sum-exp and the visible max
     }
     CHECK(top == expect_top);
 }
+
+}  // namespace unit_backend_attention

@@ -9,6 +9,9 @@
 
 #include "support/backends.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_blas {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 using backend::Trans;
@@ -297,3 +300,5 @@ TEST_CASE("to_cublas then the column-major host call reproduces the row-major pr
             }
         }
 }
+
+}  // namespace unit_backend_blas

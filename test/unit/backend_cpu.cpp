@@ -4,6 +4,9 @@
 #include <cmath>
 #include <string>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_cpu {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 using Ops = backend::Ops<cpu>;
@@ -119,3 +122,5 @@ TEST_CASE("views: slices, reshapes and their errors") {
     Mat c = m.clone();
     CHECK(std::memcmp(c.data(), m.data(), m.bytes()) == 0);
 }
+
+}  // namespace unit_backend_cpu

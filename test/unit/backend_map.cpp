@@ -7,6 +7,9 @@
 
 #include "support/backends.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_map {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -155,3 +158,5 @@ TEST_CASE_TEMPLATE("MapOps::fill, copy between pitched views, transpose", B, MOO
     backend::MapOps<B>::template fill<double>(di.view(), 0.125);
     for (double v : to_host(di)) CHECK(v == 0.125);
 }
+
+}  // namespace unit_backend_map

@@ -7,6 +7,9 @@
 
 #include "support/backends.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_memory {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -66,3 +69,5 @@ TEST_CASE("cuda_error messages name the call, the error and where the call was m
     static_assert(!backend::host_visible<moonmoe::cuda>, "module code must not index CUDA tensor data, emulated or not");
 }
 #endif
+
+}  // namespace unit_backend_memory

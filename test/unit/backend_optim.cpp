@@ -6,6 +6,9 @@
 #include <limits>
 #include <vector>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_optim {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 using backend::Trans;
@@ -160,3 +163,5 @@ TEST_CASE_TEMPLATE("adamw_update: fn::AdamWUpdate on every element, against the 
     Tensor<float, 1, B> short_one({n - 1});
     CHECK_THROWS_AS(Ops::adamw_update(f, short_one.view(), dg.view(), dm.view(), dv.view()), shape_error);
 }
+
+}  // namespace unit_backend_optim

@@ -17,6 +17,9 @@
 #include "support/backends.hpp"
 #include "support/reference.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_precision {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 using backend::Trans;
@@ -396,3 +399,5 @@ static_assert(Model<>::config.precision.compute == NumberFormat::f32);
 static_assert(Muon<>::value.ns_precision == NumberFormat::f32 && NoMuon::value.ns_precision == NumberFormat::f32);
 static_assert(KimiK2::with<Precision<BF16>>::config.precision == PrecisionConfig{NumberFormat::bf16});
 static_assert(std::is_same_v<Muon<NSPrecision<BF16>, NSSteps<4>>::ns_precision, BF16>);
+
+}  // namespace unit_backend_precision

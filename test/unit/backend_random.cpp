@@ -8,6 +8,9 @@
 
 #include "support/backends.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_random {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -63,3 +66,5 @@ TEST_CASE_TEMPLATE("RandomOps: U(lo, hi) and N(mean, stddev^2) moments, differen
     for (std::size_t i = 0; i < ov.size(); ++i) same += ov[i] == uv[i];
     CHECK(same < ov.size() / 1000);
 }
+
+}  // namespace unit_backend_random

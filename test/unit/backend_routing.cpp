@@ -11,6 +11,9 @@
 #include <numeric>
 #include <vector>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_routing {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -399,3 +402,5 @@ TEST_CASE("MoE: an expert-parallel split sums to the whole block, forward and ba
             for (index_t i = 0; i < n; ++i) CHECK(p.grad[i] == want[i]);  // each expert's rows, the same GEMMs
         });
 }
+
+}  // namespace unit_backend_routing

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <vector>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_rows {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -152,3 +155,5 @@ TEST_CASE_TEMPLATE("sum_heads: per-row sums over the heads of a strided view", B
             CHECK(yh(t, j) == doctest::Approx(s).epsilon(1e-6));
         }
 }
+
+}  // namespace unit_backend_rows

@@ -6,6 +6,9 @@
 
 #include <moonmoe/config.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_config_accounting {
+
 using namespace moonmoe;
 
 TEST_CASE("Kimi K2 parameter counts match the released checkpoints' exact counts") {
@@ -148,3 +151,5 @@ TEST_CASE("forward FLOPs per token: 2 per weight touched plus causal attention")
     // The usual 6N estimate of training FLOPs per token (N activated, no embedding) within 10%.
     CHECK(double(f.forward_backward) == doctest::Approx(6.0 * double(p.active)).epsilon(0.10));
 }
+
+}  // namespace unit_config_accounting

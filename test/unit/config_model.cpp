@@ -6,6 +6,9 @@
 
 #include <moonmoe/config.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_config_model {
+
 using namespace moonmoe;
 
 namespace {
@@ -191,3 +194,5 @@ TEST_CASE("training recipes: Kimi K2 technical report §2.5 and DeepSeek-V3 (arX
     broken.optimizer.bias_update_rate = -1e-3;
     CHECK(validation_message(broken).find("BiasUpdateRate must be >= 0") != std::string::npos);
 }
+
+}  // namespace unit_config_model

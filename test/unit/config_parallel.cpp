@@ -3,6 +3,9 @@
 
 #include <moonmoe/config.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_config_parallel {
+
 using namespace moonmoe;
 
 namespace {
@@ -104,3 +107,5 @@ TEST_CASE("Kimi K2 on Parallel<16, 16, DP>: about 30 GB per GPU once optimizer s
     // 6 B per parameter over the model-parallel group: "approximately 6 TB ... over 256 GPUs"
     CHECK(6.0 * double(KimiK2::parameter_count()) / 1e12 == doctest::Approx(6.0).epsilon(0.05));
 }
+
+}  // namespace unit_config_parallel

@@ -7,6 +7,9 @@
 
 #include <moonmoe/config.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_config_rope {
+
 using namespace moonmoe;
 
 TEST_CASE("constexpr log, sqrt, cos, floor and ceil agree with libm") {
@@ -64,3 +67,5 @@ TEST_CASE("softmax scale carries mscale(factor, mscale_all_dim) squared") {
     CHECK(rope_attention_factor(DeepSeekV3::config.rope) == 1.0);
     CHECK(yarn_mscale(1.0, 1.0) == 1.0);
 }
+
+}  // namespace unit_config_rope

@@ -19,6 +19,9 @@
 #include <moonmoe/io/model_io.hpp>
 #include <moonmoe/nn.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_hf_reference {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -147,3 +150,5 @@ TEST_CASE_TEMPLATE("absorbed MLA with the latent cache equals the naive form, an
     CHECK(seq == expected);
     CHECK(state.length() == index_t(expected.size()));
 }
+
+}  // namespace unit_hf_reference

@@ -25,6 +25,9 @@
 #include <moonmoe/nn.hpp>
 #include <moonmoe/optim.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_hf_reference_bf16 {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -182,3 +185,5 @@ TEST_CASE_TEMPLATE("Precision<BF16>: the products read bf16 working copies, refr
     std::swap(model, trained);
     CHECK(check_copies() == 3 * 5 + 3 + 2 * 6 + 1);
 }
+
+}  // namespace unit_hf_reference_bf16

@@ -14,6 +14,9 @@
 #include <moonmoe/io/model_io.hpp>
 #include <moonmoe/nn.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_hf_reference_v2 {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -134,3 +137,5 @@ TEST_CASE("a V3-style group rule does not load a DeepSeek-V2 checkpoint: the mis
                                            "GroupScore<TopTwoSum>"),
                          io_error);
 }
+
+}  // namespace unit_hf_reference_v2

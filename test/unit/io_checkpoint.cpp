@@ -14,6 +14,9 @@
 
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_checkpoint {
+
 using namespace moonmoe;
 using namespace io_testing;
 
@@ -245,3 +248,5 @@ TEST_CASE("io: write_checkpoint saves f32 tensors back under the same names, exa
     std::vector<NamedTensor> bad{{"w", {2, 2}, values[0]}};
     check_error([&] { write_tensors(dir / "x.safetensors", bad); }, {(dir / "x.safetensors").string(), "'w'", "needs 16 bytes"});
 }
+
+}  // namespace unit_io_checkpoint

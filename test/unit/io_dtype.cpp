@@ -13,6 +13,9 @@
 
 #include <moonmoe/tensor/dtype.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_dtype {
+
 using namespace moonmoe;
 
 namespace {
@@ -241,3 +244,5 @@ TEST_CASE("io: f8_e4m3 from_float agrees with torch's algorithm on a sweep of fl
         CHECK(f8_e4m3::from_float(x).bits == best);
     }
 }
+
+}  // namespace unit_io_dtype

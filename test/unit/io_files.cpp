@@ -23,6 +23,9 @@
 
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_files {
+
 using namespace moonmoe;
 using namespace io_testing;
 
@@ -399,3 +402,5 @@ TEST_CASE("io files: read_small_file reads a whole file up to its limit") {
     check_error([&] { detail::read_small_file(dir / "none", 10); },
                 {(dir / "none").string(), "cannot open", "No such file"});
 }
+
+}  // namespace unit_io_files

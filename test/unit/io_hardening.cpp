@@ -16,6 +16,9 @@
 #include "../../examples/example_support.hpp"
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_hardening {
+
 using namespace moonmoe;
 using namespace io_testing;
 
@@ -318,3 +321,5 @@ TEST_CASE("token ids out of range are reported as given, not clamped") {
     check_error([&] { model.train_step(ids.data(), nn::TokenLayout::sequences(1, 2)); },
                 {"token id 1099511627776", "[0, 256)"});
 }
+
+}  // namespace unit_io_hardening

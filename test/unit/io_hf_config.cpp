@@ -13,6 +13,9 @@
 
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_hf_config {
+
 using namespace moonmoe;
 using namespace io_testing;
 using nlohmann::json;
@@ -410,3 +413,5 @@ TEST_CASE("io: the generated tiny configs (transformers 5.23) resolve against Ti
     CHECK(*fp8.fp8_block == std::array<index_t, 2>{16, 16});
     check_same_config(resolve(TinyV3::config, read_hf_config(test_data("tiny_v3_sharded/config.json"))), TinyV3::config);
 }
+
+}  // namespace unit_io_hf_config

@@ -17,6 +17,9 @@
 
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_hf_config_static {
+
 using namespace moonmoe;
 using namespace io_testing;
 using nlohmann::json;
@@ -219,3 +222,5 @@ TEST_CASE("io: the generated tiny DeepSeek-V2 configs (transformers 5.23) read a
     CHECK(v2.model.moe.routed_scale == 3.0);
     CHECK(v2.attention_factor == doctest::Approx(1.085726399).epsilon(1e-9));  // mscale(40, 1) / mscale(40, 0.707)
 }
+
+}  // namespace unit_io_hf_config_static

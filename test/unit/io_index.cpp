@@ -14,6 +14,9 @@
 
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_index {
+
 using namespace moonmoe;
 using namespace io_testing;
 
@@ -159,3 +162,5 @@ TEST_CASE("io index: an index nested 100,000 levels deep is refused by its depth
         check_error([&] { Checkpoint c(dir); }, {index.string(), "nests deeper than 128 levels"});
     }
 }
+
+}  // namespace unit_io_index

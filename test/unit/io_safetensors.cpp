@@ -13,6 +13,9 @@
 
 #include "support/io_testing.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_safetensors {
+
 using namespace moonmoe;
 using namespace io_testing;
 
@@ -278,3 +281,5 @@ TEST_CASE("io: FP8 block dequantisation with partial blocks") {
     std::vector<float> small(3);
     check_error([&] { to_f32(f.at("w"), small); }, {"'w'", "15 elements", "output buffer 3"});
 }
+
+}  // namespace unit_io_safetensors

@@ -16,6 +16,9 @@
 
 #include <moonmoe/moonmoe.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_io_save {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 using io_testing::read_file;
@@ -241,3 +244,5 @@ TEST_CASE("a model built from a type saves with config.json from the type, shard
     auto reloaded = load_transformer<TinyV3>(root / "ck");
     CHECK(bitwise_equal(weights(reloaded), weights(model)));
 }
+
+}  // namespace unit_io_save

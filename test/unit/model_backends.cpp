@@ -11,6 +11,9 @@
 #include <moonmoe/io/model_io.hpp>
 #include <moonmoe/optim.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_model_backends {
+
 using namespace moonmoe::testing;
 namespace mm = moonmoe;
 
@@ -51,3 +54,5 @@ TEST_CASE_TEMPLATE("on every backend, three MuonClip steps equal the CPU's", B, 
     MESSAGE("after three steps on " << std::string(B::name) << ": worst parameter difference " << worst);
     CHECK(worst < 1e-4);
 }
+
+}  // namespace unit_model_backends

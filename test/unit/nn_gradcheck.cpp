@@ -9,6 +9,9 @@
 
 #include <moonmoe/config.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_nn_gradcheck {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -261,3 +264,5 @@ TEST_CASE_TEMPLATE("auxiliary-loss-free balancing: bias += gamma * sign(mean loa
     CHECK(to_host(c1.routing.idx) == to_host(c2.routing.idx));
     CHECK(to_host(c1.routing.weight) == to_host(c2.routing.weight));
 }
+
+}  // namespace unit_nn_gradcheck

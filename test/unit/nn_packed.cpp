@@ -22,6 +22,9 @@
 #include <moonmoe/config.hpp>
 #include <moonmoe/io/model_io.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_nn_packed {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -408,3 +411,5 @@ TEST_CASE_TEMPLATE("batched decoding refuses mismatched states, counts and posit
                          doctest::Contains("token 0 of sequence 0 is at position 0, but its cache holds 2 tokens"),
                          std::invalid_argument);
 }
+
+}  // namespace unit_nn_packed

@@ -16,6 +16,9 @@
 #include <moonmoe/io/optimizer_state.hpp>
 #include <moonmoe/optim.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_optim {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -384,3 +387,5 @@ TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum
     CHECK(std::memcmp(q.data(), q0.data(), q.size() * 4) == 0);
     CHECK(std::memcmp(kv.data(), kv0.data(), kv.size() * 4) == 0);
 }
+
+}  // namespace unit_optim

@@ -17,6 +17,9 @@
 
 #include "../../examples/train_tiny.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_optim_hardening {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -305,3 +308,5 @@ TEST_CASE_TEMPLATE("MuonClip with re-measure: every head of an independent forwa
     CHECK(clips > 0);
     moonmoe::set_threads(threads);
 }
+
+}  // namespace unit_optim_hardening

@@ -9,6 +9,9 @@
 #include <moonmoe/config.hpp>
 #include <moonmoe/optim.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_optim_precision {
+
 using namespace moonmoe;
 using namespace moonmoe::testing;
 
@@ -70,3 +73,5 @@ TEST_CASE("optim::Optimizer runs Newton-Schulz in the precision its type names")
     check_optimizer_follows_ns_precision<F32Opt>(false);
     check_optimizer_follows_ns_precision<BF16Opt>(true);
 }
+
+}  // namespace unit_optim_precision

@@ -10,6 +10,9 @@
 
 #include <moonmoe/parallel/schedule.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_parallel_schedule {
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 
@@ -184,3 +187,5 @@ TEST_CASE("pipeline schedule: shapes without a schedule are refused, naming the 
     CHECK_NOTHROW(interleaved_1f1b({4, 2, 8}, 0));
     CHECK_NOTHROW(interleaved_1f1b({3, 1, 5}, 2));  // V = 1 takes any M >= PP
 }
+
+}  // namespace unit_parallel_schedule

@@ -9,6 +9,9 @@
 
 #include <moonmoe/parallel/zero.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_parallel_zero {
+
 namespace {
 
 using moonmoe::index_t;
@@ -50,3 +53,5 @@ TEST_CASE("assign_by_cost: every load within the mean plus the largest item, the
 }
 
 }  // namespace
+
+}  // namespace unit_parallel_zero

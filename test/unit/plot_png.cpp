@@ -15,6 +15,9 @@
 
 #include "../../examples/support/plot_png.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_plot_png {
+
 namespace plot = moonmoe::plot;
 
 namespace {
@@ -485,3 +488,5 @@ TEST_CASE("plot: sample figure (Muon vs MuonClip, synthetic)") {
     CHECK(d.height == 500);
     MESSAGE("wrote ", path);
 }
+
+}  // namespace unit_plot_png

@@ -18,6 +18,9 @@
 #include <moonmoe/nn.hpp>
 #include <moonmoe/optim.hpp>
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_repeatability {
+
 using namespace moonmoe;
 using moonmoe::testing::ThreadCount;
 using Ops = backend::Ops<cpu>;
@@ -188,3 +191,5 @@ TEST_CASE("a multi-step MuonClip training run at 2 threads is bitwise repeatable
     }
     for (float loss : first.losses) CHECK(std::isfinite(loss));
 }
+
+}  // namespace unit_repeatability

@@ -12,6 +12,9 @@
 #include <moonmoe/backend/cpu.hpp>
 #include "support/thread_count.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_threads {
+
 using namespace moonmoe;
 using backend::cpu_detail::parallel_chunks;
 using backend::cpu_detail::parallel_for;
@@ -188,3 +191,5 @@ TEST_CASE("parallel loops: nested loops run inline, an exception reaches the cal
     CHECK(a.load() == 20 * 1225);
     CHECK(b.load() == 20 * 1225);
 }
+
+}  // namespace unit_threads

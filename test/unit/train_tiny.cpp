@@ -6,6 +6,9 @@
 
 #include "../../examples/train_tiny.hpp"
 
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_train_tiny {
+
 TEST_CASE("train_tiny: MuonClip holds the max logit at tau where Muon alone exceeds it, at the same loss") {
     const int n = moonmoe::threads();
     moonmoe::set_threads(1);  // small matrices: one thread is fastest, and repeatable
@@ -32,3 +35,5 @@ TEST_CASE("train_tiny: MuonClip holds the max logit at tau where Muon alone exce
                                    << a / 20 << " and " << b / 20);
     CHECK(std::abs(b / a - 1.0) < 0.05);
 }
+
+}  // namespace unit_train_tiny
