@@ -108,12 +108,15 @@ def peak_column(ours_row: dict, torch_row: dict | None) -> str:
                        fmt((torch_row or {}).get("peak_rss_MiB_family"))])
 
 
-def torch_counterpart(name: str) -> str:
-    """The PyTorch row a name is compared with: ns/<policy>/symmetric/... -> the general algorithm of that shape."""
+def torch_counterpart(name: str) -> tuple[str, str]:
+    """The PyTorch row (name, variant) a name is compared with: ns/<policy>/symmetric/... -> the general algorithm of
+    that shape; gemm_bf16/... -> torch's gemm/... with bfloat16 operands."""
     parts = name.split("/")
     if parts[0] == "ns" and len(parts) > 2 and parts[2] == "symmetric":
         parts[2] = "general"
-    return "/".join(parts)
+    if parts[0] == "gemm_bf16":
+        return "/".join(["gemm"] + parts[1:]), "bf16"
+    return "/".join(parts), "f32"
 
 
 def ratio(torch_ms, ours_ms) -> str:
@@ -151,16 +154,18 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
     for r in ours:
         name, ms = r["name"], r["ms"]
         family = name.split("/")[0]
-        key = torch_counterpart(name)
-        t = torch.get((key, "f32"))
+        key, variant = torch_counterpart(name)
+        t = torch.get((key, variant))
         t_ms = t["real_time_ms"] if t else None
         notes = []
         if "error" in r:
             notes.append(f"ours: {r['error']}")
         if len(r["times"]) > 1:
             notes.append(f"ours mean of {len(r['times'])} runs")
-        if key != name and t:
+        if family == "ns" and key != name and t:
             notes.append(f"vs PyTorch {key.split('/')[2]}")
+        if variant == "bf16" and t:
+            notes.append("vs PyTorch bf16")
         if family == "muon":
             t16 = torch.get((key, "bf16"))
             if t16:

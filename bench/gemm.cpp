@@ -1,8 +1,10 @@
 // GEMM primitives at Kimi K2 shapes (bench/SUITE.md): every projection of MLA at 1024 tokens as x W^T, one expert's
 // gate at 64 tokens, the backward forms (dy W and dy^T x), and the symmetric X X^T of Newton-Schulz.
 // FLOPs: 2 m n k per product; SYRK is counted at the 2 n^2 k of the full product it replaces (so its FLOP/s and
-// of_sgemm compare wall time with a plain GEMM of the same result). On the GPU (moonmoe_cuda_bench) also the dense
-// bf16 cuBLAS product, gemm/bf16_cublas (support/cublas_bf16.hpp).
+// of_sgemm compare wall time with a plain GEMM of the same result). gemm_bf16/...: the same products with bf16
+// operands and f32 accumulation (on the CPU through oneDNN where the CPU has native bf16 products; compared with
+// PyTorch's bf16 matmul by compare.py). On the GPU (moonmoe_cuda_bench) also the dense bf16 cuBLAS product,
+// gemm/bf16_cublas (support/cublas_bf16.hpp).
 // bench-smoke-filter: :256/
 #include "support/suite.hpp"
 
@@ -19,6 +21,25 @@ void gemm(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n, ind
     Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
     measure(state, {2.0 * m * n * k, 4.0 * (m * k + k * n + m * n)},
                    [&] { Ops::gemm(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
+}
+
+/// The same product with bf16 operands, f32 accumulation and an f32 C (BlasOps::gemm_bf16): on the CPU through
+/// oneDNN where the CPU multiplies bf16 natively, else on operands widened to f32 (the row's label says which).
+void gemm_bf16(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n, index_t k) {
+    using moonmoe::bf16;
+    const moonmoe::Shape<2> sa = ta == Trans::no ? moonmoe::Shape<2>{m, k} : moonmoe::Shape<2>{k, m};
+    const moonmoe::Shape<2> sb = tb == Trans::no ? moonmoe::Shape<2>{k, n} : moonmoe::Shape<2>{n, k};
+    Mat a32(sa), b32(sb), c({m, n});
+    moonmoe::Tensor<bf16, 2, Backend> a(sa), b(sb);
+    Ops::fill_normal(a32.view(), 0.0f, 1.0f, 1);
+    Ops::fill_normal(b32.view(), 0.0f, 1.0f, 2);
+    Ops::template cast<bf16, float>(a32.view(), a.view());
+    Ops::template cast<bf16, float>(b32.view(), b.view());
+    measure(state, {2.0 * m * n * k, 2.0 * (m * k + k * n) + 4.0 * m * n}, [&] {
+        Ops::template gemm_bf16<float>(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view());
+    });
+    if constexpr (std::is_same_v<Backend, moonmoe::cpu>) state.SetLabel(moonmoe::backend::bf16_gemm_path());
+    else state.SetLabel("bf16");
 }
 
 void syrk(benchmark::State& state, index_t n, index_t k) {
@@ -57,6 +78,9 @@ void register_benchmarks() {
     for (const Case& c : cases)
         add(std::string("gemm/") + c.form + "/" + shape_args({{"m", c.m}, {"n", c.n}, {"k", c.k}}),
             [c](benchmark::State& s) { gemm(s, c.ta, c.tb, c.m, c.n, c.k); });
+    for (const Case& c : cases)
+        add(std::string("gemm_bf16/") + c.form + "/" + shape_args({{"m", c.m}, {"n", c.n}, {"k", c.k}}),
+            [c](benchmark::State& s) { gemm_bf16(s, c.ta, c.tb, c.m, c.n, c.k); });
     add("syrk/" + shape_args({{"n", 2048}, {"k", 7168}}), [](benchmark::State& s) { syrk(s, 2048, 7168); });
     add("syrk/" + shape_args({{"n", 256}, {"k", 256}}), [](benchmark::State& s) { syrk(s, 256, 256); });
 #if MOONMOE_BENCH_HAVE_CUBLAS

@@ -95,8 +95,9 @@ SUITE = [
     ("adamw/step/numel:131072", True),
 ]
 
-# Rows per name: Muon has torch's float32-patched and default bfloat16 Newton-Schulz; AdamW default and fused.
-VARIANTS = {"muon": ["f32", "bf16"], "adamw": ["f32", "fused"]}
+# Rows per name: Muon has torch's float32-patched and default bfloat16 Newton-Schulz; AdamW default and fused; GEMM
+# float32 and bfloat16 operands (the bf16 rows are what ours' gemm_bf16/... rows compare with).
+VARIANTS = {"muon": ["f32", "bf16"], "adamw": ["f32", "fused"], "gemm": ["f32", "bf16"]}
 
 # Where the child runs (--device, --dtypes): every other family has one row per dtype; DTYPE is the current one.
 DEVICE = "cpu"
@@ -372,11 +373,17 @@ def randn(*shape, seed=0):
 
 
 def run_gemm(name, words, a, min_time):
+    global DTYPE
     op, m, n, k = words[1], a["m"], a["n"], a["k"]
-    lhs = randn(k, m).T if op == "tn" else randn(m, k)                 # tn: A stored [K, M], used transposed
-    rhs = randn(n, k, seed=1).T if op == "nt" else randn(k, n, seed=1)  # nt: B stored [N, K] (a Linear weight)
-    ms, it = time_call(lambda: lhs @ rhs, min_time)
-    return [dict(real_time_ms=ms, iterations=it)]
+    rows = []
+    for variant in VARIANTS["gemm"]:
+        DTYPE = variant
+        lhs = randn(k, m).T if op == "tn" else randn(m, k)                 # tn: A stored [K, M], used transposed
+        rhs = randn(n, k, seed=1).T if op == "nt" else randn(k, n, seed=1)  # nt: B stored [N, K] (a Linear weight)
+        ms, it = time_call(lambda: lhs @ rhs, min_time)
+        rows.append(dict(variant=variant, real_time_ms=ms, iterations=it))
+    DTYPE = "f32"
+    return rows
 
 
 def run_syrk(name, words, a, min_time):

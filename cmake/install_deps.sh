@@ -11,7 +11,7 @@ packages=(
   cmake g++ make
   libeigen3-dev nlohmann-json3-dev
   doctest-dev libbenchmark-dev
-  libopenblas-dev libopenmpi-dev openmpi-bin
+  libopenblas-dev libopenmpi-dev openmpi-bin libdnnl-dev
   time
 )
 case "${1:-}" in

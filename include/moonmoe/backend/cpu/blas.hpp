@@ -19,6 +19,7 @@
 #include "gemm_small.hpp"
 #include "map.hpp"
 #include "memory.hpp"  // gemm_bf16 widens its operands into f32 tensors
+#include "onednn.hpp"
 #include "threads.hpp"
 
 namespace moonmoe::backend {
@@ -63,6 +64,27 @@ inline GemmSplit gemm_split(index_t m, index_t n, index_t k, int threads) {
     const index_t chunks = std::clamp<index_t>(std::min(L / gemm_min_width, by_flops), 1, most);
     const index_t width = ((L + chunks - 1) / chunks + 15) / 16 * 16;  // whole SIMD widths
     return {along_n, (L + width - 1) / width, width};
+}
+
+/// Cuts C [m, n] = op(A) op(B) into gemm_split's panels and runs panel(op(A)'s part, op(B)'s part, C's part) for
+/// each on the pool: a panel of columns takes all of op(A), a panel of rows all of op(B). k is op(A)'s columns.
+template <class T, class TC, class Panel>
+void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, View<TC, 2> C, index_t k,
+                    Panel&& panel) {
+    const index_t m = C.shape[0], n = C.shape[1];
+    const GemmSplit s = gemm_split(m, n, k, parallel_depth > 0 ? 1 : threads());
+    parallel_chunks(s.chunks, [&](index_t p) {
+        const index_t lo = p * s.width, w = std::min(s.width, (s.along_n ? n : m) - lo);
+        if (s.along_n) {  // columns [lo, lo + w) of C and of op(B)
+            const View<const T, 2> b = tb == Trans::no ? View<const T, 2>(B.data + lo, {k, w}, B.strides)
+                                                       : View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides);
+            panel(A, b, View<TC, 2>(C.data + lo, {m, w}, C.strides));
+        } else {          // rows [lo, lo + w) of C and of op(A)
+            const View<const T, 2> a = ta == Trans::no ? View<const T, 2>(A.data + lo * A.strides[0], {w, k}, A.strides)
+                                                       : View<const T, 2>(A.data + lo, {k, w}, A.strides);
+            panel(a, B, View<TC, 2>(C.data + lo * C.strides[0], {w, n}, C.strides));
+        }
+    });
 }
 
 /// C = alpha op(A) op(B) + beta C with one Eigen product on this thread (Ops::gemm keeps Eigen's threads off).
@@ -115,18 +137,8 @@ struct BlasOps<cpu> {
         // Eigen's parallel GEMM waits for its threads in spin loops and splits by the thread count it gets; panels
         // on the pool instead. Re-applied here in case the application changed it.
         if (parallel_depth == 0 && Eigen::nbThreads() != 1) Eigen::setNbThreads(1);
-        const GemmSplit s = gemm_split(m, n, k, parallel_depth > 0 ? 1 : threads());
-        parallel_chunks(s.chunks, [&](index_t p) {
-            const index_t lo = p * s.width, w = std::min(s.width, (s.along_n ? n : m) - lo);
-            if (s.along_n) {  // columns [lo, lo + w) of C and of op(B)
-                const View<const T, 2> b = tb == Trans::no ? View<const T, 2>(B.data + lo, {k, w}, B.strides)
-                                                           : View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides);
-                gemm_panel<T>(ta, tb, alpha, A, b, beta, View<T, 2>(C.data + lo, {m, w}, C.strides));
-            } else {          // rows [lo, lo + w) of C and of op(A)
-                const View<const T, 2> a = ta == Trans::no ? View<const T, 2>(A.data + lo * A.strides[0], {w, k}, A.strides)
-                                                           : View<const T, 2>(A.data + lo, {k, w}, A.strides);
-                gemm_panel<T>(ta, tb, alpha, a, B, beta, View<T, 2>(C.data + lo * C.strides[0], {w, n}, C.strides));
-            }
+        for_each_panel<T, T>(ta, tb, A, B, C, k, [&](View<const T, 2> a, View<const T, 2> b, View<T, 2> c) {
+            gemm_panel<T>(ta, tb, alpha, a, b, beta, c);
         });
 #endif
     }
@@ -204,15 +216,27 @@ struct BlasOps<cpu> {
         }
     }
 
-    /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp).
-    /// Correct first: the operands are widened to f32 (exact) and the f32 gemm runs on them, so the result is that
-    /// of gemm<float> on the widened operands, bitwise; a bf16 C is widened when beta reads it and rounded once at
-    /// the end. Costs a f32 copy of each operand (issue 13 brings AVX512_BF16 / AMX kernels that read bf16).
+    /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp),
+    /// rounded once to C's type. Where the build has oneDNN and the CPU multiplies bf16 natively (AVX512_BF16, AMX),
+    /// oneDNN's matmul reads the bf16 operands, in panels on the pool (cpu/onednn.hpp; bf16_gemm_path() says which
+    /// path runs). Otherwise the operands are widened to f32 (exact) and the f32 gemm runs on them, which costs an
+    /// f32 copy of each operand; the two paths differ only in the f32 summation order.
     template <class TC = float>
     static void gemm_bf16(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
                           View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "gemm_bf16: C is float or bf16");
-        contract::check_gemm_operands("gemm_bf16", ta, tb, A, B, C);
+        const contract::GemmShape shape = contract::check_gemm_operands("gemm_bf16", ta, tb, A, B, C);
+#if MOONMOE_WITH_ONEDNN
+        if (shape.m > 0 && shape.n > 0 && shape.k > 0 && bf16_gemm_uses_onednn()) {
+            cpu_detail::for_each_panel<bf16, TC>(ta, tb, A, B, C, shape.k,
+                                                 [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
+                                                     cpu_detail::onednn::gemm<TC>(ta, tb, alpha, a, b, beta, c);
+                                                 });
+            return;
+        }
+#else
+        (void)shape;
+#endif
         const Tensor<float, 2> a = widened(A), b = widened(B);
         if constexpr (std::is_same_v<TC, float>) {
             gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, C);
