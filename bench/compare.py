@@ -114,8 +114,8 @@ def torch_counterpart(name: str) -> tuple[str, str]:
     parts = name.split("/")
     if parts[0] == "ns" and len(parts) > 2 and parts[2] == "symmetric":
         parts[2] = "general"
-    if parts[0] == "gemm_bf16":
-        return "/".join(["gemm"] + parts[1:]), "bf16"
+    if parts[0] in ("gemm_bf16", "muon_bf16"):
+        return "/".join([parts[0][: -len("_bf16")]] + parts[1:]), "bf16"
     return "/".join(parts), "f32"
 
 
@@ -166,7 +166,7 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
             notes.append(f"vs PyTorch {key.split('/')[2]}")
         if variant == "bf16" and t:
             notes.append("vs PyTorch bf16")
-        if family == "muon":
+        if family == "muon" and variant == "f32":
             t16 = torch.get((key, "bf16"))
             if t16:
                 notes.append(f"torch bf16 {sig3(t16['real_time_ms'])} ms ({ratio(t16['real_time_ms'], ms)}x)")
