@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -339,6 +340,31 @@ TEST_CASE_TEMPLATE("Newton-Schulz in bf16 follows torch.optim.Muon's bf16 iterat
         // as far from f64 as torch's bf16 is (8 bits), which f32 is not
         CHECK(e_ours <= 1.5 * e_torch);
         CHECK(e_ours >= 0.25 * e_torch);
+    }
+}
+
+TEST_CASE_TEMPLATE("Newton-Schulz in bf16: the symmetric products (blocks on and below the diagonal) equal the full ones",
+                   B, MOONMOE_TEST_BACKENDS) {
+    // 600 x 700 (wide) and 700 x 600 (tall): X X^T and A A of 600 x 600 in 3 x 3 blocks of 256 rows, partial ones
+    // at the edge; every element is one block product's, as it is one full product's.
+    for (const auto [rows, cols] : {std::pair<index_t, index_t>{600, 700}, std::pair<index_t, index_t>{700, 600}}) {
+        CAPTURE(rows);
+        std::vector<float> g(std::size_t(rows * cols));
+        std::mt19937 gen(11);
+        std::normal_distribution<float> d;
+        for (float& x : g) x = d(gen);
+        const auto G = on<B>(host_matrix<float>(rows, cols, g));
+        Tensor<float, 2, B> sym({rows, cols}), full({rows, cols});
+        optim::NSWorkspaceBF16<B> ws;
+        optim::newton_schulz_bf16<KellerQuintic, B>(G.view(), sym.view(), 5, ws, 1e-7, optim::Products::symmetric);
+        optim::newton_schulz_bf16<KellerQuintic, B>(G.view(), full.view(), 5, ws, 1e-7, optim::Products::general);
+        const std::vector<float> a = to_host(sym), b = to_host(full);
+        std::size_t same = 0;
+        double worst = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == b[i], worst = std::max(worst, double(std::abs(a[i] - b[i])));
+        MESSAGE("bf16 NS " << rows << " x " << cols << ": symmetric vs full products " << 100.0 * double(same) / double(a.size())
+                           << "% bitwise equal, max |diff| " << worst);
+        CHECK(worst <= 4.0 * std::ldexp(1.0, -9));  // a few bf16 ulps of the entries (below 0.5) at most
     }
 }
 

@@ -98,11 +98,36 @@ struct DivideToBF16 {
 };
 }  // namespace detail
 
+/// C = alpha X X^T + beta C for bf16 X [n, k] and a symmetric bf16 C [n, n], rounded once per element as one
+/// gemm_bf16 would: only the blocks on and below the diagonal are multiplied (blocks of 256 rows, each a gemm_bf16
+/// of two row blocks of X), then each block below is transposed into its mirror above. For a symmetric X (A A in
+/// Newton-Schulz, A = A^T) X X^T is X X. About half the work of the full product for large n.
+template <class B>
+void symmetric_product_bf16(float alpha, View<const bf16, 2, B> X, float beta, View<bf16, 2, B> C) {
+    using Ops = backend::Ops<B>;
+    using backend::Trans;
+    constexpr index_t block = 256;
+    const index_t n = X.shape[0], k = X.shape[1];
+    const auto rows = [&](index_t i, index_t r) { return View<const bf16, 2, B>(X.data + i * X.strides[0], {r, k}, X.strides); };
+    const auto tile = [&](index_t i, index_t j, index_t r, index_t c) {
+        return View<bf16, 2, B>(C.data + i * C.strides[0] + j, {r, c}, C.strides);
+    };
+    for (index_t i = 0; i < n; i += block) {
+        const index_t bi = std::min(block, n - i);
+        for (index_t j = 0; j <= i; j += block) {
+            const index_t bj = std::min(block, n - j);
+            Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, alpha, rows(i, bi), rows(j, bj), beta, tile(i, j, bi, bj));
+            if (j < i) Ops::template transpose<bf16>(View<const bf16, 2, B>(tile(i, j, bi, bj)), tile(j, i, bj, bi));
+        }
+    }
+}
+
 /// out = NS(G) in bf16 (see the header comment), G and out f32 [rows, cols]; the schedule `Coeffs`, `steps`
-/// iterations, clamp_eps torch's eps.
+/// iterations, clamp_eps torch's eps. Products::symmetric (the default) multiplies the symmetric X X^T and A A by
+/// symmetric_product_bf16, Products::general as full products, as torch does; the roundings are the same.
 template <class Coeffs = KellerQuintic, class B = cpu>
 void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<float, 2, B> out, int steps,
-                        NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7) {
+                        NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7, Products products = Products::symmetric) {
     using Ops = backend::Ops<B>;
     using backend::Trans;
     const index_t rows = G.shape[0], cols = G.shape[1];
@@ -120,10 +145,17 @@ void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<fl
     else Ops::template copy<bf16>(ws.g16.view(), ws.x.view());
     for (int it = 0; it < steps; ++it) {
         const NSCoefficients k = detail::coefficients<Coeffs>(it);
-        Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, 1.0f, ws.x.view(), ws.x.view(), 0.0f, ws.a.view());
-        Ops::template copy<bf16>(ws.a.view(), ws.b.view());  // B = c A A + b A, rounded once (torch's addmm)
-        Ops::template gemm_bf16<bf16>(Trans::no, Trans::no, float(k.c), ws.a.view(), ws.a.view(), float(k.b),
-                                      ws.b.view());
+        // A = X X^T, then B = c A A + b A, each rounded once (torch's mm and addmm)
+        if (products == Products::symmetric) {
+            symmetric_product_bf16<B>(1.0f, ws.x.view(), 0.0f, ws.a.view());
+            Ops::template copy<bf16>(ws.a.view(), ws.b.view());
+            symmetric_product_bf16<B>(float(k.c), ws.a.view(), float(k.b), ws.b.view());
+        } else {
+            Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, 1.0f, ws.x.view(), ws.x.view(), 0.0f, ws.a.view());
+            Ops::template copy<bf16>(ws.a.view(), ws.b.view());
+            Ops::template gemm_bf16<bf16>(Trans::no, Trans::no, float(k.c), ws.a.view(), ws.a.view(), float(k.b),
+                                          ws.b.view());
+        }
         Ops::template copy<bf16>(ws.x.view(), ws.x_next.view());  // X = a X + B X, rounded once
         Ops::template gemm_bf16<bf16>(Trans::no, Trans::no, 1.0f, ws.b.view(), ws.x.view(), float(k.a),
                                       ws.x_next.view());
@@ -180,8 +212,9 @@ void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, 
     newton_schulz<Coeffs, float, B>(G, out, steps, ws, products);
 }
 template <class Coeffs, class B>
-void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, NSWorkspaceBF16<B>& ws, Products) {
-    newton_schulz_bf16<Coeffs, B>(G, out, steps, ws);
+void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, NSWorkspaceBF16<B>& ws,
+                   Products products) {
+    newton_schulz_bf16<Coeffs, B>(G, out, steps, ws, 1e-7, products);
 }
 
 }  // namespace moonmoe::optim
