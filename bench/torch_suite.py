@@ -27,7 +27,8 @@ torch.cuda.synchronize() (as every timed call of moonmoe_cuda_bench ends with a 
 is the GPU's. TF32 is off (torch.backends.cuda.matmul.allow_tf32 = False, float32 matmul precision "highest"): f32
 rows are true float32, as our CUDA backend's pedantic cuBLAS calls. Each name has one row per --dtypes entry
 (`variant` f32 or bf16: weights, inputs and activations in that type), except Muon (float32 weights; the variant is
-the Newton-Schulz precision, as on the CPU) and AdamW (default and fused, float32).
+the Newton-Schulz precision, as on the CPU), AdamW (default and fused, float32) and GEMM (float32 and bfloat16
+operands on every device: the bf16 rows are what ours' gemm_bf16/... rows compare with).
 """
 
 from __future__ import annotations
