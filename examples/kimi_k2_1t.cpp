@@ -8,6 +8,7 @@
 //   kimi_k2_1t --backend cpu|cuda  where the layer runs; the nvcc build (kimi_k2_1t_cuda) runs it on the GPU when
 //                                  one is present unless told --backend cpu, the C++ compiler's build on the CPU
 //   kimi_k2_1t --precision bf16    the layer under Precision<BF16> (bf16 products on the tensor cores on a GPU)
+//   kimi_k2_1t --weights bf16      the layer under Precision<BF16, Weights<BF16>>: its matrices stored in bf16
 // example-test: --accounting-only
 #include <sys/resource.h>
 
@@ -116,18 +117,20 @@ bool gpu_present() {
 
 /// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16, on backend B.
 template <class B>
-int run_full_width_layer(index_t tokens, moonmoe::NumberFormat precision) {
+int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision) {
     using DecoderLayer = moonmoe::nn::DecoderLayer<B>;
     using Mat = moonmoe::Tensor<float, 2, B>;
     using Ops = moonmoe::backend::Ops<B>;
     constexpr bool gpu = !std::is_same_v<B, moonmoe::cpu>;
-    // KimiK2::with<Precision<BF16>> for --precision bf16: the same sizes, the precision chosen at run time
+    // KimiK2::with<Precision<BF16>> for --precision bf16 (and Weights<BF16> for --weights bf16): the same sizes,
+    // the precision chosen at run time
     moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
-    cfg.precision.compute = precision;
+    cfg.precision = precision;
     constexpr index_t ep = moonmoe::KimiK2::config.parallel.ep,
                       local = moonmoe::KimiK2::config.moe.experts / ep, H = moonmoe::KimiK2::config.dims.hidden;
     std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s,"
-                " %s compute:\n", long(tokens), gpu ? "GPU" : "CPU", moonmoe::format_name(precision));
+                " %s compute, %s weights:\n", long(tokens), gpu ? "GPU" : "CPU", moonmoe::format_name(precision.compute),
+                moonmoe::format_name(precision.weights));
     std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
                 "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
                 "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
@@ -152,11 +155,12 @@ int run_full_width_layer(index_t tokens, moonmoe::NumberFormat precision) {
     t = step(2, "initialising weights (uniform, fan-in scaled)");
     std::uint64_t seed = 1;
     layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
-        moonmoe::View<float, 2, B> v(p.value, {1, p.numel()});
         if (p.kind == moonmoe::ParamKind::vector) return;  // norm gains stay 1
         if (p.kind == moonmoe::ParamKind::router_bias) return;  // the correction bias starts at 0
         const float bound = std::sqrt(3.0f / float(p.shape.back()));  // unit-variance outputs
-        Ops::fill_uniform(v, -bound, bound, seed++);
+        // drawn in f32 (for bf16-stored weights one matrix at a time, then rounded)
+        moonmoe::nn::write_values<B>(p, [&](moonmoe::View<float, 2, B> v) { Ops::fill_uniform(v, -bound, bound, seed); });
+        ++seed;
     });
     layer.refresh_working();  // Precision<BF16>: the products read bf16 copies of the masters just written
     Mat h({tokens, H}), out({tokens, H}), dout({tokens, H}), dh({tokens, H});
@@ -238,11 +242,15 @@ int run_full_width_layer(index_t tokens, moonmoe::NumberFormat precision) {
     }
     std::printf("  norms and residuals     %7.2f s %8.2f s\n", fwd_norm, bwd_norm);
     std::printf("  layer                   %7.2f s %8.2f s\n", forward_seconds, backward_seconds);
-    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (%s of weights + gradients)\n",
-                std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
-                (grouped(2 * (moonmoe::count_parameters(cfg).attention_layer.total() +
-                              (local + 1) * moonmoe::count_parameters(cfg).expert +
-                              moonmoe::count_parameters(cfg).router_layer)) + " floats").c_str());
+    double weight_bytes = 0, grad_bytes = 0;  // what the layer's parameters hold, as stored
+    layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
+        weight_bytes += double(p.numel()) * ((p.value ? 4 : 0) + (p.value16 ? 2 : 0));
+        grad_bytes += p.grad ? 4.0 * double(p.numel()) : 0.0;
+    });
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
+                "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
+                weight_bytes / GiB, grad_bytes / GiB);
     if (gpu)
         std::printf("  peak GPU tensor memory %.2f GiB\n",
                     double(moonmoe::backend::Memory<B>::stats().peak.load()) / (1024.0 * 1024.0 * 1024.0));
@@ -254,16 +262,19 @@ int run_full_width_layer(index_t tokens, moonmoe::NumberFormat precision) {
 int main(int argc, char** argv) try {
     bool layer = true;
     index_t tokens = 256;
-    moonmoe::NumberFormat precision = moonmoe::NumberFormat::f32;
+    moonmoe::PrecisionConfig precision;
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-            std::printf("usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--tokens N | --accounting-only]\n"
+            std::printf("usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16]\n"
+                        "       [--tokens N | --accounting-only]\n"
                         "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
                         "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n"
                         "  --backend: where the layer runs (default: the GPU in the nvcc build when one is present,\n"
                         "  else the CPU)\n"
                         "  --precision: the layer's compute policy, Precision<F32> (default) or Precision<BF16>\n"
-                        "  (docs/precision.md)\n",
+                        "  (docs/precision.md)\n"
+                        "  --weights bf16: the layer's matrices stored in bf16, Precision<BF16, Weights<BF16>>\n"
+                        "  (implies --precision bf16)\n",
                         argv[0]);
             return 0;
         }
@@ -283,7 +294,14 @@ int main(int argc, char** argv) try {
                 std::fprintf(stderr, "kimi_k2_1t: --precision is f32 or bf16, got '%s'\n", p.c_str());
                 return 2;
             }
-            precision = p == "bf16" ? moonmoe::NumberFormat::bf16 : moonmoe::NumberFormat::f32;
+            precision.compute = p == "bf16" ? moonmoe::NumberFormat::bf16 : moonmoe::NumberFormat::f32;
+        } else if (!std::strcmp(argv[i], "--weights") && i + 1 < argc) {
+            const std::string w = argv[++i];
+            if (w != "f32" && w != "bf16") {
+                std::fprintf(stderr, "kimi_k2_1t: --weights is f32 or bf16, got '%s'\n", w.c_str());
+                return 2;
+            }
+            precision.weights = w == "bf16" ? moonmoe::NumberFormat::bf16 : moonmoe::NumberFormat::f32;
         } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
             tokens = std::atol(argv[++i]);
             if (tokens < 1) {
@@ -291,11 +309,12 @@ int main(int argc, char** argv) try {
                 return 2;
             }
         } else {
-            std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--tokens N | --accounting-only]\n",
-                         argv[0]);
+            std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16] "
+                                 "[--tokens N | --accounting-only]\n", argv[0]);
             return 2;
         }
     }
+    if (precision.weights == moonmoe::NumberFormat::bf16) precision.compute = moonmoe::NumberFormat::bf16;
     std::printf("moonmoe %d.%d.%d: Kimi K2 as a C++ type (no weights allocated; all figures are constexpr)\n",
                 MOONMOE_VERSION_MAJOR, MOONMOE_VERSION_MINOR, MOONMOE_VERSION_PATCH);
 

@@ -151,20 +151,20 @@ TEST_CASE_TEMPLATE("Precision<BF16>: the products read bf16 working copies, refr
             ++copies;
         };
         for (auto& layer : model.layers) {
-            for (nn::Linear<B>* l : layer.self_attn.linears()) same(l->weight.value, l->working.value);
+            for (nn::Linear<B>* l : layer.self_attn.linears()) same(l->weight.value, l->weight.value16);
             if (layer.dense) {
                 for (nn::Linear<B>* l : {&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj})
-                    same(l->weight.value, l->working.value);
+                    same(l->weight.value, l->weight.value16);
             } else {
                 const auto& e = layer.moe.experts;
-                same(e.gate_proj.value, e.gate_working.value);
-                same(e.up_proj.value, e.up_working.value);
-                same(e.down_proj.value, e.down_working.value);
+                same(e.gate_proj.value, e.gate_proj.value16);
+                same(e.up_proj.value, e.up_proj.value16);
+                same(e.down_proj.value, e.down_proj.value16);
                 const auto& s = layer.moe.shared_experts;
-                for (const nn::Linear<B>* l : {&s.gate_proj, &s.up_proj, &s.down_proj}) same(l->weight.value, l->working.value);
+                for (const nn::Linear<B>* l : {&s.gate_proj, &s.up_proj, &s.down_proj}) same(l->weight.value, l->weight.value16);
             }
         }
-        same(model.lm_head.weight.value, model.lm_head.working.value);
+        same(model.lm_head.weight.value, model.lm_head.weight.value16);
         return copies;
     };
     CHECK(check_copies() == 3 * 5 + 3 + 2 * 6 + 1);

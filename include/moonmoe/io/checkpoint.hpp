@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -117,6 +118,28 @@ public:
         }
         used_.insert(r.name);
     }
+    /// `name` as bf16, checked as read_f32 checks it: a BF16 tensor is copied as it is (no f32 copy of it
+    /// exists at any time); another type is read as f32 (FP8 dequantised), one tensor at a time, and rounded to
+    /// nearest even.
+    void read_bf16(std::string_view name, std::span<const index_t> expected_shape, std::span<bf16> out) {
+        const SafetensorsFile& file = shard(name);
+        const TensorRecord& r = file.at(name);
+        if (r.dtype != DType::bf16 || !std::equal(r.shape.begin(), r.shape.end(), expected_shape.begin(),
+                                                  expected_shape.end()) || out.size() != std::size_t(r.numel())) {
+            std::vector<float> wide(out.size());
+            read_f32(name, expected_shape, wide);  // checks, names what is wrong
+            for (std::size_t i = 0; i < out.size(); ++i) out[i] = bf16::from_float(wide[i]);
+            return;
+        }
+        const std::string scale_name = r.name + std::string(scale_suffix);
+        if (contains(scale_name))
+            throw io_error(file.path() + ": tensor " + detail::quoted(r.name) + " is BF16, not FP8, but the checkpoint "
+                           "has a " + detail::quoted(scale_name) + " for it; a block scale belongs only to an F8_E4M3 "
+                           "weight");
+        std::memcpy(out.data(), r.bytes.data(), out.size_bytes());  // little-endian bits, as bf16 holds them
+        used_.insert(r.name);
+    }
+
     std::vector<float> read_f32(std::string_view name, std::span<const index_t> expected_shape) {
         const auto numel = checked_product(expected_shape);
         if (!numel)

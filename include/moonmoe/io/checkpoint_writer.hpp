@@ -51,11 +51,13 @@
 
 namespace moonmoe {
 
-/// One f32 tensor to save, by checkpoint name.
+/// One tensor to save, by checkpoint name: f32 values, or bf16 ones (a parameter stored in bf16).
 struct NamedTensor {
     std::string name;
     std::vector<index_t> shape;
     std::span<const float> values;
+    std::span<const bf16> values16 = {};  ///< used when `values` is empty
+    std::size_t numel() const { return values.empty() ? values16.size() : values.size(); }
 };
 
 namespace detail {
@@ -78,13 +80,23 @@ inline SafetensorsWriter tensors_writer(const std::string& file, std::span<const
     std::vector<std::uint16_t> narrow;
     for (const NamedTensor& t : tensors) {
         try {
-            if (store == DType::f32) {
-                writer.add_f32(t.name, t.shape, t.values);
+            if (t.values.empty() && store == DType::bf16) {  // bf16 kept as it is
+                writer.add(t.name, store, t.shape, std::as_bytes(t.values16));
                 continue;
             }
-            narrow.resize(t.values.size());
+            std::vector<float> wide;  // bf16 values to store as f32 or f16: widened first (exact)
+            if (t.values.empty()) {
+                wide.resize(t.values16.size());
+                for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = t.values16[i].to_float();
+            }
+            const std::span<const float> values = t.values.empty() ? std::span<const float>(wide) : t.values;
+            if (store == DType::f32) {
+                writer.add_f32(t.name, t.shape, values);
+                continue;
+            }
+            narrow.resize(values.size());
             for (std::size_t i = 0; i < narrow.size(); ++i)
-                narrow[i] = store == DType::bf16 ? bf16::from_float(t.values[i]).bits : f16::from_float(t.values[i]).bits;
+                narrow[i] = store == DType::bf16 ? bf16::from_float(values[i]).bits : f16::from_float(values[i]).bits;
             writer.add(t.name, store, t.shape, std::as_bytes(std::span<const std::uint16_t>(narrow)));
         } catch (const io_error& e) {
             throw io_error(file + ": " + e.what());
@@ -250,7 +262,7 @@ inline std::vector<std::pair<std::size_t, std::size_t>> shard_ranges(std::span<c
     std::vector<std::pair<std::size_t, std::size_t>> out;
     std::uint64_t current = 0;  // bytes in the last shard
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const std::uint64_t bytes = std::uint64_t(tensors[i].values.size()) * element_bytes;
+        const std::uint64_t bytes = std::uint64_t(tensors[i].numel()) * element_bytes;
         if (out.empty() || current + bytes > max_shard_bytes) out.push_back({i, i}), current = 0;
         out.back().second = i + 1;
         current += bytes;
@@ -290,7 +302,7 @@ inline void write_sharded_checkpoint(const std::filesystem::path& dir, const HFC
     std::uint64_t parameters = 0;
     for (std::size_t s = 0; s < ranges.size(); ++s)
         for (std::size_t i = ranges[s].first; i < ranges[s].second; ++i) {
-            parameters += tensors[i].values.size();
+            parameters += tensors[i].numel();
             index["weight_map"][tensors[i].name] = detail::shard_file_name(s, ranges.size());
         }
     index["metadata"]["total_parameters"] = parameters;

@@ -48,14 +48,16 @@ struct LoadOptions {
 namespace detail {
 
 /// Throws io_error if `values` holds a NaN or an infinity, naming the tensor, the element and its index.
-inline void check_finite_values(const std::string& where, const std::string& name, std::span<const index_t> shape,
-                                std::span<const float> values) {
-    const auto bad = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+template <class T>  // float or bf16
+void check_finite_values(const std::string& where, const std::string& name, std::span<const index_t> shape,
+                         std::span<const T> values) {
+    const auto wide = [](T v) { return float(convert<float>(v)); };
+    const auto bad = std::find_if(values.begin(), values.end(), [&](T v) { return !std::isfinite(wide(v)); });
     if (bad == values.end()) return;
     index_t flat = bad - values.begin();
     std::vector<index_t> index(shape.size());
     for (std::size_t d = shape.size(); d-- > 0;) index[d] = flat % shape[d], flat /= shape[d];
-    throw io_error(where + ": tensor " + detail::quoted(name) + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
+    throw io_error(where + ": tensor " + detail::quoted(name) + " holds " + (std::isnan(wide(*bad)) ? "NaN" : "an infinity") +
                    " at " + format_shape(index) + " (the first non-finite weight of the checkpoint)");
 }
 
@@ -101,15 +103,23 @@ inline bool held_by_another_part(const nn::ModelPart& part, const ModelConfig& c
 
 /// A parameter's values as host memory: the parameter itself on a host-visible backend, else a copy kept in
 /// `copies` (io is one of the named places where values cross to the host).
-template <class B>
-std::span<const float> host_values(const float* data, index_t n, std::deque<std::vector<float>>& copies) {
+template <class B, class T>
+std::span<const T> host_values(const T* data, index_t n, std::deque<std::vector<T>>& copies) {
     if constexpr (backend::host_visible<B>) {
         return {data, std::size_t(n)};
     } else {
-        std::vector<float>& c = copies.emplace_back(std::size_t(n));
-        backend::Memory<B>::to_host(c.data(), data, c.size() * sizeof(float));
+        std::vector<T>& c = copies.emplace_back(std::size_t(n));
+        backend::Memory<B>::to_host(c.data(), data, c.size() * sizeof(T));
         return c;
     }
+}
+
+/// A parameter's values as they are stored: f32 (the parameter or its master), or bf16 (Weights<BF16>).
+template <class B>
+NamedTensor stored_values(const ParamRef& p, std::deque<std::vector<float>>& copies,
+                          std::deque<std::vector<bf16>>& copies16) {
+    if (p.value) return {p.name, p.shape, host_values<B>(p.value, p.numel(), copies)};
+    return {p.name, p.shape, {}, host_values<B>(static_cast<const bf16*>(p.value16), p.numel(), copies16)};
 }
 
 }  // namespace detail
@@ -126,20 +136,28 @@ std::span<const float> host_values(const float* data, index_t n, std::deque<std:
 template <class B>
 void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& options = {}) {
     const std::string where = ck.directory().string();
-    std::vector<float> staging;  // a device backend: one tensor at a time through the host
-    model.visit_params([&](const ParamRef& p) {
-        std::span<float> values;
+    // Each tensor goes where the parameter keeps its values: f32 (the parameter, or the master an optimizer
+    // attached) or, for a parameter stored in bf16 alone (Weights<BF16>), bf16 read as such.
+    const auto load = [&]<class T>(const ParamRef& p, T* into, std::vector<T>& staging) {
+        std::span<T> values;
         if constexpr (backend::host_visible<B>) {
-            values = std::span<float>(p.value, std::size_t(p.numel()));
-        } else {
+            values = std::span<T>(into, std::size_t(p.numel()));
+        } else {  // a device backend: one tensor at a time through the host
             staging.resize(std::size_t(p.numel()));
             values = staging;
         }
-        ck.read_f32(p.name, std::span<const index_t>(p.shape), values);
-        if (options.check_finite) detail::check_finite_values(where, p.name, p.shape, values);
-        if constexpr (!backend::host_visible<B>) backend::Memory<B>::to_device(p.value, values.data(), values.size_bytes());
+        if constexpr (std::is_same_v<T, bf16>) ck.read_bf16(p.name, std::span<const index_t>(p.shape), values);
+        else ck.read_f32(p.name, std::span<const index_t>(p.shape), values);
+        if (options.check_finite) detail::check_finite_values<T>(where, p.name, p.shape, values);
+        if constexpr (!backend::host_visible<B>) backend::Memory<B>::to_device(into, values.data(), values.size_bytes());
+    };
+    std::vector<float> staging;
+    std::vector<bf16> staging16;
+    model.visit_params([&](const ParamRef& p) {
+        if (p.value) load(p, p.value, staging);
+        else load(p, p.value16, staging16);
     });
-    model.refresh_working_weights();  // the bf16 policy's working copies of the loaded masters
+    model.refresh_working_weights();  // bf16 compute: the bf16 values of the loaded f32 ones
     const index_t layers = model.config.dims.layers, mtp_layers = ck.config().mtp_layers;
     std::vector<std::string> extra;
     for (const std::string& name : ck.unused()) {
@@ -205,9 +223,8 @@ void save_transformer(const std::filesystem::path& dir, nn::Transformer<B>& mode
     const HFConfig config = saved_hf_config(model, options.initializer_range);
     std::vector<NamedTensor> tensors;
     std::deque<std::vector<float>> copies;  // host copies of a device backend's parameters
-    model.visit_params([&](const ParamRef& p) {
-        tensors.push_back({p.name, p.shape, detail::host_values<B>(p.value, p.numel(), copies)});
-    });
+    std::deque<std::vector<bf16>> copies16;
+    model.visit_params([&](const ParamRef& p) { tensors.push_back(detail::stored_values<B>(p, copies, copies16)); });
     write_sharded_checkpoint(dir, config, tensors, options.store, options.max_shard_bytes);
 }
 
@@ -219,10 +236,11 @@ void save_parameters(const std::filesystem::path& file, nn::Transformer<B>& mode
                      std::span<const NamedTensor> extra = {}) {
     std::vector<NamedTensor> tensors(extra.begin(), extra.end());
     std::deque<std::vector<float>> copies;
+    std::deque<std::vector<bf16>> copies16;
     model.visit_params([&](const ParamRef& p) {
-        const float* data = what == Saved::values ? p.value : p.grad;
-        if (!data) return;  // the router bias has no gradient
-        tensors.push_back({p.name, p.shape, detail::host_values<B>(data, p.numel(), copies)});
+        if (what == Saved::values) return tensors.push_back(detail::stored_values<B>(p, copies, copies16));
+        if (!p.grad) return;  // the router bias has no gradient
+        tensors.push_back({p.name, p.shape, detail::host_values<B>(static_cast<const float*>(p.grad), p.numel(), copies)});
     });
     write_tensors(file, tensors);
 }

@@ -1,7 +1,8 @@
 // moonmoe/io/optimizer_state.hpp: an optimizer's state to a safetensors file and back, bit for bit.
 //
-// Tensors `<param>.momentum` (Muon), `<param>.exp_avg` and `<param>.exp_avg_sq` (AdamW), F32, shaped like the
-// parameter; the step count in the metadata ("step"). Loading checks that every slot finds its state with the
+// Tensors `<param>.momentum` (Muon), `<param>.exp_avg` and `<param>.exp_avg_sq` (AdamW), and `<param>.master` (the
+// f32 master of a parameter stored in bf16, Weights<BF16>), F32, shaped like the parameter; the step count in the
+// metadata ("step"). Loading a master rounds it into the bf16 parameter too. Loading checks that every slot finds its state with the
 // right shape and that the file holds nothing else, naming the file and tensor otherwise.
 #pragma once
 
@@ -28,6 +29,7 @@ void save_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
             w.add_f32(s.param.name + ".exp_avg", s.param.shape, to_host(s.exp_avg));
             w.add_f32(s.param.name + ".exp_avg_sq", s.param.shape, to_host(s.exp_avg_sq));
         }
+        if (!s.master.empty()) w.add_f32(s.param.name + ".master", s.param.shape, to_host(s.master));
     }
     w.write(file);
 }
@@ -54,10 +56,12 @@ void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
             read(s.param.name + ".exp_avg", s.param.shape, s.exp_avg);
             read(s.param.name + ".exp_avg_sq", s.param.shape, s.exp_avg_sq);
         }
+        if (!s.master.empty()) read(s.param.name + ".master", s.param.shape, s.master);
     }
     for (const std::string& name : f.names())
         if (!expected.count(name)) throw io_error(file.string() + ": state for an unknown parameter: " + detail::quoted(name));
     opt.set_steps(std::stoll(step->second));
+    opt.round_masters();
 }
 
 }  // namespace moonmoe

@@ -46,21 +46,24 @@ struct DecoderLayer {
     DecoderLayer(const ModelConfig& c, index_t index, index_t first_expert = 0, index_t expert_count = -1)
         : hidden(c.dims.hidden), dense(index < c.dims.dense_layers), latent(c.attention.kind == AttentionKind::mla),
           input_layernorm(c.dims.hidden, c.dims.norm_eps), post_attention_layernorm(c.dims.hidden, c.dims.norm_eps) {
+        check_precision(c.precision);
         if (latent) self_attn = MLA<B>(c);
         else mha = MHA<B>(c);
-        if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden);
-        else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count);
-        set_precision(c.precision.compute);
+        if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden, ParamKind::matrix, c.precision);
+        else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count, c.precision);
+        set_precision(c.precision);
     }
 
-    void set_precision(NumberFormat f) {
-        compute = f;
-        input_layernorm.set_precision(f);
-        post_attention_layernorm.set_precision(f);
-        if (latent) self_attn.set_precision(f);
-        else mha.set_precision(f);
-        if (dense) mlp.set_precision(f);
-        else moe.set_precision(f);
+    /// Sets the compute format and the weights' storage of every module (Param::set_precision).
+    void set_precision(const PrecisionConfig& p) {
+        check_precision(p);
+        compute = p.compute;
+        input_layernorm.set_precision(p);
+        post_attention_layernorm.set_precision(p);
+        if (latent) self_attn.set_precision(p);
+        else mha.set_precision(p);
+        if (dense) mlp.set_precision(p);
+        else moe.set_precision(p);
     }
     /// Re-rounds the bf16 working copies of the weights from the masters (bf16 policy; nothing under f32).
     void refresh_working() {

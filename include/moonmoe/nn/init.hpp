@@ -43,26 +43,39 @@ constexpr std::uint64_t parameter_seed(std::uint64_t seed, std::string_view name
 
 }  // namespace detail
 
+/// Calls fill(View<float, 2, B>) on the parameter's f32 values as [numel / last extent, last extent]; a parameter
+/// stored in bf16 alone (Weights<BF16>) gets them in an f32 staging tensor, rounded into its bf16 values after.
+template <class B, class Fill>
+void write_values(const ParamRef& p, Fill&& fill) {
+    const index_t last = p.shape.empty() ? 1 : std::max<index_t>(p.shape.back(), 1);
+    const Shape<2> flat{p.numel() / last, last};
+    if (p.value) return fill(View<float, 2, B>(p.value, flat));
+    Tensor<float, 2, B> staging(flat);
+    fill(staging.view());
+    backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(staging.view()), View<bf16, 2, B>(p.value16, flat));
+}
+
 /// Sets every parameter of `model` to its initial value (rules at the top of this file); gradients are left as
 /// they are (zero on a new model).
 template <class B>
 void init_weights(Transformer<B>& model, const InitOptions& options = {}) {
     using Ops = backend::Ops<B>;
+    // The values as [numel / last extent, last extent]: rows for the threads; element k of the generator is the
+    // k-th in row-major order whatever the 2-D shape, so the values are those of the flat tensor.
     model.visit_params([&](const ParamRef& p) {
-        // The values as [numel / last extent, last extent]: rows for the threads; element k of the generator is the
-        // k-th in row-major order whatever the 2-D shape, so the values are those of the flat tensor.
-        const index_t last = p.shape.empty() ? 1 : std::max<index_t>(p.shape.back(), 1);
-        const View<float, 2, B> all(p.value, {p.numel() / last, last});
-        switch (p.kind) {
-        case ParamKind::vector: Ops::fill(all, 1.0f); break;
-        case ParamKind::router_bias: Ops::fill(all, 0.0f); break;
-        case ParamKind::matrix:
-        case ParamKind::expert_matrix:
-        case ParamKind::embedding:
-        case ParamKind::output_head:
-            Ops::fill_normal(all, 0.0f, float(options.initializer_range), detail::parameter_seed(options.seed, p.name));
-            break;
-        }
+        write_values<B>(p, [&](View<float, 2, B> all) {
+            switch (p.kind) {
+            case ParamKind::vector: Ops::fill(all, 1.0f); break;
+            case ParamKind::router_bias: Ops::fill(all, 0.0f); break;
+            case ParamKind::matrix:
+            case ParamKind::expert_matrix:
+            case ParamKind::embedding:
+            case ParamKind::output_head:
+                Ops::fill_normal(all, 0.0f, float(options.initializer_range),
+                                 detail::parameter_seed(options.seed, p.name));
+                break;
+            }
+        });
     });
     model.refresh_working_weights();
 }

@@ -1,8 +1,9 @@
 // moonmoe/nn/linear.hpp: y = x W^T with W stored [out, in] as in HF checkpoints (no bias: DeepSeek-V3 has none).
 //
 // Stateless about activations: the caller keeps the input x for backward (composite modules own the caches).
-// Under the bf16 policy (nn/precision.hpp) the products read the bf16 working copy of W and bf16 copies of x and
-// dy, accumulate in f32 (dW into the f32 gradient), and round y and dx to bf16.
+// Under bf16 compute (nn/precision.hpp) the products read W's bf16 values (weight.value16: the working copy of the
+// f32 master, or the bf16 parameter itself under Weights<BF16>) and bf16 copies of x and dy, accumulate in f32
+// (dW into the f32 gradient), and round y and dx to bf16.
 #pragma once
 
 #include "../backend/backend.hpp"
@@ -15,29 +16,30 @@ template <class B = cpu>
 struct Linear {
     using Ops = backend::Ops<B>;
     Param<2, B> weight;
-    WorkingCopy<2, B> working;  ///< bf16 copy of weight.value under the bf16 policy
     NumberFormat compute = NumberFormat::f32;
 
     Linear() = default;
-    Linear(index_t in, index_t out, ParamKind kind = ParamKind::matrix) : weight({out, in}, kind) {}
-
-    index_t in_features() const { return weight.value.size(1); }
-    index_t out_features() const { return weight.value.size(0); }
-
-    /// Sets the compute format; bf16 allocates and fills the working copy.
-    void set_precision(NumberFormat f) {
-        compute = f;
-        working.allocate(f, weight.value.shape());
-        refresh_working();
+    Linear(index_t in, index_t out, ParamKind kind = ParamKind::matrix, PrecisionConfig p = {})
+        : weight({out, in}, kind, p.weights) {
+        set_precision(p);
     }
-    /// Re-rounds the working copy from the master weight (after the master changed).
-    void refresh_working() { working.refresh(weight.value); }
+
+    index_t in_features() const { return weight.size(1); }
+    index_t out_features() const { return weight.size(0); }
+
+    /// Sets the compute format and the weight's storage (Param::set_precision).
+    void set_precision(const PrecisionConfig& p) {
+        compute = p.compute;
+        weight.set_precision(p);
+    }
+    /// Re-rounds the bf16 working copy from the f32 master (after the master changed).
+    void refresh_working() { weight.refresh(); }
 
     /// y = x W^T, x [rows, in] -> y [rows, out]; y += x W^T when accumulate.
     void forward(View<const float, 2, B> x, View<float, 2, B> y, bool accumulate = false) const {
         using backend::Trans;
         if (compute == NumberFormat::f32) return Ops::linear(x, weight.value.view(), y, accumulate);
-        product_bf16(bf16_copy(x).view(), Trans::yes, working.value.view(), y, accumulate);
+        product_bf16(bf16_copy(x).view(), Trans::yes, weight.value16.view(), y, accumulate);
     }
 
     /// dW += dy^T x; dx = dy W (or += when accumulate_dx). dx may be empty (no data) to skip it.
@@ -52,7 +54,7 @@ struct Linear {
         const Tensor<bf16, 2, B> dy16 = bf16_copy(dy);
         Ops::template gemm_bf16<float>(Trans::yes, Trans::no, 1.0f, dy16.view(), bf16_copy(x).view(), 1.0f,
                                        weight.grad.view());
-        if (dx.data) product_bf16(dy16.view(), Trans::no, working.value.view(), dx, accumulate_dx);
+        if (dx.data) product_bf16(dy16.view(), Trans::no, weight.value16.view(), dx, accumulate_dx);
     }
 
     /// y = round(a op(W16)) (or y = round(y + round(a op(W16))) when accumulate): a bf16 product into bf16 values.

@@ -44,9 +44,9 @@ struct MHA {
     Tensor<float, 1, B> max_logit_per_head;
     NumberFormat compute = NumberFormat::f32;
 
-    void set_precision(NumberFormat f) {
-        compute = f;
-        for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->set_precision(f);
+    void set_precision(const PrecisionConfig& p) {
+        compute = p.compute;
+        for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->set_precision(p);
     }
     void refresh_working() {
         for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->refresh_working();
@@ -71,11 +71,12 @@ struct MHA {
     explicit MHA(const ModelConfig& c)
         : cfg(c.attention), hidden(c.dims.hidden),
           softmax_scale(float(moonmoe::softmax_scale(c.rope, c.attention.qk_head_dim()))),
-          q_proj(c.dims.hidden, c.attention.heads * c.attention.qk_head_dim()),
-          k_proj(c.dims.hidden, c.attention.kv_heads * c.attention.qk_head_dim()),
-          v_proj(c.dims.hidden, c.attention.kv_heads * c.attention.v_dim),
-          o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden), rope(c.rope, c.attention.rope_dim),
-          max_logit_per_head(Shape<1>{c.attention.heads}) {
+          q_proj(c.dims.hidden, c.attention.heads * c.attention.qk_head_dim(), ParamKind::matrix, c.precision),
+          k_proj(c.dims.hidden, c.attention.kv_heads * c.attention.qk_head_dim(), ParamKind::matrix, c.precision),
+          v_proj(c.dims.hidden, c.attention.kv_heads * c.attention.v_dim, ParamKind::matrix, c.precision),
+          o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden, ParamKind::matrix, c.precision),
+          rope(c.rope, c.attention.rope_dim), max_logit_per_head(Shape<1>{c.attention.heads}),
+          compute(c.precision.compute) {
         reset_max_logits();
     }
 

@@ -69,27 +69,29 @@ struct MLA {
     MLA(const ModelConfig& c)
         : cfg(c.attention), hidden(c.dims.hidden),
           softmax_scale(float(moonmoe::softmax_scale(c.rope, c.attention.qk_head_dim()))),
-          kv_a_proj_with_mqa(c.dims.hidden, c.attention.kv_rank + c.attention.rope_dim),
-          kv_b_proj(c.attention.kv_rank, c.attention.heads * (c.attention.nope_dim + c.attention.v_dim)),
-          o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden),
+          kv_a_proj_with_mqa(c.dims.hidden, c.attention.kv_rank + c.attention.rope_dim, ParamKind::matrix, c.precision),
+          kv_b_proj(c.attention.kv_rank, c.attention.heads * (c.attention.nope_dim + c.attention.v_dim),
+                    ParamKind::matrix, c.precision),
+          o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden, ParamKind::matrix, c.precision),
           kv_a_layernorm(c.attention.kv_rank, 1e-6),  // HF builds the latent norms with the default eps
           rope(c.rope, c.attention.rope_dim), max_logit_per_head(Shape<1>{c.attention.heads}) {
         reset_max_logits();
         const index_t qdim = c.attention.heads * c.attention.qk_head_dim();
         if (cfg.q_rank > 0) {
-            q_a_proj = Linear<B>(hidden, cfg.q_rank);
+            q_a_proj = Linear<B>(hidden, cfg.q_rank, ParamKind::matrix, c.precision);
             q_a_layernorm = RMSNorm<B>(cfg.q_rank, 1e-6);
-            q_b_proj = Linear<B>(cfg.q_rank, qdim);
+            q_b_proj = Linear<B>(cfg.q_rank, qdim, ParamKind::matrix, c.precision);
         } else {
-            q_proj = Linear<B>(hidden, qdim);
+            q_proj = Linear<B>(hidden, qdim, ParamKind::matrix, c.precision);
         }
+        set_precision(c.precision);
     }
 
-    void set_precision(NumberFormat f) {
-        compute = f;
-        for (Linear<B>* l : linears()) l->set_precision(f);
-        q_a_layernorm.set_precision(f);
-        kv_a_layernorm.set_precision(f);
+    void set_precision(const PrecisionConfig& p) {
+        compute = p.compute;
+        for (Linear<B>* l : linears()) l->set_precision(p);
+        q_a_layernorm.set_precision(p);
+        kv_a_layernorm.set_precision(p);
     }
     void refresh_working() {
         for (Linear<B>* l : linears()) l->refresh_working();
@@ -309,7 +311,7 @@ struct MLA {
 
     /// For every head h, out[t0 : t0+n, h*out_w : +out_w] = a[t0 : t0+n, h*a_stride + a_col : +a_w] op(W_h), W_h the
     /// kv_b_proj rows [h*(nope+v) + w_row, +w_rows) : [w_rows, kv_rank]: one strided-batched GEMM over the heads,
-    /// bf16 operands (the working copy of kv_b_proj) under the bf16 policy.
+    /// bf16 operands (kv_b_proj's bf16 values) under bf16 compute.
     void per_head_products(backend::Trans tw, const Mat& a, index_t t0, index_t n, index_t a_col, index_t a_w,
                            index_t a_stride, index_t w_row, index_t w_rows, Mat& out, index_t out_w) const {
         using backend::Trans;
@@ -322,7 +324,7 @@ struct MLA {
         }
         const Tensor<bf16, 2, B> a16 = bf16_copy(cols(a, t0, n, 0, a.size(1)));
         Ops::template gemm_bf16_strided_batched<float>(H, Trans::no, tw, 1.0f, cols(a16, 0, n, a_col, a_w), a_stride,
-                                                       cols(kv_b_proj.working.value, w_row, w_rows, 0, r), w_stride,
+                                                       cols(kv_b_proj.weight.value16, w_row, w_rows, 0, r), w_stride,
                                                        0.0f, c, out_w);
     }
 

@@ -15,7 +15,7 @@
 // An instance may hold a contiguous range of the experts (one expert-parallel rank): the plan then has one segment
 // per local expert, and tokens routed elsewhere contribute nothing here and are counted in `skipped_assignments`.
 //
-// Under the bf16 policy (nn/precision.hpp) the grouped GEMMs read bf16 working copies of the stacks and bf16 copies
+// Under bf16 compute (nn/precision.hpp) the grouped GEMMs read the stacks' bf16 values (value16) and bf16 copies
 // of the dispatched rows (f32 accumulation), and round gate(x), up(x), the SwiGLU product, the expert outputs and
 // the combined sum to bf16; the router stays f32 on the bf16 input (as transformers' DeepseekV3TopkRouter).
 #pragma once
@@ -35,26 +35,22 @@ namespace moonmoe::nn {
 template <class B = cpu>
 struct StackedExperts {
     Param<3, B> gate_proj, up_proj, down_proj;
-    WorkingCopy<3, B> gate_working, up_working, down_working;  ///< bf16 copies under the bf16 policy
 
     StackedExperts() = default;
-    StackedExperts(index_t count, index_t hidden, index_t inner)
-        : gate_proj({count, inner, hidden}, ParamKind::expert_matrix),
-          up_proj({count, inner, hidden}, ParamKind::expert_matrix),
-          down_proj({count, hidden, inner}, ParamKind::expert_matrix) {}
+    StackedExperts(index_t count, index_t hidden, index_t inner, PrecisionConfig p = {})
+        : gate_proj({count, inner, hidden}, ParamKind::expert_matrix, p.weights),
+          up_proj({count, inner, hidden}, ParamKind::expert_matrix, p.weights),
+          down_proj({count, hidden, inner}, ParamKind::expert_matrix, p.weights) {
+        set_precision(p);
+    }
 
-    index_t size() const { return gate_proj.value.size(0); }
+    index_t size() const { return gate_proj.size(0); }
 
-    void set_precision(NumberFormat f) {
-        gate_working.allocate(f, gate_proj.value.shape());
-        up_working.allocate(f, up_proj.value.shape());
-        down_working.allocate(f, down_proj.value.shape());
-        refresh_working();
+    void set_precision(const PrecisionConfig& p) {
+        for (Param<3, B>* w : {&gate_proj, &up_proj, &down_proj}) w->set_precision(p);
     }
     void refresh_working() {
-        gate_working.refresh(gate_proj.value);
-        up_working.refresh(up_proj.value);
-        down_working.refresh(down_proj.value);
+        for (Param<3, B>* w : {&gate_proj, &up_proj, &down_proj}) w->refresh();
     }
 
     /// One ParamRef per expert and matrix, pointing into the stacks, named prefix.<first + e>.gate_proj.weight etc.
@@ -69,8 +65,8 @@ struct StackedExperts {
 
 private:
     static void visit_matrix(const std::string& name, Param<3, B>& p, index_t e, const ParamVisitor& f) {
-        const index_t rows = p.value.size(1), cols = p.value.size(2), offset = e * rows * cols;
-        f(ParamRef{name, p.kind, {rows, cols}, p.value.data() + offset, p.grad.data() + offset});
+        const index_t rows = p.size(1), cols = p.size(2);
+        visit_slice(name, p, {rows, cols}, e * rows * cols, f);
     }
 };
 
@@ -113,16 +109,16 @@ struct MoE {
     }
 
     MoE() = default;
-    MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1)
+    MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1, PrecisionConfig p = {})
         : cfg(c), hidden(hidden_), first_expert(first), gate(c, hidden_),
-          experts(count < 0 ? c.experts - first : count, hidden_, c.expert_hidden) {
-        if (c.shared > 0) shared_experts = SwiGLU<B>(hidden_, c.shared * c.expert_hidden);
+          experts(count < 0 ? c.experts - first : count, hidden_, c.expert_hidden, p), compute(p.compute) {
+        if (c.shared > 0) shared_experts = SwiGLU<B>(hidden_, c.shared * c.expert_hidden, ParamKind::matrix, p);
     }
 
-    void set_precision(NumberFormat f) {
-        compute = f;
-        experts.set_precision(f);
-        if (cfg.shared > 0) shared_experts.set_precision(f);
+    void set_precision(const PrecisionConfig& p) {
+        compute = p.compute;
+        experts.set_precision(p);
+        if (cfg.shared > 0) shared_experts.set_precision(p);
     }
     void refresh_working() {
         experts.refresh_working();
@@ -146,12 +142,12 @@ struct MoE {
         times.dispatch += seconds(t1);  // the plan and the gather
         c.g = Mat({P, I});
         c.u = Mat({P, I});
-        expert_product(Trans::yes, x.view(), experts.gate_proj, experts.gate_working, c.g.view(), p.offsets);
-        expert_product(Trans::yes, x.view(), experts.up_proj, experts.up_working, c.u.view(), p.offsets);
+        expert_product(Trans::yes, x.view(), experts.gate_proj, c.g.view(), p.offsets);
+        expert_product(Trans::yes, x.view(), experts.up_proj, c.u.view(), p.offsets);
         x = Mat{};
         Mat a({P, I}), out({P, hidden});
         SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), compute);
-        expert_product(Trans::yes, a.view(), experts.down_proj, experts.down_working, out.view(), p.offsets);
+        expert_product(Trans::yes, a.view(), experts.down_proj, out.view(), p.offsets);
         const auto combine_start = clock::now();
         Ops::fill(y, 0.0f);
         Ops::combine(out.view(), p.slot_row.view(), c.router.routing.weight.view(), y);
@@ -189,18 +185,17 @@ struct MoE {
 
     // ---- the expert computation over given segments (also what expert parallelism runs, parallel/moe.hpp) ----
 
-    /// y[seg e] = a[seg e] op(W_e) over the plan's segments (+= when accumulate): f32, or bf16 operands (the working
+    /// y[seg e] = a[seg e] op(W_e) over the plan's segments (+= when accumulate): f32, or bf16 operands (the bf16
     /// copy, a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
-    void expert_product(backend::Trans tw, View<const float, 2, B> a, const Param<3, B>& w,
-                        const WorkingCopy<3, B>& w16, View<float, 2, B> y, std::span<const index_t> offsets,
-                        bool accumulate = false) const {
+    void expert_product(backend::Trans tw, View<const float, 2, B> a, const Param<3, B>& w, View<float, 2, B> y,
+                        std::span<const index_t> offsets, bool accumulate = false) const {
         if (compute == NumberFormat::f32)
             return Ops::gemm_grouped(tw, 1.0f, a, w.value.view(), accumulate ? 1.0f : 0.0f, y, offsets);
         const Tensor<bf16, 2, B> a16 = bf16_copy(a);
         Mat t;
         if (accumulate) t = Mat(y.shape);
         const View<float, 2, B> out = accumulate ? t.view() : y;
-        Ops::template gemm_grouped<bf16>(tw, 1.0f, a16.view(), w16.value.view(), 0.0f, out, offsets);
+        Ops::template gemm_grouped<bf16>(tw, 1.0f, a16.view(), w.value16.view(), 0.0f, out, offsets);
         round_to(compute, out);
         if (accumulate) accumulate_rounded(compute, y, View<const float, 2, B>(out));
     }
@@ -243,7 +238,7 @@ private:
         Mat a({P, I}), da({P, I});
         SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), compute);
         // da = w (dy W_down); the unweighted product dotted with a is the routing weight's gradient dy . y_e
-        expert_product(Trans::no, dye.view(), experts.down_proj, experts.down_working, da.view(), p.offsets);
+        expert_product(Trans::no, dye.view(), experts.down_proj, da.view(), p.offsets);
         Ops::pair_dot(da.view(), a.view(), p.row_slot.view(), dweight);
         const fn::ScaleByPairWeight by_weight{c.router.routing.weight.data(), p.row_slot.data()};
         Ops::map_indexed(by_weight, da.view());
@@ -252,9 +247,9 @@ private:
         expert_weight_grad(dye.view(), a.view(), experts.down_proj, p.offsets);
         Mat dx({P, hidden});
         expert_weight_grad(c.g.view(), x.view(), experts.gate_proj, p.offsets);
-        expert_product(Trans::no, c.g.view(), experts.gate_proj, experts.gate_working, dx.view(), p.offsets);
+        expert_product(Trans::no, c.g.view(), experts.gate_proj, dx.view(), p.offsets);
         expert_weight_grad(c.u.view(), x.view(), experts.up_proj, p.offsets);
-        expert_product(Trans::no, c.u.view(), experts.up_proj, experts.up_working, dx.view(), p.offsets, true);
+        expert_product(Trans::no, c.u.view(), experts.up_proj, dx.view(), p.offsets, true);
         const auto scatter_start = clock::now();
         Ops::combine(dx.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
         times.dispatch += seconds(scatter_start);

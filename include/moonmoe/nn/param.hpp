@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "../backend/backend.hpp"
+#include "../config/precision.hpp"
+#include "../numeric/bf16.hpp"
 #include "../tensor/tensor.hpp"
 
 namespace moonmoe {
@@ -25,15 +28,76 @@ inline const char* param_kind_name(ParamKind k) {
     return "?";
 }
 
-/// A parameter and its gradient (same shape; empty for the router bias, which gets none).
+/// A parameter and its gradient (f32, same shape; empty for the router bias, which gets none), stored as the
+/// precision policy says (config/precision.hpp, docs/precision.md):
+///
+///   f32 weights, f32 compute    value             the parameter
+///   f32 weights, bf16 compute   value + value16   the master, and the bf16 working copy the products read
+///   bf16 weights                value16           the parameter; an optimizer that steps it keeps its f32 master
+///                                                 in its own state and rounds it into value16 after each change
 template <int Rank, class B = cpu>
 struct Param {
     Tensor<float, Rank, B> value;
+    Tensor<bf16, Rank, B> value16;
     Tensor<float, Rank, B> grad;
     ParamKind kind = ParamKind::matrix;
 
     Param() = default;
-    Param(Shape<Rank> shape, ParamKind k) : value(shape), grad(k == ParamKind::router_bias ? Shape<Rank>{} : shape), kind(k) {}
+    /// Zeros of `shape`, stored in `storage` (f32 or bf16).
+    Param(Shape<Rank> shape, ParamKind k, NumberFormat storage = NumberFormat::f32)
+        : grad(k == ParamKind::router_bias ? Shape<Rank>{} : shape), kind(k) {
+        if (storage == NumberFormat::bf16) value16 = Tensor<bf16, Rank, B>(shape);
+        else value = Tensor<float, Rank, B>(shape);
+    }
+
+    const Shape<Rank>& shape() const { return value.empty() && !value16.empty() ? value16.shape() : value.shape(); }
+    index_t size(int d) const { return shape()[d]; }
+    /// Stored in bf16: value16 is the parameter, and there is no f32 value.
+    bool stored_bf16() const { return value.empty() && !value16.empty(); }
+
+    /// Sets the storage and the working copy for `p`: bf16 weights keep value16 alone (rounded from the f32 value
+    /// if there was one); f32 weights keep value, with a bf16 working copy under bf16 compute.
+    void set_precision(const PrecisionConfig& p) {
+        if (p.weights == NumberFormat::bf16) {
+            if (!value.empty()) {
+                if (value16.empty()) value16 = Tensor<bf16, Rank, B>(value.shape());
+                round_into_value16();
+                value = Tensor<float, Rank, B>{};
+            }
+            return;
+        }
+        if (value.empty() && !value16.empty()) {  // from bf16 storage: the values widen exactly
+            value = Tensor<float, Rank, B>(value16.shape());
+            widen_into_value();
+        }
+        if (p.compute == NumberFormat::bf16) {
+            if (value16.empty()) value16 = Tensor<bf16, Rank, B>(value.shape());
+            refresh();
+        } else {
+            value16 = Tensor<bf16, Rank, B>{};
+        }
+    }
+
+    /// value16 = value rounded to bf16, where both exist (after an optimizer step, QK-Clip, a load).
+    void refresh() {
+        if (!value.empty() && !value16.empty()) round_into_value16();
+    }
+
+private:
+    static constexpr index_t last_extent(const Shape<Rank>& s) { return s[Rank - 1]; }
+    template <class T>
+    static View<T, 2, B> flat(T* data, const Shape<Rank>& s) {
+        const index_t last = last_extent(s), rows = last ? moonmoe::numel<Rank>(s) / last : 0;
+        return View<T, 2, B>(data, {rows, last});
+    }
+    void round_into_value16() {
+        backend::Ops<B>::template cast<bf16, float>(flat<const float>(value.data(), value.shape()),
+                                                    flat<bf16>(value16.data(), value16.shape()));
+    }
+    void widen_into_value() {
+        backend::Ops<B>::template cast<float, bf16>(flat<const bf16>(value16.data(), value16.shape()),
+                                                    flat<float>(value.data(), value.shape()));
+    }
 };
 
 /// What visit_params hands out: the HF name, the kind, the shape, and flat pointers to value and gradient.
@@ -42,12 +106,17 @@ struct Param {
 /// Backend<cuda>. Only the host-visible backend lets the host dereference them; io (checkpoints, optimizer state)
 /// moves their data with Memory<B>::to_host / to_device, and optim/ only wraps them in backend views for the
 /// primitives (it never reads or writes them on the host).
+///
+/// A parameter stored in bf16 (Precision<BF16, Weights<BF16>>) has value16 and no value: its f32 master, where
+/// there is one, is an optimizer's (optim/optimizer.hpp).
 struct ParamRef {
     std::string name;
     ParamKind kind;
     std::vector<index_t> shape;
-    float* value;  ///< backend memory (see above)
+    float* value;  ///< backend memory (see above); null for a parameter stored in bf16
     float* grad;   ///< backend memory; null for the router bias
+    bf16* value16 = nullptr;  ///< the bf16 parameter, or the bf16 working copy of value; null under f32 alone
+    bool stored_bf16 = false;  ///< value16 is the parameter itself (and value is null)
     index_t numel() const {
         const auto n = checked_product(shape);
         if (!n) throw shape_error("parameter '" + name + "': shape " + shape_string(shape) + " overflows");
@@ -57,10 +126,18 @@ struct ParamRef {
 
 using ParamVisitor = std::function<void(const ParamRef&)>;
 
+/// Hands `f` the parameter's elements [offset, offset + numel(shape)) as a ParamRef (a slice of a stacked
+/// parameter: one expert of the stacked experts).
+template <int Rank, class B>
+void visit_slice(const std::string& name, Param<Rank, B>& p, std::vector<index_t> shape, index_t offset,
+                 const ParamVisitor& f) {
+    const auto at = [offset](auto& t) { return t.empty() ? nullptr : t.data() + offset; };
+    f(ParamRef{name, p.kind, std::move(shape), at(p.value), at(p.grad), at(p.value16), p.stored_bf16()});
+}
+
 template <int Rank, class B>
 void visit(const std::string& name, Param<Rank, B>& p, const ParamVisitor& f) {
-    f(ParamRef{name, p.kind, std::vector<index_t>(p.value.shape().begin(), p.value.shape().end()), p.value.data(),
-               p.grad.empty() ? nullptr : p.grad.data()});
+    visit_slice(name, p, std::vector<index_t>(p.shape().begin(), p.shape().end()), 0, f);
 }
 
 }  // namespace moonmoe

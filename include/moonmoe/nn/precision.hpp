@@ -3,15 +3,18 @@
 //
 // Under NumberFormat::bf16 a module rounds what it hands on to bf16, as torch's bf16 operations round their
 // results: a projection's output, a norm's output, a residual sum, the gradients it passes back. The buffers
-// between operations stay f32 containers holding bf16 values (their bf16 storage is the activation-memory work of
-// issue 13), so the element-wise and row primitives run unchanged on them. Matrix products read bf16 operands: the
-// weights' bf16 working copies (Linear::working, StackedExperts) and bf16 copies of the activations (exact, since
-// the activations already hold bf16 values), with f32 accumulation (BlasOps::gemm_bf16). Master weights, their
-// gradients, the optimizer state, the router, the per-row statistics and the loss stay f32.
+// between operations stay f32 containers holding bf16 values, so the element-wise and row primitives run unchanged
+// on them. Matrix products read bf16 operands: the weights' bf16 values (Param::value16: a working copy of the f32
+// master, or the parameter itself under Weights<BF16>) and bf16 copies of the activations (exact, since the
+// activations already hold bf16 values), with f32 accumulation (BlasOps::gemm_bf16). Master weights, gradients,
+// the optimizer state, the router, the per-row statistics and the loss stay f32.
 #pragma once
+
+#include <string>
 
 #include "../backend/backend.hpp"
 #include "../backend/functors.hpp"
+#include "../config/model_config.hpp"
 #include "../config/precision.hpp"
 #include "../tensor/tensor.hpp"
 
@@ -45,22 +48,12 @@ Tensor<bf16, 2, B> bf16_copy(View<const float, 2, B> x) {
     return out;
 }
 
-/// The bf16 working copy of a master weight, refreshed by `refresh` after the master changes (an optimizer step,
-/// QK-Clip, loading): what the matrix products read under the bf16 policy. Empty under f32.
-template <int R, class B>
-struct WorkingCopy {
-    Tensor<bf16, R, B> value;
-
-    void allocate(NumberFormat f, const Shape<R>& shape) {
-        value = f == NumberFormat::bf16 ? Tensor<bf16, R, B>(shape) : Tensor<bf16, R, B>{};
-    }
-    bool empty() const { return value.empty(); }
-    void refresh(const Tensor<float, R, B>& master) {
-        if (value.empty()) return;
-        const index_t last = master.size(R - 1), rows = last ? master.numel() / last : 0;
-        backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(master.data(), {rows, last}),
-                                                    View<bf16, 2, B>(value.data(), {rows, last}));
-    }
-};
+/// Refuses a precision no module can run: weights stored in bf16 under f32 compute.
+inline void check_precision(const PrecisionConfig& p) {
+    if (!p.valid())
+        throw config_error(std::string("precision: weights stored in ") + format_name(p.weights) +
+                           " are read by bf16 products only, and the compute format is " + format_name(p.compute) +
+                           " (Precision<BF16, Weights<BF16>> stores them in bf16)");
+}
 
 }  // namespace moonmoe::nn

@@ -25,7 +25,7 @@ struct RMSNorm {
         Ops::fill(weight.value.template reshape<2>({1, dim}), 1.0f);
     }
 
-    void set_precision(NumberFormat f) { compute = f; }
+    void set_precision(const PrecisionConfig& p) { compute = p.compute; }
 
     /// y = norm(x); rstd [rows] = 1 / rms per row (kept for backward).
     void forward(View<const float, 2, B> x, View<float, 2, B> y, View<float, 1, B> rstd) const {

@@ -20,13 +20,13 @@ struct SwiGLU {
     };
 
     SwiGLU() = default;
-    SwiGLU(index_t hidden, index_t inner, ParamKind kind = ParamKind::matrix)
-        : gate_proj(hidden, inner, kind), up_proj(hidden, inner, kind), down_proj(inner, hidden, kind) {}
+    SwiGLU(index_t hidden, index_t inner, ParamKind kind = ParamKind::matrix, PrecisionConfig p = {})
+        : gate_proj(hidden, inner, kind, p), up_proj(hidden, inner, kind, p), down_proj(inner, hidden, kind, p) {}
 
     index_t inner() const { return gate_proj.out_features(); }
 
-    void set_precision(NumberFormat f) {
-        for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->set_precision(f);
+    void set_precision(const PrecisionConfig& p) {
+        for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->set_precision(p);
     }
     void refresh_working() {
         for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->refresh_working();

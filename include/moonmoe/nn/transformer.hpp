@@ -91,12 +91,12 @@ struct Transformer {
         if (part.embedding) embed_tokens = Embedding<B>(c.dims.vocab, c.dims.hidden);
         if (part.head) {
             norm = RMSNorm<B>(c.dims.hidden, c.dims.norm_eps);
-            lm_head = Linear<B>(c.dims.hidden, c.dims.vocab, ParamKind::output_head);
+            lm_head = Linear<B>(c.dims.hidden, c.dims.vocab, ParamKind::output_head, c.precision);
         }
         layers.reserve(part.layers.size());
         for (index_t l : part.layers) layers.emplace_back(c, l, part.first_expert, part.expert_count);
-        norm.set_precision(c.precision.compute);
-        lm_head.set_precision(c.precision.compute);
+        norm.set_precision(c.precision);
+        lm_head.set_precision(c.precision);
     }
 
     bool is_whole() const { return part.is_whole(config); }

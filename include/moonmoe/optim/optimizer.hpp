@@ -11,6 +11,11 @@
 //      of the weights the step leaves has every head at or below tau;
 //   5. sets the gradients it stepped with to zero (zero_grads_after_step), so the next train_step starts afresh.
 //
+// Under Precision<BF16, Weights<BF16>> the model holds its matrices in bf16 alone; the optimizer keeps an f32
+// master of each such parameter it steps (Slot::master: the bf16 values widened, at construction), updates the
+// masters and rounds them into the bf16 weights after every change (the update, QK-Clip). Under ZeRO-1 each rank
+// steps its own share, so the masters are sharded as the rest of the optimizer state (parallel/zero.hpp).
+//
 // The training loop is therefore `loss = model.train_step(ids, layout); opt.step();`. To accumulate micro-batches,
 // run train_step (or forward + backward) once per micro-batch, then step() once: each backward adds (+=) its
 // gradient, and only step() clears them.
@@ -95,11 +100,13 @@ public:
     using Router = std::function<Route(const ParamRef&)>;
 
     /// One parameter's optimizer state: Muon's momentum, or AdamW's two moments, flat (numel) tensors on the
-    /// backend (io/optimizer_state.hpp moves them to and from the host); empty where the route has none.
+    /// backend (io/optimizer_state.hpp moves them to and from the host); empty where the route has none. A stepped
+    /// parameter stored in bf16 has its f32 master here, and param.value points to it.
     struct Slot {
         ParamRef param;
         Route route;
         Tensor<float, 1, B> momentum, exp_avg, exp_avg_sq;
+        Tensor<float, 1, B> master;
     };
 
     OptimizerConfig config = Config::value;
@@ -114,7 +121,7 @@ public:
     explicit Optimizer(nn::Transformer<B>& model, Router route = {}) : model_(model) {
         const bool muon = config.muon.enabled;
         model.visit_params([&](const ParamRef& p) {
-            Slot s{p, route ? route(p) : route_by_kind(p, muon), {}, {}, {}};
+            Slot s{p, route ? route(p) : route_by_kind(p, muon), {}, {}, {}, {}};
             if (s.route == Route::muon && p.shape.size() != 2)
                 throw std::invalid_argument("Optimizer: " + p.name + " is routed to Muon but is not a matrix");
             if (s.route != Route::none && !p.grad)
@@ -122,6 +129,13 @@ public:
             const index_t n = p.numel();
             if (s.route == Route::muon) s.momentum = Tensor<float, 1, B>({n});  // zeroed
             if (s.route == Route::adamw) s.exp_avg = Tensor<float, 1, B>({n}), s.exp_avg_sq = Tensor<float, 1, B>({n});
+            if (s.route != Route::none && p.stored_bf16) {  // Weights<BF16>: the f32 master the step updates
+                s.master = Tensor<float, 1, B>({n});
+                backend::Ops<B>::template cast<float, bf16>(View<const bf16, 2, B>(p.value16, {1, n}),
+                                                            s.master.template reshape<2>({1, n}));
+                s.param.value = s.master.data();
+                master_of_[p.value16] = s.master.data();
+            }
             if (s.route != Route::none) {
                 stepped_slot_.push_back(slots_.size());
                 stepped_grads_.push_back(View<float, 1, B>(p.grad, {n}));
@@ -194,15 +208,36 @@ public:
                               s.exp_avg_sq.data(), s.param.numel());
             }
         }
-        model_.refresh_working_weights();  // bf16 policy: the products read bf16 copies of the updated masters
+        round_masters();                    // Weights<BF16>: the bf16 weights are the updated masters rounded
+        model_.refresh_working_weights();  // bf16 compute: the products read the updated masters rounded to bf16
         if (bias_update_rate != 0.0f)  // before QK-Clip: a bias changes the routing, so what later layers see
             for (auto& layer : model_.layers)
                 if (!layer.dense) layer.moe.gate.update_bias(bias_update_rate);
         if (config.qk_clip.enabled && remeasure) clip_until_at_most_tau(remeasure, rounds, r);
-        else if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip);
+        else if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip, masters());
         else reset_max_logits();
         if (zero_grads_after_step) zero_stepped_gradients();
         return r;
+    }
+
+    /// Each master rounded into its bf16 parameter (Weights<BF16>): step() does it; so does loading a saved state.
+    void round_masters() {
+        for (Slot& s : slots_) {
+            if (s.master.empty()) continue;
+            const index_t n = s.master.numel();
+            backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(s.master.data(), {1, n}),
+                                                        View<bf16, 2, B>(s.param.value16, {1, n}));
+        }
+    }
+
+    /// Where QK-Clip finds a weight's f32 values: its own, or (Weights<BF16>) the master this optimizer keeps of it;
+    /// null for a bf16 weight another rank steps.
+    MasterOf<B> masters() {
+        return [this](const Param<2, B>& w) -> float* {
+            if (!w.value.empty()) return const_cast<float*>(w.value.data());
+            const auto it = master_of_.find(w.value16.data());
+            return it == master_of_.end() ? nullptr : it->second;
+        };
     }
 
     void reset_max_logits() {
@@ -235,7 +270,7 @@ private:
         for (int round = 1; round <= rounds; ++round) {
             reset_max_logits();
             remeasure();
-            c = apply_qk_clip(model_, config.qk_clip);  // resets the maxima
+            c = apply_qk_clip(model_, config.qk_clip, masters());  // resets the maxima
             if (round == 1) r.clip = c;
             else for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
             r.clip_rounds = round;
@@ -252,6 +287,7 @@ private:
     std::vector<std::size_t> stepped_slot_;         ///< the slot of each of stepped_grads_
     Tensor<index_t, 1, B> first_bad_{Shape<1>{1}};  ///< first_nonfinite's answer
     std::map<std::pair<index_t, index_t>, Workspace> workspaces_;
+    std::map<const bf16*, float*> master_of_;  ///< Weights<BF16>: each stepped bf16 parameter's master
     long long step_ = 0;
     long long skipped_nonfinite_ = 0, clip_exhausted_ = 0;
 };

@@ -11,10 +11,15 @@
 // re-measuring and clipping again (Optimizer::step with remeasure) cannot repeat a round that changes nothing.
 // Scope PerLayer uses the layer's largest maximum for all its heads (the report's naive form). The maxima are then
 // reset for the next step.
+//
+// The rows are scaled in the weights' f32 values: the parameters, or under Precision<BF16, Weights<BF16>> the f32
+// masters an optimizer keeps (MasterOf), whose bf16 roundings then become the weights. A weight with neither (a
+// bf16 weight another ZeRO-1 rank steps) is left to the rank that owns it, whose clipped values reach it.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "../config/optimizer.hpp"
@@ -43,6 +48,7 @@ inline void set_rows(std::vector<float>& factors, index_t first, index_t rows, f
 /// primitive call; rows whose factor is 1 are not touched.
 template <class B>
 void scale_rows(float* w, index_t cols, const std::vector<float>& factors) {
+    if (!w) return;  // no f32 values here (see the header comment)
     if (std::all_of(factors.begin(), factors.end(), [](float f) { return f == 1.0f; })) return;
     const Tensor<float, 1, B> f = to_device<B>(factors);
     backend::Ops<B>::scale_rows(View<float, 2, B>(w, {index_t(factors.size()), cols}), f.view());
@@ -64,7 +70,8 @@ inline std::vector<double> clip_factors(const std::vector<float>& max_logit, con
 
 /// MLA: rescales the heads of q (q_b_proj or q_proj, [heads * (nope + rope), q_cols]) and kv_b_proj
 /// ([heads * (nope + v), kv_cols]) whose maximum exceeds tau; returns how many heads were rescaled. The factors
-/// come from the maxima on the host; q and kv_b point into backend B's memory and are scaled there.
+/// come from the maxima on the host; q and kv_b point into backend B's memory and are scaled there (a null one is
+/// skipped).
 template <class B = cpu>
 index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, const nn::MLAHeadLayout& L,
                        const std::vector<float>& maxima, const QKClipConfig& c) {
@@ -84,7 +91,8 @@ index_t clip_mla_heads(float* q, index_t q_cols, float* kv_b, index_t kv_cols, c
 }
 
 /// MHA: rescales q_proj rows of each head over tau by gamma^alpha and k_proj rows of its key/value head by the
-/// group's smallest gamma^(1 - alpha); both weights have `cols` columns and point into backend B's memory.
+/// group's smallest gamma^(1 - alpha); both weights have `cols` columns and point into backend B's memory (a null
+/// one is skipped).
 template <class B = cpu>
 index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout& L, const std::vector<float>& maxima,
                        const QKClipConfig& c) {
@@ -109,10 +117,28 @@ index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout
     return clipped;
 }
 
-/// QK-Clip over every layer of `model`, from the maxima its forwards recorded since the last call; resets them.
+/// Where a weight's f32 values are: its own, or the master an optimizer keeps of a bf16 weight; null if neither.
 template <class B>
-ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
+using MasterOf = std::function<float*(const Param<2, B>&)>;
+
+/// The weight's own f32 values (null for a weight stored in bf16).
+template <class B>
+float* own_values(const Param<2, B>& w) {
+    return w.value.empty() ? nullptr : const_cast<float*>(w.value.data());
+}
+
+/// QK-Clip over every layer of `model`, from the maxima its forwards recorded since the last call; resets them.
+/// It scales the f32 values `master_of` finds and rounds a bf16 weight's clipped master into it.
+template <class B>
+ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c, const MasterOf<B>& master_of = own_values<B>) {
     ClipReport report;
+    const auto clipped = [&](nn::Linear<B>& l) {  // a bf16 weight takes its master's new values
+        float* m = master_of(l.weight);
+        if (!m || !l.weight.value.empty()) return;
+        const index_t rows = l.out_features(), cols = l.in_features();
+        backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(m, {rows, cols}),
+                                                    l.weight.value16.view());
+    };
     for (auto& layer : model.layers) {
         // Named host sync: QK-Clip's per-head maxima decide on the host which heads' weights to rescale.
         const std::vector<float> maxima = to_host(layer.latent ? layer.self_attn.max_logit_per_head.view()
@@ -121,17 +147,19 @@ ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c) {
         if (layer.latent) {
             auto& a = layer.self_attn;
             nn::Linear<B>& q = a.cfg.q_rank > 0 ? a.q_b_proj : a.q_proj;
-            report.heads_clipped.push_back(clip_mla_heads<B>(q.weight.value.data(), q.in_features(),
-                                                          a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
+            report.heads_clipped.push_back(clip_mla_heads<B>(master_of(q.weight), q.in_features(),
+                                                          master_of(a.kv_b_proj.weight), a.kv_b_proj.in_features(),
                                                           a.head_layout(), maxima, c));
             a.reset_max_logits();
+            if (report.heads_clipped.back() > 0) clipped(q), clipped(a.kv_b_proj);
         } else {
             auto& a = layer.mha;
-            report.heads_clipped.push_back(clip_mha_heads<B>(a.q_proj.weight.value.data(), a.k_proj.weight.value.data(),
+            report.heads_clipped.push_back(clip_mha_heads<B>(master_of(a.q_proj.weight), master_of(a.k_proj.weight),
                                                           a.q_proj.in_features(), a.head_layout(), maxima, c));
             a.reset_max_logits();
+            if (report.heads_clipped.back() > 0) clipped(a.q_proj), clipped(a.k_proj);
         }
-        if (report.heads_clipped.back() > 0) layer.refresh_working();  // bf16 policy: the products read the copies
+        if (report.heads_clipped.back() > 0) layer.refresh_working();  // bf16 compute: the products read bf16 values
     }
     return report;
 }

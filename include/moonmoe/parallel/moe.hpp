@@ -62,10 +62,10 @@ struct ExpertParallelMoE {
         const std::span<const index_t> seg(c.exchange.expert_offsets);
         c.g = Mat({R, I}), c.u = Mat({R, I});
         Mat a({R, I}), out({R, moe.hidden});
-        moe.expert_product(Trans::yes, c.x.view(), moe.experts.gate_proj, moe.experts.gate_working, c.g.view(), seg);
-        moe.expert_product(Trans::yes, c.x.view(), moe.experts.up_proj, moe.experts.up_working, c.u.view(), seg);
+        moe.expert_product(Trans::yes, c.x.view(), moe.experts.gate_proj, c.g.view(), seg);
+        moe.expert_product(Trans::yes, c.x.view(), moe.experts.up_proj, c.u.view(), seg);
         nn::SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), moe.compute);
-        moe.expert_product(Trans::yes, a.view(), moe.experts.down_proj, moe.experts.down_working, out.view(), seg);
+        moe.expert_product(Trans::yes, a.view(), moe.experts.down_proj, out.view(), seg);
         const Mat back = return_rows(group, c.exchange, out.view());
         Ops::fill(y, 0.0f);
         Ops::combine(back.view(), c.slot_row.view(), c.router.routing.weight.view(), y);
@@ -91,7 +91,7 @@ struct ExpertParallelMoE {
         const Tensor<index_t, 1, B> rows = iota(R);
         Mat a({R, I}), da({R, I}), dots({R, 1});
         nn::SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), moe.compute);
-        moe.expert_product(Trans::no, dye.view(), moe.experts.down_proj, moe.experts.down_working, da.view(), seg);
+        moe.expert_product(Trans::no, dye.view(), moe.experts.down_proj, da.view(), seg);
         if (R > 0) Ops::pair_dot(da.view(), a.view(), rows.view(), dots.view());
         const fn::ScaleByPairWeight by_weight{w.data(), rows.data()};
         Ops::map_indexed(by_weight, da.view());
@@ -100,9 +100,9 @@ struct ExpertParallelMoE {
         moe.expert_weight_grad(dye.view(), a.view(), moe.experts.down_proj, seg);
         Mat dx({R, moe.hidden});
         moe.expert_weight_grad(c.g.view(), c.x.view(), moe.experts.gate_proj, seg);
-        moe.expert_product(Trans::no, c.g.view(), moe.experts.gate_proj, moe.experts.gate_working, dx.view(), seg);
+        moe.expert_product(Trans::no, c.g.view(), moe.experts.gate_proj, dx.view(), seg);
         moe.expert_weight_grad(c.u.view(), c.x.view(), moe.experts.up_proj, seg);
-        moe.expert_product(Trans::no, c.u.view(), moe.experts.up_proj, moe.experts.up_working, dx.view(), seg, true);
+        moe.expert_product(Trans::no, c.u.view(), moe.experts.up_proj, dx.view(), seg, true);
         // back to the tokens: the input gradients and the routing weights' gradients
         const Mat dx_back = return_rows(group, c.exchange, dx.view());
         const Mat dots_back = return_rows(group, c.exchange, dots.view());

@@ -18,6 +18,9 @@
 //   3. every rank runs optim::Optimizer on the parameters it owns (the others are routed to none: no state), then
 //      QK-Clip and the bias update, which are the same on every rank holding the layer since their inputs are
 //   4. all-gather of the updated parameters, per group: each owner's block to every rank.
+// Under Precision<BF16, Weights<BF16>> the f32 masters are optimizer state, so each rank holds those of its own
+// parameters only; the all-gather sends the owners' f32 masters and the other ranks round them into their bf16
+// weights (the same values the owner's weights take).
 // Communication per step: the gradients once (reduce-scatter) and the parameters once (all-gather), (size - 1) /
 // size of the group's floats each on average over the ranks: the same as ZeRO-1 with AdamW, whose reduce-scatter
 // and all-gather move the same two buffers (only its shards are flat slices, equal on every rank). The other way,
@@ -119,12 +122,13 @@ public:
         for (Shard& s : shards_) {
             const int me = s.group->rank();
             for (std::size_t i : s.members)
-                if (owner_[i] == me) copy(params[i].value, s.mine.data() + offset_[i], params[i].numel());
+                if (owner_[i] == me)  // the updated f32 values: the parameter's, or (Weights<BF16>) its master's
+                    copy(inner_.slots()[i].param.value, s.mine.data() + offset_[i], params[i].numel());
             Tensor<float, 1, B> all({s.total()});
             s.group->all_gather_v(std::span<const float>(s.mine.data(), std::size_t(s.mine.numel())),
                                   std::span<float>(all.data(), std::size_t(all.numel())), s.counts);
             for (std::size_t i : s.members)
-                if (owner_[i] != me) copy(all.data() + s.start(owner_[i]) + offset_[i], params[i].value, params[i].numel());
+                if (owner_[i] != me) store(all.data() + s.start(owner_[i]) + offset_[i], params[i]);
         }
         model_.refresh_working_weights();
         model_.zero_grad();
@@ -231,6 +235,12 @@ private:
 
     static void copy(const float* from, float* to, index_t n) {
         Ops::copy(View<const float, 2, B>(from, {1, n}), View<float, 2, B>(to, {1, n}));
+    }
+    /// The owner's new values into `p`: its f32 values, or (Weights<BF16>, no master here) its bf16 ones.
+    static void store(const float* from, const ParamRef& p) {
+        const index_t n = p.numel();
+        if (p.value) return copy(from, p.value, n);
+        Ops::template cast<bf16, float>(View<const float, 2, B>(from, {1, n}), View<bf16, 2, B>(p.value16, {1, n}));
     }
 
     bool any_nonfinite(const std::vector<ParamRef>& params) {
