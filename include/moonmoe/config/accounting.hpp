@@ -353,20 +353,29 @@ struct ActivationSetup {
     }
 };
 
-/// Activation bytes one micro-batch leaves on chunk `chunk`: its layers', and the head's on the last chunk.
-constexpr index_t chunk_activation_bytes(const ModelConfig& c, index_t chunk, const ActivationSetup& a) {
-    const index_t n = layers_in_chunk(c.parallel, c.dims.layers, chunk), dense = detail::dense_layers_in_chunk(c, chunk);
-    index_t bytes = dense * layer_activations(c, true, a.tokens()).bytes(a.storage) +
-                    (n - dense) * layer_activations(c, false, a.tokens()).bytes(a.storage);
-    if (chunk == c.parallel.chunks() - 1) bytes += head_activations(c, a.tokens()).bytes(a.storage);
-    return bytes;
-}
+/// Activation bytes one micro-batch leaves on each chunk: its layers', and the head's on the last chunk.
+struct ChunkActivations {
+    const ModelConfig& config;
+    index_t dense_layer, moe_layer, head;  ///< bytes
+
+    constexpr ChunkActivations(const ModelConfig& c, const ActivationSetup& a)
+        : config(c), dense_layer(layer_activations(c, true, a.tokens()).bytes(a.storage)),
+          moe_layer(layer_activations(c, false, a.tokens()).bytes(a.storage)),
+          head(head_activations(c, a.tokens()).bytes(a.storage)) {}
+
+    constexpr index_t operator()(index_t chunk) const {
+        const index_t n = layers_in_chunk(config.parallel, config.dims.layers, chunk);
+        const index_t dense = detail::dense_layers_in_chunk(config, chunk);
+        return dense * dense_layer + (n - dense) * moe_layer + (chunk == config.parallel.chunks() - 1 ? head : 0);
+    }
+};
 
 /// Activations on pipeline rank `rank`: the peak of its schedule, or under offload the resident units (at most
 /// activation_resident_units of the rank's largest chunk).
 constexpr InFlight rank_activations(const ModelConfig& c, index_t rank, const ActivationSetup& a) {
     const ParallelConfig& p = c.parallel;
-    const auto unit_bytes = [&](index_t v) { return chunk_activation_bytes(c, v * p.pp + rank, a); };
+    const ChunkActivations chunk_bytes(c, a);
+    const auto unit_bytes = [&](index_t v) { return chunk_bytes(v * p.pp + rank); };
     const InFlight peak = pipeline_in_flight(p.pp, p.virtual_stages, a.steps(p), a.extra_warmup, rank, unit_bytes);
     if (!a.storage.offload) return peak;
     index_t largest = 0;
