@@ -146,7 +146,7 @@ struct ActivationStorage {
 
 namespace activation_storage {
 /// (a) What the modules keep today (nn/*.hpp caches): f32 tensors.
-inline constexpr ActivationStorage keep_f32{"(a) f32, as the modules keep", 4, false, false, false};
+inline constexpr ActivationStorage keep_f32{"(a) f32 (the modules)", 4, false, false, false};
 /// (b) The values Precision<BF16> rounds to bf16 stored in 2 bytes; statistics, router and loss gradient stay f32.
 inline constexpr ActivationStorage keep_bf16{"(b) bf16", 2, false, false, false};
 /// (c) (b) + recomputed in backward: RMSNorm outputs, the MLA up-projections' outputs (q_b_proj, kv_b_proj). The
@@ -297,6 +297,7 @@ constexpr index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 
 /// Dense layers among chunk `chunk`'s (the first DenseLayers layers of the model are dense).
 constexpr index_t dense_layers_in_chunk(const ModelConfig& c, index_t chunk) {
+    if (chunk >= c.dims.dense_layers) return 0;  // every chunk before it holds a layer at least
     const index_t first = first_layer_of_chunk(c.parallel, c.dims.layers, chunk);
     const index_t n = layers_in_chunk(c.parallel, c.dims.layers, chunk), D = c.dims.dense_layers;
     return first >= D ? 0 : (first + n <= D ? n : D - first);
