@@ -316,7 +316,7 @@ TEST_CASE("micro-batches in flight: the accounting's walk equals the schedule th
 }
 
 TEST_CASE("the first pipeline rank holds Megatron's 1 + (PP - 1) / (PP V) micro-batches of each layer") {
-    // Korthikanti et al. 2022 §4.2.3: with 1F1B the first stage holds PP micro-batches; interleaved, Megatron's
+    // Korthikanti et al. 2022: with 1F1B the first stage holds PP micro-batches; interleaved, Megatron's
     // estimator multiplies by 1 + (PP - 1) / (PP V) (theoretical_memory_usage.py, compute_activation_memory).
     const auto one = [](index_t) { return index_t{1}; };
     for (index_t pp = 1; pp <= 16; ++pp)
