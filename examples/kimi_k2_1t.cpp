@@ -12,6 +12,7 @@
 // example-test: --accounting-only
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -86,6 +87,64 @@ void print_memory(const char* name) {
                     long(m.moe_layers), m.params() / 1e9, m.weight_bytes / 1e9, m.gradient_bytes / 1e9,
                     m.optimizer_bytes / 1e9, m.total_bytes() / 1e9);
     }
+}
+
+// Activations at K2's training setting (report §2.4.2-2.4.3): 4096-token sequences, one per micro-batch,
+// interleaved 1F1B with one extra warm-up forward, at a DP where ZeRO-1's optimizer shard is small.
+constexpr index_t kActivationDp = 32;
+constexpr moonmoe::ActivationSetup activation_setup(const moonmoe::ActivationStorage& s) {
+    return {.seq_len = kSeqLen, .micro_batch = 1, .storage = s, .extra_warmup = 1};
+}
+
+/// Per storage policy (activation_storage::all): the rank holding the most bytes, activations included.
+template <class Model>
+constexpr std::array<moonmoe::RankMemory, 5> busiest_per_policy() {
+    std::array<moonmoe::RankMemory, 5> out{};
+    for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = moonmoe::most_loaded_rank(Model::config, kActivationDp, activation_setup(moonmoe::activation_storage::all[i]));
+    return out;
+}
+constexpr auto k2_busiest = busiest_per_policy<moonmoe::KimiK2>();
+constexpr auto v3_busiest = busiest_per_policy<moonmoe::DeepSeekV3>();
+// K2 with recomputation and FP8 storage: rank 2 (chunks 2 and 18, two MoE layers each) holds 44 units of 2 layers;
+// its states are the ~30 GB of the report's §2.4.2, its activations about 54 GB more (an H800 has 80).
+static_assert(k2_busiest[3].pipeline_rank == 2 && k2_busiest[3].in_flight == 44);
+static_assert(k2_busiest[3].state_bytes() == moonmoe::KimiK2::memory_per_rank(kActivationDp).total_bytes());
+static_assert(k2_busiest[3].activation_bytes ==
+              88 * moonmoe::layer_activations(moonmoe::KimiK2::config, false, kSeqLen).bytes(moonmoe::activation_storage::fp8));
+static_assert(k2_busiest[0].activation_bytes > 8 * k2_busiest[0].state_bytes());  // f32 caches: far beyond a GPU
+static_assert(k2_busiest[4].total_bytes() < 40'000'000'000);                      // offload: states + 3 units
+
+template <class Model>
+constexpr index_t moe_layer_bytes(const moonmoe::ActivationStorage& s) {
+    return moonmoe::layer_activations(Model::config, false, kSeqLen).bytes(s);
+}
+
+void print_activations() {
+    std::printf("\nActivations kept for backward, micro-batches of 1 x %ld tokens, on the most loaded rank of\n"
+                "Parallel<16, 16, %ld> (interleaved 1F1B, V = 2, one extra warm-up forward); GB = 1e9 bytes.\n"
+                "units: (micro-batch, chunk) pairs in flight at the rank's peak; states: weights, gradients, optimizer.\n",
+                long(kSeqLen), long(kActivationDp));
+    std::printf("  %-22s | %-47s | %-47s\n", "", "Kimi K2", "DeepSeek-V3");
+    std::printf("  %-22s |", "policy");
+    for (int m = 0; m < 2; ++m)
+        std::printf(" %9s %4s %5s %8s %7s %8s |", "MoE layer", "rank", "units", "activ.", "states", "total");
+    std::printf("\n");
+    for (std::size_t i = 0; i < k2_busiest.size(); ++i) {
+        const auto& s = moonmoe::activation_storage::all[i];
+        std::printf("  %-22s |", s.name);
+        const moonmoe::RankMemory* r[2] = {&k2_busiest[i], &v3_busiest[i]};
+        const index_t layer[2] = {moe_layer_bytes<moonmoe::KimiK2>(s), moe_layer_bytes<moonmoe::DeepSeekV3>(s)};
+        for (int m = 0; m < 2; ++m)
+            std::printf(" %6.3f GB %4ld %5ld %5.1f GB %4.1f GB %5.1f GB |", layer[m] / 1e9, long(r[m]->pipeline_rank),
+                        long(r[m]->in_flight), r[m]->activation_bytes / 1e9, r[m]->state_bytes() / 1e9,
+                        r[m]->total_bytes() / 1e9);
+        std::printf("\n");
+    }
+    std::printf("  A unit is one chunk's layers for one micro-batch (2 MoE layers on the middle ranks). Under offload\n"
+                "  the GPU keeps 3 units (being computed, offloaded, prefetched) of the rank's largest chunk: the last\n"
+                "  rank, whose last chunk holds the head's f32 loss gradient (%ld x vocab x 4 B), becomes the busiest.\n",
+                long(kSeqLen));
 }
 
 using Clock = std::chrono::steady_clock;
@@ -377,6 +436,7 @@ int main(int argc, char** argv) try {
 
     print_memory<moonmoe::KimiK2>("Kimi K2");
     print_memory<moonmoe::DeepSeekV3>("DeepSeek-V3");
+    print_activations();
     if (layer)
         return example::with_backend(backend, [&]<class B>() { return run_full_width_layer<B>(tokens, precision); });
     return 0;

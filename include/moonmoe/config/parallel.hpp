@@ -91,6 +91,22 @@ constexpr index_t first_layer_of_chunk(const ParallelConfig& p, index_t layers, 
     return first;
 }
 
+// ---- interleaved 1F1B (Megatron-Core's; parallel/schedule.hpp builds the schedule from these two) ----
+
+/// Warm-up forwards of pipeline rank `rank` with V chunks per rank and M micro-batches per step:
+/// 2 (PP - rank - 1) + (V - 1) PP (V = 1: PP - rank - 1), plus `extra` (K2's extra warm-up), at most M V.
+constexpr index_t interleaved_warmup(index_t pp, index_t v, index_t rank, index_t micro_batches, index_t extra = 0) {
+    const index_t w = (v == 1 ? pp - rank - 1 : 2 * (pp - rank - 1) + (v - 1) * pp) + extra;
+    return w < micro_batches * v ? w : micro_batches * v;
+}
+
+/// The rank's chunk (0 .. V-1) that its k-th forward runs: groups of PP micro-batches cycle over the chunks. Its
+/// k-th backward runs chunk V - 1 - that.
+constexpr index_t interleaved_chunk(index_t pp, index_t v, index_t k) { return (k % (pp * v)) / pp; }
+
+/// The micro-batch of a rank's k-th forward (and of its k-th backward).
+constexpr index_t interleaved_micro_batch(index_t pp, index_t v, index_t k) { return k / (pp * v) * pp + k % pp; }
+
 /// Fraction of a step the pipeline idles in interleaved 1F1B: (PP - 1) / (V * m) of the ideal time
 /// (Narayanan et al. 2021); m micro-batches per step.
 constexpr double bubble_fraction(const ParallelConfig& p, index_t micro_batches) {

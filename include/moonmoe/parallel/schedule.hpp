@@ -72,16 +72,13 @@ inline index_t warmup_forwards(const PipelineShape& s, index_t rank) {
     if (rank < 0 || rank >= s.pp)
         throw std::invalid_argument("pipeline schedule: rank " + std::to_string(rank) + " outside [0, " +
                                     std::to_string(s.pp) + ")");
-    const index_t total = s.micro_batches * s.v;
-    const index_t w = s.v == 1 ? s.pp - rank - 1 : 2 * (s.pp - rank - 1) + (s.v - 1) * s.pp;
-    return std::min(w + s.extra_warmup, total);
+    return interleaved_warmup(s.pp, s.v, rank, s.micro_batches, s.extra_warmup);
 }
 
 /// Virtual micro-batch k of a rank (its k-th forward): micro-batch and chunk.
 inline Step virtual_micro_batch(const PipelineShape& s, index_t k, Pass pass) {
-    const index_t group = k / (s.pp * s.v), in_group = k % (s.pp * s.v);
-    const index_t chunk = in_group / s.pp, mb = group * s.pp + in_group % s.pp;
-    return {pass, mb, pass == Pass::forward ? chunk : s.v - 1 - chunk};
+    const index_t chunk = interleaved_chunk(s.pp, s.v, k);
+    return {pass, interleaved_micro_batch(s.pp, s.v, k), pass == Pass::forward ? chunk : s.v - 1 - chunk};
 }
 
 /// Rank `rank`'s schedule: 2 M V steps, in the order it runs them.
