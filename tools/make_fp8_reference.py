@@ -114,10 +114,6 @@ def nonfinite(gen: torch.Generator) -> torch.Tensor:
     return x
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "test" / "data" / "fp8")
@@ -134,7 +130,8 @@ def main() -> int:
         out[f"{name}.codes"] = codes
         out[f"{name}.scales"] = scales
         out[f"{name}.dequantized"] = dequantize(codes, scales)
-    save_file({k: v.contiguous() for k, v in out.items()}, str(args.out / "tiles.safetensors"))
+    tiles = args.out / "tiles.safetensors"
+    save_file({k: v.contiguous() for k, v in out.items()}, str(tiles))
 
     versions = {
         "generator": "tools/make_fp8_reference.py",
@@ -142,7 +139,7 @@ def main() -> int:
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,
         "python": platform.python_version(),
-        "files_sha256": {"tiles.safetensors": sha256(args.out / "tiles.safetensors")},
+        "files_sha256": {tiles.name: hashlib.sha256(tiles.read_bytes()).hexdigest()},
     }
     (args.out / "versions.json").write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
     return 0
