@@ -17,7 +17,7 @@
 namespace moonmoe::backend {
 
 namespace cpu_detail {
-static_assert(4096 % fp8_tile_width == 0, "for_each_block's column blocks must hold whole tiles");
+static_assert(map_block_columns % fp8_tile_width == 0, "for_each_block's column blocks must hold whole tiles");
 
 /// Calls tile(row, lo, hi) for every tile [lo, hi) of the rows of an [rows, cols] matrix, in parallel.
 template <class Tile>
