@@ -190,7 +190,8 @@ TEST_CASE_TEMPLATE("quantize_fp8_tiles: the error bound |x - x'| <= 2^-4 |x| + 2
         for (index_t k = 0; k < tiles; ++k) {
             const double s = scales(i, k);
             double amax = 0.0;
-            for (index_t j = k * 128; j < std::min(cols, k * 128 + 128); ++j) amax = std::max(amax, std::abs(double(xh(i, j))));
+            for (index_t j = k * 128; j < std::min(cols, k * 128 + 128); ++j)
+                amax = std::max(amax, std::abs(double(xh(i, j))));
             scale_mismatch += s != double(float(amax) / 448.0f);  // amax exact in double, / 448 in f32
             for (index_t j = k * 128; j < std::min(cols, k * 128 + 128); ++j) {
                 const double v = xh(i, j), e = std::abs(v - double(got(i, j)));

@@ -28,7 +28,8 @@ constexpr index_t fp8_tiles_per_row(index_t cols) { return (cols + fp8_tile_widt
 /// Bytes of an [rows, cols] matrix as Fp8Tiles: a byte per element and a 4-byte scale per tile,
 /// rows * cols + 4 * rows * ceil(cols / 128).
 constexpr std::size_t fp8_tiles_bytes(index_t rows, index_t cols) {
-    return std::size_t(rows) * std::size_t(cols) + sizeof(float) * std::size_t(rows) * std::size_t(fp8_tiles_per_row(cols));
+    const auto r = std::size_t(rows);
+    return r * std::size_t(cols) + sizeof(float) * r * std::size_t(fp8_tiles_per_row(cols));
 }
 
 /// An FP8-E4M3 matrix [rows, cols] in 1 x 128 tiles: codes [rows, cols] and scales [rows, ceil(cols / 128)], both

@@ -1,6 +1,6 @@
 // moonmoe/backend/cpu/fp8.hpp: Fp8Ops<cpu> (backend/fp8.hpp): FP8-E4M3 tiles, rows in parallel on the thread pool.
 //
-// Work is cut as MapOps' is (whole rows, or blocks of 4096 columns, 32 whole tiles, when rows are few). Each tile is
+// Work is cut as MapOps' is (whole rows; rows longer than 4096 columns in blocks of 4096, 32 whole tiles). Each tile is
 // two passes over at most 128 contiguous floats: the amax as an integer maximum, then the codes; both are plain
 // loops that the compiler vectorises (the e4m3 rounding's branches become selects).
 #pragma once

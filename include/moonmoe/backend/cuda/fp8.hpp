@@ -101,8 +101,9 @@ struct Fp8Ops<cuda> {
         const index_t rows = x.shape[0], cols = x.shape[1], tiles = fp8_tiles_per_row(cols);
         if (rows == 0 || cols == 0) return;
 #if MOONMOE_CUDA_EMULATED
-        cuda_detail::launch(rows * tiles, cuda_fp8_detail::QuantizeTile{cuda_detail::strided(x), cuda_detail::strided(codes),
-                                                                        cuda_detail::strided(scales), cols, tiles});
+        using cuda_detail::strided;
+        cuda_detail::launch(rows * tiles,
+                            cuda_fp8_detail::QuantizeTile{strided(x), strided(codes), strided(scales), cols, tiles});
 #else
         using namespace cuda_fp8_detail;
         const index_t blocks = (rows * tiles + quantize_warps_per_block - 1) / quantize_warps_per_block;
