@@ -10,6 +10,7 @@
 
 #include "config.hpp"
 #include "tensor/dtype.hpp"
+#include "tensor/fp8_tiles.hpp"
 #include "tensor/tensor.hpp"
 #include "backend/cpu.hpp"
 #include "nn.hpp"

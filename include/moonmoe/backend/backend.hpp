@@ -8,6 +8,7 @@
 //   routing.hpp    RoutingOps<B>    router selection, dispatch plan, gather, combine, sorted scatter-add
 //   optim.hpp      OptimOps<B>      reductions, finite checks, QK-Clip row scaling
 //   random.hpp     RandomOps<B>     counter-based fills, the same numbers on every backend
+//   fp8.hpp        Fp8Ops<B>        FP8-E4M3 storage in 1 x 128 tiles: quantize, dequantize
 //
 // Each family is a class template whose primary definition only fails (a static_assert naming the header to
 // include); backend/cpu/ and backend/cuda/ specialise every family in a file of the same name. Ops<B> gathers the
@@ -19,6 +20,7 @@
 #include "../tensor/tensor.hpp"
 #include "attention.hpp"
 #include "blas.hpp"
+#include "fp8.hpp"
 #include "functors.hpp"
 #include "map.hpp"
 #include "memory.hpp"
@@ -30,6 +32,6 @@
 namespace moonmoe::backend {
 
 template <class B>
-struct Ops : BlasOps<B>, MapOps<B>, RowOps<B>, AttentionOps<B>, RoutingOps<B>, OptimOps<B>, RandomOps<B> {};
+struct Ops : BlasOps<B>, MapOps<B>, RowOps<B>, AttentionOps<B>, RoutingOps<B>, OptimOps<B>, RandomOps<B>, Fp8Ops<B> {};
 
 }  // namespace moonmoe::backend

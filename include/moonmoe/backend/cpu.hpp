@@ -4,6 +4,7 @@
 #include "backend.hpp"
 #include "cpu/attention.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/fp8.hpp"
 #include "cpu/map.hpp"
 #include "cpu/memory.hpp"
 #include "cpu/optim.hpp"

@@ -15,6 +15,7 @@
 #include "backend.hpp"
 #include "cuda/attention.hpp"
 #include "cuda/blas.hpp"
+#include "cuda/fp8.hpp"
 #include "cuda/layout.hpp"
 #include "cuda/map.hpp"
 #include "cuda/memory.hpp"

@@ -21,10 +21,12 @@ decltype(auto) element(const View<T, 2>& v, index_t i, index_t j) {
     if constexpr (std::is_const_v<T>) return std::remove_const_t<T>(v.data[i * v.strides[0] + j * v.strides[1]]);
     else return (v.data[i * v.strides[0] + j * v.strides[1]]);
 }
+/// Columns of the blocks for_each_block cuts long rows into.
+inline constexpr index_t map_block_columns = 4096;
 /// Calls body(i, j_begin, j_end) over [rows, cols] in pieces of whole rows, or of column blocks when rows are few.
 template <class Body>
 void for_each_block(index_t rows, index_t cols, Body&& body) {
-    constexpr index_t block = 4096;
+    constexpr index_t block = map_block_columns;
     const index_t per_row = cols > block ? (cols + block - 1) / block : 1;
     parallel_for(rows * per_row, [&](index_t k) {
         const index_t i = k / per_row, lo = (k % per_row) * block;
