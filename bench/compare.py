@@ -110,12 +110,15 @@ def peak_column(ours_row: dict, torch_row: dict | None) -> str:
 
 def torch_counterpart(name: str) -> tuple[str, str]:
     """The PyTorch row (name, variant) a name is compared with: ns/<policy>/symmetric/... -> the general algorithm of
-    that shape; gemm_bf16/... -> torch's gemm/... with bfloat16 operands."""
+    that shape; gemm_bf16/... and muon_bf16/... -> torch's gemm/... with bfloat16 operands and muon/... with its
+    default bfloat16 Newton-Schulz; layer_bf16/... -> torch's layer/... under bfloat16 autocast."""
     parts = name.split("/")
     if parts[0] == "ns" and len(parts) > 2 and parts[2] == "symmetric":
         parts[2] = "general"
     if parts[0] in ("gemm_bf16", "muon_bf16"):
         return "/".join([parts[0][: -len("_bf16")]] + parts[1:]), "bf16"
+    if parts[0] == "layer_bf16":
+        return "/".join(["layer"] + parts[1:]), "autocast"
     return "/".join(parts), "f32"
 
 

@@ -1,6 +1,8 @@
 // One Kimi K2 MoE decoder layer at full width (RMSNorm, MLA, residual, RMSNorm, MoE, residual), forward and
 // forward + backward on one sequence; the routed experts are those of expert-parallel rank 0 of 16, as in
 // bench/moe.cpp (bench/SUITE.md). FLOPs: MLA + MoE of bench/support/flops.hpp (norms and residuals not counted).
+// layer_bf16/...: the same layer under Kimi K2's training precision, Precision<BF16, Weights<BF16>> (compare.py
+// sets it beside PyTorch's layer under bfloat16 autocast).
 // bench-smoke-filter: /small/
 #include "support/configs.hpp"
 #include "support/flops.hpp"
@@ -34,9 +36,12 @@ void layer(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tok
 }
 
 void register_benchmarks() {
-    for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(256)}, {&small, "small", index_t(128)}})
+    for (auto [cfg, family, name, tokens] : {std::tuple{&k2, "layer", "k2", index_t(256)},
+                                             {&small, "layer", "small", index_t(128)},
+                                             {&k2_bf16, "layer_bf16", "k2", index_t(256)},
+                                             {&small_bf16, "layer_bf16", "small", index_t(128)}})
         for (bool backward : {false, true})
-            add(std::string("layer/") + (backward ? "forward_backward/" : "forward/") + name + "/" +
+            add(std::string(family) + (backward ? "/forward_backward/" : "/forward/") + name + "/" +
                     shape_args({{"tokens", tokens}}),
                 [cfg, tokens, backward](benchmark::State& s) { layer(s, *cfg, tokens, backward); });
 }

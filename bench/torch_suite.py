@@ -97,8 +97,12 @@ SUITE = [
 ]
 
 # Rows per name: Muon has torch's float32-patched and default bfloat16 Newton-Schulz; AdamW default and fused; GEMM
-# float32 and bfloat16 operands (the bf16 rows are what ours' gemm_bf16/... rows compare with).
-VARIANTS = {"muon": ["f32", "bf16"], "adamw": ["f32", "fused"], "gemm": ["f32", "bf16"]}
+# float32 and bfloat16 operands (the bf16 rows are what ours' gemm_bf16/... rows compare with); the decoder layer
+# float32, bfloat16 (module and input in bfloat16) and bfloat16 autocast (float32 module and input, the forward under
+# torch.autocast(dtype=bfloat16), the backward outside it, as torch's AMP recipe: what ours' layer_bf16/... rows
+# compare with).
+VARIANTS = {"muon": ["f32", "bf16"], "adamw": ["f32", "fused"], "gemm": ["f32", "bf16"],
+            "layer": ["f32", "bf16", "autocast"]}
 
 # Where the child runs (--device, --dtypes): every other family has one row per dtype; DTYPE is the current one.
 DEVICE = "cpu"
@@ -318,7 +322,7 @@ def build_moe(cfg: str):
                 if tokens.numel() == 0:
                     continue
                 pairs += tokens.numel()
-                y.index_add_(0, tokens, expert(x[tokens]) * w[tokens, slots, None])
+                y.index_add_(0, tokens, (expert(x[tokens]) * w[tokens, slots, None]).to(y.dtype))  # autocast: bf16
             self.pairs = pairs
             return y + self.shared(x)
 
@@ -483,14 +487,29 @@ def run_moe(name, words, a, min_time):
 
 
 def run_layer(name, words, a, min_time):
+    global DTYPE
+    import torch
     backward = words[1] == "forward_backward"
     cfg = words[2]
-    config, layer = build_layer(cfg)
-    x = randn(1, a["tokens"], CONFIGS[cfg]["hidden"]).requires_grad_(backward)
-    position_embeddings, mask = attention_inputs(config, x)
-    call, reset = training_calls(layer, [x], lambda: layer(x, position_embeddings, mask), backward)
-    ms, it = time_call(call, min_time, reset)
-    return [dict(real_time_ms=ms, iterations=it, pairs=layer.mlp.pairs)]
+    rows = []
+    for variant in VARIANTS["layer"]:
+        DTYPE = "bf16" if variant == "bf16" else "f32"
+        torch.manual_seed(0)
+        config, layer = build_layer(cfg)
+        x = randn(1, a["tokens"], CONFIGS[cfg]["hidden"]).requires_grad_(backward)
+        position_embeddings, mask = attention_inputs(config, x)
+
+        def forward():
+            with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16, enabled=variant == "autocast"):
+                return layer(x, position_embeddings, mask)
+
+        call, reset = training_calls(layer, [x], forward, backward)
+        ms, it = time_call(call, min_time, reset)
+        rows.append(dict(variant=variant, real_time_ms=ms, iterations=it, pairs=layer.mlp.pairs))
+        del layer, x, call, reset
+        gc.collect()
+    DTYPE = "f32"
+    return rows
 
 
 def newton_schulz(g, policy: str, steps: int = NS_STEPS):

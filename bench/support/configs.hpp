@@ -19,9 +19,15 @@ using SmallModel = moonmoe::KimiK2::with<
     moonmoe::Parallel<1, 1, 1>>;
 inline constexpr moonmoe::ModelConfig small = SmallModel::config;
 
+/// The same two under Kimi K2's training precision, Precision<BF16, Weights<BF16>>: bf16 products, activations and
+/// weights, f32 gradients (docs/precision.md). The suite's `_bf16` rows run on them.
+using TrainingPrecision = moonmoe::Precision<moonmoe::BF16, moonmoe::Weights<moonmoe::BF16>>;
+inline constexpr moonmoe::ModelConfig k2_bf16 = moonmoe::KimiK2::with<TrainingPrecision>::config;
+inline constexpr moonmoe::ModelConfig small_bf16 = SmallModel::with<TrainingPrecision>::config;
+
 /// The routed experts a benchmark holds: K2's one expert-parallel rank, or every expert of the small model.
 inline moonmoe::index_t local_experts(const moonmoe::ModelConfig& cfg) {
-    return &cfg == &k2 ? k2_local_experts : cfg.moe.experts;
+    return &cfg == &k2 || &cfg == &k2_bf16 ? k2_local_experts : cfg.moe.experts;
 }
 
 }  // namespace bench

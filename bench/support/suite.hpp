@@ -32,6 +32,7 @@
 
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config/model_config.hpp>
+#include <moonmoe/nn/init.hpp>
 #include <moonmoe/nn/param.hpp>
 #if defined(MOONMOE_BENCH_CUDA)
 #include <moonmoe/backend/cuda.hpp>
@@ -174,9 +175,11 @@ template <class Module>
 void init_params(Module& m, std::uint64_t seed = 1) {
     m.visit_params("m", [&](const moonmoe::ParamRef& p) {
         if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
-        const index_t cols = p.shape.back();
-        init_uniform_matrix(moonmoe::View<float, 2, Backend>(p.value, {p.numel() / cols, cols}), seed++);
+        // f32 values, or (Weights<BF16>) drawn in f32 and rounded into the bf16 weight
+        moonmoe::nn::write_values<Backend>(p, [&](moonmoe::View<float, 2, Backend> v) { init_uniform_matrix(v, seed); });
+        ++seed;
     });
+    if constexpr (requires { m.refresh_working(); }) m.refresh_working();  // Precision<BF16>'s working copies
 }
 
 /// The module under test for a configuration, built by `make` (returning a std::unique_ptr<T>) and initialised on
