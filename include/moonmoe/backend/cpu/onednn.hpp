@@ -125,6 +125,22 @@ inline const Entry& primitive(const Key& key) {
     return cache.emplace(key, std::move(e)).first->second;
 }
 
+/// OpenMP's thread count set to 1 on this thread while alive (restored also when oneDNN throws).
+class OneThread {
+public:
+#if defined(_OPENMP)
+    OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(saved_); }
+#else
+    OneThread() = default;
+#endif
+    OneThread(const OneThread&) = delete;
+    OneThread& operator=(const OneThread&) = delete;
+
+private:
+    [[maybe_unused]] int saved_ = 1;
+};
+
 /// C = alpha op(A) op(B) + beta C on this thread (m, n, k > 0; shapes checked by the caller).
 template <class TC>
 void gemm(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta, View<TC, 2> C) {
@@ -140,15 +156,9 @@ void gemm(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf1
     if (scratch.size() < e.scratch_bytes) scratch.resize(e.scratch_bytes);
     const dnnl::memory::desc scratch_desc({index_t(e.scratch_bytes)}, dnnl::memory::data_type::u8, dnnl::memory::dims{1});
     dnnl::memory pad(scratch_desc, engine(), scratch.data());
-#if defined(_OPENMP)
-    const int saved = omp_get_max_threads();  // one thread: the pool runs the panels (header comment)
-    omp_set_num_threads(1);
-#endif
+    const OneThread one;  // the pool runs the panels (header comment)
     e.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, pad}});
     stream.wait();
-#if defined(_OPENMP)
-    omp_set_num_threads(saved);
-#endif
 }
 
 }  // namespace onednn
