@@ -1,5 +1,6 @@
 // Memory<B> on every backend of the build (MOONMOE_TEST_BACKENDS): zeroed allocations, copies, the host crossings
-// and the byte counts; on CUDA also the per-thread current stream and the errors of failed calls.
+// and the byte counts; on CUDA also the per-thread current stream, the errors of failed calls and the activation
+// offload to pinned host memory.
 #include <doctest/doctest.h>
 
 #include <thread>
@@ -39,7 +40,10 @@ TEST_CASE_TEMPLATE("Memory: zeroed allocations, copies within the backend, the c
 }
 
 #if defined(MOONMOE_TEST_CUDA)
-TEST_CASE("StreamGuard switches this thread's current stream and restores it, each thread has its own") {
+// The CUDA-only cases are templates over the one backend: their names end in <cuda>, which is what the emulated
+// test binary's ctest registration selects (test/CMakeLists.txt, TEST_SPEC "*<cuda>").
+TEST_CASE_TEMPLATE("StreamGuard switches this thread's current stream and restores it, each thread has its own", B,
+                   moonmoe::cuda) {
     const backend::cuda_stream_t initial = backend::current_stream();
     backend::Stream a, b;
     CHECK(a.get() != b.get());
@@ -52,7 +56,7 @@ TEST_CASE("StreamGuard switches this thread's current stream and restores it, ea
             backend::cuda_stream_t seen_elsewhere = b.get();
             std::thread([&] { seen_elsewhere = backend::current_stream(); }).join();
             CHECK(seen_elsewhere == initial);  // another thread is on its own default stream
-            Tensor<float, 1, moonmoe::cuda> t({4});// work on the guarded stream, then its crossing
+            Tensor<float, 1, B> t({4});  // work on the guarded stream, then its crossing
             for (float x : to_host(t)) CHECK(x == 0.0f);
         }
         CHECK(backend::current_stream() == a.get());
@@ -61,12 +65,53 @@ TEST_CASE("StreamGuard switches this thread's current stream and restores it, ea
     CHECK(backend::current_stream() == initial);
 }
 
-TEST_CASE("cuda_error messages name the call, the error and where the call was made") {
+TEST_CASE_TEMPLATE("cuda_error messages name the call, the error and where the call was made", B, moonmoe::cuda) {
     CHECK(backend::cuda_detail::call_error_message("cudaMallocAsync(&p, bytes, current_stream())",
                                                    "cudaErrorMemoryAllocation", "out of memory", "memory.hpp", 12) ==
           "moonmoe: cudaMallocAsync(&p, bytes, current_stream()) failed with cudaErrorMemoryAllocation (out of "
           "memory) at memory.hpp:12");
-    static_assert(!backend::host_visible<moonmoe::cuda>, "module code must not index CUDA tensor data, emulated or not");
+    static_assert(!backend::host_visible<B>, "module code must not index CUDA tensor data, emulated or not");
+}
+
+TEST_CASE_TEMPLATE("HostOffload: tensors to pinned host memory and back, bit for bit; device memory released while "
+                   "away; host buffers reused", B, moonmoe::cuda) {
+    auto& device = backend::Memory<B>::stats();
+    backend::HostOffload off;
+    std::vector<float> values(3 * 1000);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.25f - 7.0f;
+    std::vector<bf16> halves(513);
+    for (std::size_t i = 0; i < halves.size(); ++i) halves[i] = bf16::from_float(float(i) / 3.0f);
+
+    for (int round = 0; round < 2; ++round) {
+        CAPTURE(round);
+        Tensor<float, 2, B> a({3, 1000});
+        copy_to_device(std::span<const float>(values), a.view());
+        Tensor<bf16, 1, B> h({513});
+        copy_to_device(std::span<const bf16>(halves), h.view());
+        Tensor<float, 2, B> none;
+        const std::size_t held = device.current.load();
+        auto ka = off.offload(std::move(a));
+        auto kh = off.offload(std::move(h));
+        auto kn = off.offload(std::move(none));
+        off.synchronize();
+        CHECK(a.empty());
+        CHECK(device.current.load() == held - 3 * 1000 * sizeof(float) - 513 * sizeof(bf16));
+        CHECK(kn.empty());
+        off.prefetch(kh);  // one prefetched, the other taken directly
+        const Tensor<float, 2, B> a2 = off.take(ka);
+        const Tensor<bf16, 1, B> h2 = off.take(kh);
+        CHECK(off.take(kn).empty());
+        CHECK(a2.shape() == Shape<2>{3, 1000});
+        CHECK(to_host(a2) == values);
+        const std::vector<bf16> back = to_host(h2);
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < back.size(); ++i) differ += back[i].bits != halves[i].bits;
+        CHECK(differ == 0);
+        CHECK(device.current.load() == held);
+        // the second round reuses the first round's two pinned buffers
+        CHECK(off.pinned_bytes() == 3 * 1000 * sizeof(float) + 513 * sizeof(bf16));
+    }
+    CHECK(off.offloaded_bytes() == 2 * (3 * 1000 * sizeof(float) + 513 * sizeof(bf16)));
 }
 #endif
 

@@ -19,6 +19,7 @@
 #include "cuda/layout.hpp"
 #include "cuda/map.hpp"
 #include "cuda/memory.hpp"
+#include "cuda/offload.hpp"
 #include "cuda/optim.hpp"
 #include "cuda/random.hpp"
 #include "cuda/routing.hpp"
