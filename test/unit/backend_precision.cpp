@@ -347,7 +347,7 @@ TEST_CASE_TEMPLATE("Newton-Schulz in bf16: the symmetric products (blocks on and
                    B, MOONMOE_TEST_BACKENDS) {
     // 600 x 700 (wide) and 700 x 600 (tall): X X^T and A A of 600 x 600 in 3 x 3 blocks of 256 rows, partial ones
     // at the edge; every element is one block product's, as it is one full product's.
-    for (const auto [rows, cols] : {std::pair<index_t, index_t>{600, 700}, std::pair<index_t, index_t>{700, 600}}) {
+    for (const auto& [rows, cols] : {std::pair<index_t, index_t>{600, 700}, std::pair<index_t, index_t>{700, 600}}) {
         CAPTURE(rows);
         std::vector<float> g(std::size_t(rows * cols));
         std::mt19937 gen(11);
