@@ -109,6 +109,14 @@ struct Transformer {
 
     NumberFormat compute() const { return config.precision.compute; }
 
+    /// Changes what the next forwards keep for backward (config/activations.hpp): the policy of the model type, or
+    /// another for this model. Refuses bf16 storage under f32 compute.
+    void set_activations(const ActivationConfig& a) {
+        check_activations(a, config.precision);
+        config.activations = a;
+        for (auto& layer : layers) layer.set_activations(a);
+    }
+
     /// Re-rounds every bf16 working copy from its f32 master weight (bf16 policy; nothing under f32). The
     /// optimizer's step, QK-Clip and io's loading call it; so does any other code that writes master weights.
     void refresh_working_weights() {
