@@ -214,7 +214,7 @@ TEST_CASE("a backward whose input was neither kept nor handed over is refused") 
     mlp.forward(x.view(), y.view(), cache);
     CHECK(cache.x.empty());
     CHECK_THROWS_WITH_AS(mlp.backward(y.view(), cache, dx.view()),
-                         "SwiGLU.backward: the input was not kept (keep_input is false): pass the forward's input x",
+                         "SwiGLU.backward: the input was not kept (keep_input is false): pass the forward's input",
                          std::logic_error);
     nn::SwiGLU<cpu>::Cache none;
     CHECK_THROWS_WITH_AS(mlp.backward(y.view(), none, dx.view(), false, x.view()),

@@ -85,4 +85,19 @@ struct KeptMatrix {
     }
 };
 
+/// The forward's input for a backward: the module's kept copy (taken into `scratch`), or `given` when the module did
+/// not keep it (keep_input false: its caller recomputed it), which must then be set (unless there are no rows).
+template <class B>
+View<const float, 2, B> input_for_backward(KeptMatrix<B>& kept, Tensor<float, 2, B>& scratch,
+                                           View<const float, 2, B> given, index_t rows, const std::string& module) {
+    if (!kept.empty()) {
+        scratch = kept.take("the input");
+        return scratch.view();
+    }
+    if (!given.data && rows > 0)
+        throw std::logic_error(module + ".backward: the input was not kept (keep_input is false): pass the "
+                               "forward's input");
+    return given;
+}
+
 }  // namespace moonmoe::nn

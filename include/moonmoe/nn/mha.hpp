@@ -156,10 +156,7 @@ struct MHA {
         const TokenLayout& layout = c.layout;
         const index_t T = layout.tokens(), H = cfg.heads, G = cfg.kv_heads;
         Mat kept_x;
-        if (keep_input) kept_x = c.x.take("MHA's input"), x = kept_x.view();
-        else if (!x.data && T > 0)
-            throw std::logic_error("MHA.backward: the input was not kept (keep_input is false): pass the forward's "
-                                   "input x");
+        x = input_for_backward(c.x, kept_x, x, T, "MHA");
         const Mat q = c.q.take("MHA's q"), k = c.k.take("MHA's k"), v = c.v.take("MHA's v"), o = c.o.take("MHA's o");
         Mat d_o({T, H * cfg.v_dim}), dq(q.shape()), dk(k.shape()), dv(v.shape());
         o_proj.backward(o.view(), dout, d_o.view());

@@ -236,10 +236,7 @@ struct MLA {
         const index_t T = layout.tokens(), H = cfg.heads, R = cfg.rope_dim;
         // what forward kept, and what it did not, recomputed as forward computed it
         Mat kept_x;
-        if (keep_input) kept_x = c.x.take("MLA's input"), x = kept_x.view();
-        else if (!x.data && T > 0)
-            throw std::logic_error("MLA.backward: the input was not kept (keep_input is false): pass the forward's "
-                                   "input x");
+        x = input_for_backward(c.x, kept_x, x, T, "MLA");
         const Mat o = c.o.take("MLA's o_proj input"), kpe = c.kpe.take("MLA's kpe");
         Mat cq, cqn;
         if (cfg.q_rank > 0) {

@@ -107,9 +107,8 @@ struct MoE {
         KeptMatrix<B> g, u;  ///< gate(x) and up(x) of every row [pairs, expert_hidden]
         typename SwiGLU<B>::Cache shared;
         std::size_t bytes() const {
-            return router.u.bytes() + router.scores.bytes() + router.aux_grad.bytes() + router.routing.idx.bytes() +
-                   router.routing.weight.bytes() + plan.row_slot.bytes() + plan.slot_row.bytes() + g.bytes() +
-                   u.bytes() + shared.bytes();
+            return router.bytes() + plan.row_slot.bytes() + plan.slot_row.bytes() + g.bytes() + u.bytes() +
+                   shared.bytes();
         }
     };
 
@@ -182,10 +181,7 @@ struct MoE {
                   View<const float, 2, B> u = {}) {
         using clock = std::chrono::steady_clock;
         Mat kept_u;
-        if (!c.router.u.empty()) kept_u = c.router.u.take("the MoE's input"), u = kept_u.view();
-        else if (!u.data && dy.shape[0] > 0)
-            throw std::logic_error("MoE.backward: the input was not kept (keep_input is false): pass the forward's "
-                                   "input u");
+        u = input_for_backward(c.router.u, kept_u, u, dy.shape[0], "MoE");
         if (!accumulate_du) Ops::fill(du, 0.0f);
         const auto t0 = clock::now();
         if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true, u);

@@ -60,6 +60,9 @@ struct Router {
         Mat scores;       ///< scores s [T, E]
         Mat aux_grad;     ///< d(balance loss)/ds [T, E] when the loss is on
         Routing<B> routing;
+        std::size_t bytes() const {
+            return u.bytes() + scores.bytes() + aux_grad.bytes() + routing.idx.bytes() + routing.weight.bytes();
+        }
     };
 
     Router() = default;
@@ -125,10 +128,7 @@ struct Router {
     /// forward's input, required when keep_input is false (ignored otherwise).
     void backward(View<const float, 2, B> dweight, Cache& c, View<float, 2, B> du, View<const float, 2, B> u = {}) {
         Mat kept_u;
-        if (!c.u.empty()) kept_u = c.u.take("the router's input"), u = kept_u.view();
-        else if (!u.data && c.routing.tokens > 0)
-            throw std::logic_error("Router.backward: the input was not kept (keep_input is false): pass the forward's "
-                                   "input u");
+        u = input_for_backward(c.u, kept_u, u, c.routing.tokens, "Router");
         Mat dlogits({c.routing.tokens, cfg.experts});
         Ops::route_backward(cfg, c.scores.view(), c.routing.idx.view(), dweight, c.aux_grad.view(), dlogits.view());
         using backend::Trans;

@@ -72,9 +72,7 @@ struct SwiGLU {
                   View<const float, 2, B> x = {}) {
         const index_t rows = dy.shape[0], n = inner();
         Tensor<float, 2, B> kept_x;
-        if (!cache.x.empty()) kept_x = cache.x.take("SwiGLU's input"), x = kept_x.view();
-        else if (!x.data && rows > 0) throw std::logic_error("SwiGLU.backward: the input was not kept (keep_input is "
-                                                            "false): pass the forward's input x");
+        x = input_for_backward(cache.x, kept_x, x, rows, "SwiGLU");
         Tensor<float, 2, B> g = cache.g.take("SwiGLU's gate(x)"), u = cache.u.take("SwiGLU's up(x)");
         Tensor<float, 2, B> a({rows, n}), da({rows, n});
         activate(g.view(), u.view(), a.view(), compute());

@@ -33,10 +33,8 @@ struct ExpertParallelMoE {
         nn::KeptMatrix<B> x, g, u;  ///< at the experts: the received rows, gate(x), up(x)
         typename nn::SwiGLU<B>::Cache shared;
         std::size_t bytes() const {
-            return router.u.bytes() + router.scores.bytes() + router.aux_grad.bytes() + router.routing.idx.bytes() +
-                   router.routing.weight.bytes() + row_slot.bytes() + slot_row.bytes() +
-                   exchange.to_expert_major.bytes() + exchange.to_source_major.bytes() + x.bytes() + g.bytes() +
-                   u.bytes() + shared.bytes();
+            return router.bytes() + row_slot.bytes() + slot_row.bytes() + exchange.to_expert_major.bytes() +
+                   exchange.to_source_major.bytes() + x.bytes() + g.bytes() + u.bytes() + shared.bytes();
         }
     };
 
@@ -92,10 +90,7 @@ struct ExpertParallelMoE {
         const index_t T = dy.shape[0], K = moe.cfg.top_k, R = c.exchange.received(), I = moe.cfg.expert_hidden;
         const std::span<const index_t> seg(c.exchange.expert_offsets);
         Mat kept_u;
-        if (!c.router.u.empty()) kept_u = c.router.u.take("the MoE's input"), u = kept_u.view();
-        else if (!u.data && T > 0)
-            throw std::logic_error(group.where("ExpertParallelMoE") + ": backward: the input was not kept (keep_input "
-                                   "is false): pass the forward's input u");
+        u = nn::input_for_backward(c.router.u, kept_u, u, T, group.where("ExpertParallelMoE"));
         Ops::fill(du, 0.0f);
         if (moe.cfg.shared > 0) moe.shared_experts.backward(dy, c.shared, du, true, u);
         // to the experts: each pair's output gradient, and its routing weight (one column)
