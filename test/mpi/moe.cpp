@@ -40,7 +40,10 @@ double scaled_error(std::span<const float> a, std::span<const float> b) {
 template <int R>
 std::span<const float> all(const Tensor<float, R>& t) { return {t.data(), std::size_t(t.numel())}; }
 
-void run(index_t tokens_here, std::uint64_t seed) {
+/// Under activation policy `a` (both layers), with the input kept by the layers or handed to backward (recomputed
+/// norm outputs); `tol` bounds the scaled differences.
+void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {}, bool keep_input = true,
+         double tol = 1e-5) {
     Communicator& w = world();
     const int n = w.size(), r = w.rank();
     MoEConfig cfg = TinyK2::config.moe;
@@ -48,6 +51,8 @@ void run(index_t tokens_here, std::uint64_t seed) {
     cfg.routed_scale = 2.5;
     const index_t H = 16, L = 4;
     nn::MoE<cpu> full(cfg, H), ep(cfg, H, r * L, L);
+    full.set_activations(a, keep_input);
+    ep.set_activations(a, keep_input);
     // the same weights everywhere: the full layer from seeds, the EP layer's share copied from it
     std::uint64_t s = 7;
     full.visit_params("moe", [&](const ParamRef& p) {
@@ -66,12 +71,15 @@ void run(index_t tokens_here, std::uint64_t seed) {
 
     typename nn::MoE<cpu>::Cache c_full;
     full.forward(u.view(), y_full.view(), c_full);
-    full.backward(dy.view(), c_full, du_full.view());
+    const View<const float, 2> given = keep_input ? View<const float, 2>{} : View<const float, 2>(u.view());
+    full.backward(dy.view(), c_full, du_full.view(), false, given);
     typename ExpertParallelMoE<cpu>::Cache c_ep;
     ExpertParallelMoE<cpu>::forward(ep, w, u.view(), y_ep.view(), c_ep);
-    ExpertParallelMoE<cpu>::backward(ep, w, dy.view(), c_ep, du_ep.view());
+    CHECK(c_ep.router.u.empty() == !keep_input);
+    CHECK(c_ep.x.format == (a.fp8_mlp_inputs ? nn::KeptFormat::fp8 : nn::KeptFormat::f32));
+    ExpertParallelMoE<cpu>::backward(ep, w, dy.view(), c_ep, du_ep.view(), given);
     CHECK(scaled_error(all(y_ep), all(y_full)) <= 1e-5);
-    CHECK(scaled_error(all(du_ep), all(du_full)) <= 1e-5);
+    CHECK(scaled_error(all(du_ep), all(du_full)) <= tol);
 
     // gradients: router and shared expert are this rank's own; the experts' are summed over every rank's tokens
     std::map<std::string, std::vector<float>> full_grads;
@@ -87,7 +95,7 @@ void run(index_t tokens_here, std::uint64_t seed) {
             return;
         }
         const std::vector<float> got(p.grad, p.grad + p.numel());
-        CHECK(scaled_error(got, full_grads.at(p.name)) <= 1e-5);
+        CHECK(scaled_error(got, full_grads.at(p.name)) <= tol);
     });
     CHECK(experts_checked == 3 * L);
     // the experts' sums: all-reduce the full layer's expert gradients, compare this rank's share
@@ -104,7 +112,7 @@ void run(index_t tokens_here, std::uint64_t seed) {
         ep.visit_params("moe", [&](const ParamRef& q) {
             if (q.name != p.name) return;
             INFO(q.name);
-            CHECK(scaled_error(std::span<const float>(q.grad, std::size_t(q.numel())), total) <= 1e-5);
+            CHECK(scaled_error(std::span<const float>(q.grad, std::size_t(q.numel())), total) <= tol);
         });
     });
 }
@@ -116,6 +124,17 @@ TEST_CASE("expert-parallel MoE equals the one-process MoE: outputs, input gradie
     SUBCASE("uneven token counts") { run(3 + 2 * r, 11 + std::uint64_t(r)); }
     SUBCASE("rank 0 has no tokens") { run(r == 0 ? 0 : 5, 21 + std::uint64_t(r)); }
     SUBCASE("fewer tokens than ranks") { run(r == n - 1 ? 1 : 0, 31); }
+}
+
+TEST_CASE("expert-parallel MoE honours the activation policy: the input handed to backward, FP8 MLP inputs") {
+    const int r = world().rank();
+    // recomputed norm outputs: the layers keep no input and backward is handed it; the same sums as above
+    SUBCASE("input not kept") { run(3 + 2 * r, 41 + std::uint64_t(r), Activations<Recompute<NormOutputs>>::value, false); }
+    // FP8: the expert ranks keep the received rows, gate(x) and up(x) as FP8 tiles (the one-process layer re-gathers
+    // exact rows), so the experts' weight gradients differ by the quantization of x (1/17 of a value at most)
+    SUBCASE("FP8 MLP inputs") {
+        run(3 + 2 * r, 51 + std::uint64_t(r), Activations<Recompute<NormOutputs>, MlpInputs<FP8>>::value, false, 0.1);
+    }
 }
 
 }  // namespace mpi_moe

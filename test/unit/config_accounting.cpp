@@ -407,15 +407,24 @@ protected:
     }
 };
 
-/// A tensor of a cache: where, how many elements, whether float.
+/// A tensor of a cache: where, how many elements, whether float, whether an f32 container, its bytes.
 struct Held {
     const void* data;
     index_t numel;
     bool is_float;
+    bool f32;
+    index_t bytes;
 };
 template <class T, int R>
 Held held(const Tensor<T, R>& t) {
-    return {t.data(), t.numel(), std::is_same_v<T, float>};
+    return {t.data(), t.numel(), std::is_same_v<T, float>, std::is_same_v<T, float>, index_t(t.bytes())};
+}
+Held held(const nn::KeptMatrix<cpu>& m) {
+    using F = nn::KeptFormat;
+    const index_t bytes = index_t(m.bytes());
+    if (m.format == F::f32) return {m.f32.data(), m.f32.numel(), true, true, bytes};
+    if (m.format == F::bf16) return {m.b16.data(), m.b16.numel(), true, false, bytes};
+    return {m.fp8.codes.data(), m.fp8.codes.numel(), true, false, bytes};
 }
 
 /// The tensors of a decoder layer's caches, in the order of layer_activations.
@@ -466,7 +475,8 @@ bool all_bf16(const Held& h) {
 }
 
 /// One forward of layer `index` of `c` on `tokens` tokens (two sequences); checks the bytes it allocated for backward,
-/// tensor by tensor, against layer_activations, and under the bf16 compute policy which tensors hold bf16 values.
+/// tensor by tensor, against layer_activations under c's activation policy (activation_storage_of), and under the
+/// bf16 compute policy which f32 containers hold bf16 values.
 void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberFormat compute) {
     const index_t T = 12, H = c.dims.hidden;
     const bool dense = index < c.dims.dense_layers, latent = c.attention.kind == AttentionKind::mla;
@@ -474,7 +484,12 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
     CAPTURE(expert_group);
     CAPTURE(latent);
     CAPTURE(format_name(compute));
+    CAPTURE(c.activations.recompute_norms);
+    CAPTURE(c.activations.recompute_up_projections);
+    CAPTURE(format_name(c.activations.storage));
+    CAPTURE(c.activations.fp8_mlp_inputs);
     c.precision.compute = compute;
+    const ActivationStorage policy = activation_storage_of(c.activations);
     nn::DecoderLayer<cpu> layer(c, index);
     testing::randomize(layer, 5);
     layer.refresh_working();
@@ -496,21 +511,30 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
 
     if (expert_group) c.parallel.ep = 2;  // the accounting of EP > 1: all pairs land on this one-rank group
     const KeptTensors expected = layer_activations(c, dense, T);
-    CHECK(allocated == expected.bytes(storage::keep_f32));
+    CHECK(allocated == expected.bytes(policy));
+    CHECK(index_t(cache.bytes() + (expert_group && !dense ? ep.bytes() : 0)) == allocated);
     const std::vector<Held> held = cache_tensors(cache, expert_group && !dense ? &ep : nullptr, latent, dense);
     REQUIRE(index_t(held.size()) == expected.count);
     index_t sum = 0;
     for (int i = 0; i < expected.count; ++i) {
         const KeptTensor& k = expected.tensors[i];
+        const Held& h = held[std::size_t(i)];
         CAPTURE(k.name);
-        CHECK(held[std::size_t(i)].numel == k.elements());
-        CHECK(held[std::size_t(i)].is_float == (k.kind != Kept::index));
-        sum += k.bytes(storage::keep_f32);
-        if (compute != NumberFormat::bf16 || k.kind == Kept::index) continue;
+        CHECK(h.bytes == k.bytes(policy));  // 0: recomputed
+        CHECK(h.numel == (k.bytes(policy) == 0 ? 0 : k.elements()));
+        CHECK(h.is_float == (k.kind != Kept::index));
+        sum += h.bytes;
+        if (compute != NumberFormat::bf16 || k.kind == Kept::index || !h.f32) continue;
         // (b)'s 2-byte values are exactly those the bf16 policy rounds; the f32 ones are not bf16 values
-        CHECK(all_bf16(held[std::size_t(i)]) == (k.kind != Kept::f32));
+        CHECK(all_bf16(h) == (k.kind != Kept::f32));
     }
     CHECK(sum == allocated);
+}
+
+/// c with the activation policy `a`.
+ModelConfig with_activations(ModelConfig c, const ActivationConfig& a) {
+    c.activations = a;
+    return c;
 }
 
 TEST_CASE("the bytes a forward allocates for backward are layer_activations' under keep_f32, tensor by tensor") {
@@ -525,6 +549,64 @@ TEST_CASE("the bytes a forward allocates for backward are layer_activations' und
         check_layer_caches(TinyK2::config, 1, true, compute);
         check_layer_caches(TinyV3::config, 3, true, compute);
     }
+}
+
+TEST_CASE("under every activation policy the caches hold layer_activations' bytes of activation_storage_of") {
+    using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
+    using TinyNoQ = TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
+    const ActivationConfig policies[] = {
+        Activations<Recompute<NormOutputs>>::value,
+        Activations<Recompute<UpProjections>>::value,
+        Activations<Recompute<KimiK2Selection>>::value,
+        Activations<MlpInputs<FP8>>::value,
+        Activations<Recompute<KimiK2Selection>, MlpInputs<FP8>>::value,
+        Activations<Storage<BF16>>::value,
+        KimiK2Activations::value,
+    };
+    for (const ActivationConfig& a : policies) {
+        for (NumberFormat compute : {NumberFormat::f32, NumberFormat::bf16}) {
+            if (!a.valid({compute, NumberFormat::f32})) continue;
+            for (index_t index : {0, 1}) {
+                check_layer_caches(with_activations(TinyK2::config, a), index, false, compute);
+                check_layer_caches(with_activations(TinyMHA::config, a), index, false, compute);
+            }
+            check_layer_caches(with_activations(TinyNoQ::config, a), 1, false, compute);
+            check_layer_caches(with_activations(TinyK2::config, a), 1, true, compute);
+            check_layer_caches(with_activations(TinyV3::config, a), 3, true, compute);
+        }
+    }
+}
+
+TEST_CASE("the model type's activation policy maps onto the accounting's presets") {
+    const auto same = [](const ActivationStorage& a, const ActivationStorage& b) {
+        return std::string(a.name) == b.name && a.value_bytes == b.value_bytes &&
+               a.recompute_norms == b.recompute_norms && a.recompute_up_projections == b.recompute_up_projections &&
+               a.fp8_mlp_inputs == b.fp8_mlp_inputs && a.offload == b.offload;
+    };
+    using BF = TinyK2::with<Precision<BF16>>;
+    CHECK(same(TinyK2::activation_storage(), storage::keep_f32));
+    CHECK(same(BF::with<Activations<Storage<BF16>>>::activation_storage(), storage::keep_bf16));
+    CHECK(same(BF::with<Activations<Storage<BF16>, Recompute<KimiK2Selection>>>::activation_storage(),
+               storage::recompute));
+    CHECK(same(BF::with<KimiK2Activations>::activation_storage(), storage::fp8));
+    CHECK(same(BF::with<Activations<Recompute<NormOutputs, UpProjections>, MlpInputs<FP8>, Storage<BF16>>>::
+                   activation_storage(),
+               storage::fp8));  // any order; the two named parts are K2's selection
+    // a combination that is no preset keeps its own name and counts what it says
+    using Mixed = TinyK2::with<Activations<Recompute<UpProjections>>>;
+    CHECK(std::string(Mixed::activation_storage().name) == "Activations<...>");
+    CHECK(Mixed::activation_storage().value_bytes == 4);
+    // the tiny K2's layers by hand (the test above): (d) for the K2 policy
+    static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(true, 8) == 5312);
+    static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(false, 8) == 5376);
+    static_assert(TinyK2::layer_activation_bytes(false, 8) == 22144);
+    // bf16 storage needs bf16 compute: refused at run time as the type refuses it at compile time
+    ModelConfig c = TinyK2::config;
+    c.activations.storage = NumberFormat::bf16;
+    CHECK_THROWS_WITH_AS(nn::DecoderLayer<cpu>(c, 0),
+                         "activations: Storage<BF16> keeps the bf16 values of Precision<BF16>, and the compute format "
+                         "is f32 (storing its values in bf16 would round them)",
+                         config_error);
 }
 
 }  // namespace unit_config_accounting

@@ -139,28 +139,47 @@ constexpr FlopCounts count_flops(const ModelConfig& c, index_t seq_len) {
 struct ActivationStorage {
     const char* name = "";
     index_t value_bytes = 4;      ///< bytes per element of the values the compute policy rounds (4: f32, 2: bf16)
-    bool recompute = false;       ///< K2's selective recomputation: norm outputs and MLA up-projections not kept
+    bool recompute_norms = false;           ///< K2's selective recomputation: RMSNorm outputs not kept...
+    bool recompute_up_projections = false;  ///< ...nor the MLA up-projections' outputs
     bool fp8_mlp_inputs = false;  ///< inputs of the MoE up-projections and of SwiGLU in FP8-E4M3, 1x128 tiles
     bool offload = false;         ///< everything else in host memory; the GPU holds the units in transfer only
 };
 
 namespace activation_storage {
-/// (a) What the modules keep today (nn/*.hpp caches): f32 tensors.
-inline constexpr ActivationStorage keep_f32{"(a) f32 (the modules)", 4, false, false, false};
+/// (a) What the modules keep by default (Activations<>): f32 tensors.
+inline constexpr ActivationStorage keep_f32{.name = "(a) f32 (the modules)", .value_bytes = 4};
 /// (b) The values Precision<BF16> rounds to bf16 stored in 2 bytes; statistics, router and loss gradient stay f32.
-inline constexpr ActivationStorage keep_bf16{"(b) bf16", 2, false, false, false};
+inline constexpr ActivationStorage keep_bf16{.name = "(b) bf16", .value_bytes = 2};
 /// (c) (b) + recomputed in backward: RMSNorm outputs, the MLA up-projections' outputs (q_b_proj, kv_b_proj). The
 /// SwiGLU outputs and the MoE down-projections' outputs, recomputed by K2 too, are kept by no policy here: the
 /// modules already recompute the SwiGLU product and need no expert output (the routing weight's gradient is
 /// (dy W_down) . a, nn/moe.hpp).
-inline constexpr ActivationStorage recompute{"(c) + recompute", 2, true, false, false};
+inline constexpr ActivationStorage recompute{
+    .name = "(c) + recompute", .value_bytes = 2, .recompute_norms = true, .recompute_up_projections = true};
 /// (d) (c) + FP8-E4M3 storage of the MoE up-projections' inputs (the dispatched rows) and of SwiGLU's inputs
 /// (gate and up outputs): 1 byte per element and an f32 scale per 1 x 128 tile.
-inline constexpr ActivationStorage fp8{"(d) + fp8 MLP inputs", 2, true, true, false};
+inline constexpr ActivationStorage fp8{.name = "(d) + fp8 MLP inputs", .value_bytes = 2, .recompute_norms = true,
+                                       .recompute_up_projections = true, .fp8_mlp_inputs = true};
 /// (e) (d) + offload of the activations in flight to host memory (activation_resident_units stay on the GPU).
-inline constexpr ActivationStorage offload{"(e) + offload", 2, true, true, true};
+inline constexpr ActivationStorage offload{.name = "(e) + offload", .value_bytes = 2, .recompute_norms = true,
+                                           .recompute_up_projections = true, .fp8_mlp_inputs = true,
+                                           .offload = true};
 inline constexpr ActivationStorage all[] = {keep_f32, keep_bf16, recompute, fp8, offload};
 }  // namespace activation_storage
+
+/// The storage policy the modules run under ActivationConfig `a` (Model<..., Activations<...>>): one of the presets
+/// (a) to (d) where `a` is one, named as it; another combination is named "Activations<...>". Offload is not a
+/// module policy.
+constexpr ActivationStorage activation_storage_of(const ActivationConfig& a) {
+    ActivationStorage s{.name = "Activations<...>", .value_bytes = a.storage == NumberFormat::bf16 ? 2 : 4,
+                        .recompute_norms = a.recompute_norms, .recompute_up_projections = a.recompute_up_projections,
+                        .fp8_mlp_inputs = a.fp8_mlp_inputs};
+    for (const ActivationStorage& p : activation_storage::all)
+        if (!p.offload && p.value_bytes == s.value_bytes && p.recompute_norms == s.recompute_norms &&
+            p.recompute_up_projections == s.recompute_up_projections && p.fp8_mlp_inputs == s.fp8_mlp_inputs)
+            s.name = p.name;
+    return s;
+}
 
 /// Under offload the GPU holds three (micro-batch, chunk) units: the one being computed, the last forward's being
 /// offloaded and the next backward's being prefetched (K2 report §2.4.3: "we offload the forward activations of the
@@ -170,8 +189,8 @@ inline constexpr index_t activation_resident_units = 3;
 /// What a kept tensor is, which decides its storage under each policy.
 enum class Kept : unsigned char {
     value,          ///< a value the compute policy rounds: value_bytes per element
-    norm_output,    ///< an RMSNorm's output (or a copy of it): recomputed under `recompute`
-    up_projection,  ///< q_b_proj's or kv_b_proj's output: recomputed under `recompute`
+    norm_output,    ///< an RMSNorm's output (or a copy of it): recomputed under `recompute_norms`
+    up_projection,  ///< q_b_proj's or kv_b_proj's output: recomputed under `recompute_up_projections`
     mlp_input,      ///< an MoE up-projection's or SwiGLU's input: FP8 under `fp8_mlp_inputs`
     f32,            ///< f32 under every policy: 1/rms, log-sum-exp, the router's scores and weights, dlogits
     index,          ///< index_t: positions and routing indices
@@ -188,8 +207,8 @@ struct KeptTensor {
         switch (kind) {
         case Kept::f32: return 4 * n;
         case Kept::index: return index_t(sizeof(index_t)) * n;
-        case Kept::norm_output:
-        case Kept::up_projection: return s.recompute ? 0 : s.value_bytes * n;
+        case Kept::norm_output: return s.recompute_norms ? 0 : s.value_bytes * n;
+        case Kept::up_projection: return s.recompute_up_projections ? 0 : s.value_bytes * n;
         case Kept::mlp_input: return s.fp8_mlp_inputs ? n + 4 * rows * ((cols + 127) / 128) : s.value_bytes * n;
         case Kept::value: break;
         }

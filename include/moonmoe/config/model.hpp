@@ -1,8 +1,8 @@
 // moonmoe/config/model.hpp: `Model<Dims<...>, Attention<...>, RoPE<...>, MoE<...>, Optimizer<...>, Parallel<...>,
-// Backend<...>, Precision<...>>`, a whole model as a type.
+// Backend<...>, Precision<...>, Activations<...>>`, a whole model as a type.
 //
 // Components come in any order and each is optional: a missing one is Kimi K2's (and Parallel<1, 1, 1>,
-// Backend<cpu>, Precision<F32>). The type checks its configuration when it is used (any member access), and
+// Backend<cpu>, Precision<F32>, Activations<>). The type checks its configuration when it is used (any member access), and
 // answers the accounting questions at compile time when every size is static:
 //
 //   using K2 = moonmoe::KimiK2;
@@ -17,7 +17,7 @@ namespace moonmoe {
 template <class... Components>
 struct Model {
     using accepted = detail::slot_list<slots::dims, slots::attention, slots::rope, slots::moe, slots::optimizer,
-                                       slots::parallel, slots::backend, slots::precision>;
+                                       slots::parallel, slots::backend, slots::precision, slots::activations>;
     MOONMOE_CHECK_ARGUMENTS("Model<...>", accepted, Components);
 
     using dims = detail::pick_t<slots::dims, Dims<>, Components...>;
@@ -28,9 +28,13 @@ struct Model {
     using parallel = detail::pick_t<slots::parallel, Parallel<>, Components...>;
     using backend = typename detail::pick_t<slots::backend, Backend<>, Components...>::type;
     using precision = detail::pick_t<slots::precision, Precision<>, Components...>;
+    using activations = detail::pick_t<slots::activations, Activations<>, Components...>;
 
     static constexpr ModelConfig config{dims::value,      attention::value, rope::value,  moe::value,
-                                        optimizer::value, parallel::value,  backend::kind, precision::value};
+                                        optimizer::value, parallel::value,  backend::kind, precision::value,
+                                        activations::value};
+    static_assert(config.activations.valid(config.precision),
+                  "Activations<Storage<BF16>> keeps the bf16 values of Precision<BF16>: use Precision<BF16>");
 
 #define MOONMOE_STATIC_RULE(name, message, ...) static_assert(rules::name(config), message);
     MOONMOE_CONFIG_RULES(MOONMOE_STATIC_RULE)
@@ -50,6 +54,13 @@ struct Model {
     /// Forward FLOPs per token at sequence length `seq_len` (causal), per component.
     static constexpr FlopCounts flops_per_token(index_t seq_len) requires is_static {
         return count_flops(config, seq_len);
+    }
+
+    /// The accounting's storage policy for this type's Activations<...> (activation_storage_of).
+    static constexpr ActivationStorage activation_storage() { return activation_storage_of(config.activations); }
+    /// Bytes one layer keeps for its backward from `tokens` tokens under the type's policy: what its caches hold.
+    static constexpr index_t layer_activation_bytes(bool dense, index_t tokens) requires is_static {
+        return layer_activations(config, dense, tokens).bytes(activation_storage());
     }
 
     static constexpr bool dp_is_static = config.parallel.dp != Dynamic;

@@ -3,6 +3,9 @@
 //   out = h1 + mlp(post_attention_layernorm(h1))      mlp: dense SwiGLU for the first layers, MoE after
 // The precision policy comes from the configuration (ModelConfig::precision); under bf16 the residual sums are
 // rounded to bf16 too (nn/precision.hpp).
+// The activation policy (ModelConfig::activations, config/activations.hpp) says what the caches keep. Under
+// recompute_norms the two norms' outputs, which attention and the MLP would each keep a copy of as their input,
+// are recomputed here in backward from the kept residual stream (h, h1) and handed to their backwards.
 #pragma once
 
 #include <span>
@@ -31,14 +34,20 @@ struct DecoderLayer {
     SwiGLU<B> mlp;  ///< dense layers
     MoE<B> moe;     ///< MoE layers
     NumberFormat compute = NumberFormat::f32;
+    ActivationConfig activations;
 
     struct Cache {
-        Mat h, a_in, h1, m_in;
+        KeptMatrix<B> h, h1;  ///< the norms' inputs (the residual stream)
         Tensor<float, 1, B> rstd1, rstd2;
         typename MLA<B>::Cache attn;
         typename MHA<B>::Cache mha;
         typename SwiGLU<B>::Cache mlp;
         typename MoE<B>::Cache moe;
+        /// The bytes held for backward (an expert-parallel MoE's cache is its own).
+        std::size_t bytes() const {
+            return h.bytes() + h1.bytes() + rstd1.bytes() + rstd2.bytes() + attn.bytes() + mha.bytes() + mlp.bytes() +
+                   moe.bytes();
+        }
     };
 
     DecoderLayer() = default;
@@ -52,11 +61,25 @@ struct DecoderLayer {
         if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden, ParamKind::matrix, c.precision);
         else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count, c.precision);
         set_precision(c.precision);
+        set_activations(c.activations);
     }
+
+    /// What the caches keep (config/activations.hpp); checked against the compute format.
+    void set_activations(const ActivationConfig& a) {
+        check_activations(a, {compute, NumberFormat::f32});
+        activations = a;
+        const bool keep_inputs = !a.recompute_norms;  // attention's and the MLP's inputs are the norms' outputs
+        if (latent) self_attn.set_activations(a, keep_inputs);
+        else mha.set_activations(a, keep_inputs);
+        if (dense) mlp.set_activations(a, keep_inputs);
+        else moe.set_activations(a, keep_inputs);
+    }
+    KeptFormat kept_value() const { return KeptFormats(activations).value; }
 
     /// Sets the compute format and the weights' storage of every module (Param::set_precision).
     void set_precision(const PrecisionConfig& p) {
         check_precision(p);
+        check_activations(activations, p);
         compute = p.compute;
         input_layernorm.set_precision(p);
         post_attention_layernorm.set_precision(p);
@@ -92,42 +115,50 @@ struct DecoderLayer {
                       MlpForward&& mlp_forward) {
         const index_t T = h.shape[0];
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
-        c.h = Mat({T, hidden}), c.a_in = Mat({T, hidden}), c.h1 = Mat({T, hidden}), c.m_in = Mat({T, hidden});
+        c.h = KeptMatrix<B>::copy(h, kept_value());
+        Mat a_in({T, hidden}), h1({T, hidden});
         c.rstd1 = Tensor<float, 1, B>({T}), c.rstd2 = Tensor<float, 1, B>({T});
-        Ops::copy(h, c.h.view());
-        input_layernorm.forward(h, c.a_in.view(), c.rstd1.view());
+        input_layernorm.forward(h, a_in.view(), c.rstd1.view());
         Mat attn({T, hidden});
-        if (latent) self_attn.forward(c.a_in.view(), layout, attn.view(), c.attn);
-        else mha.forward(c.a_in.view(), layout, attn.view(), c.mha);
-        c.a_in = Mat{};  // MLA keeps its own copy of its input
-        add(h, attn.view(), c.h1.view());
-        post_attention_layernorm.forward(c.h1.view(), c.m_in.view(), c.rstd2.view());
+        if (latent) self_attn.forward(a_in.view(), layout, attn.view(), c.attn);
+        else mha.forward(a_in.view(), layout, attn.view(), c.mha);
+        a_in = Mat{};  // attention keeps its own copy of its input, if any
+        add(h, attn.view(), h1.view());
+        Mat m_in({T, hidden});
+        post_attention_layernorm.forward(h1.view(), m_in.view(), c.rstd2.view());
         Mat m({T, hidden});
-        mlp_forward(View<const float, 2, B>(c.m_in.view()), m.view());
-        c.m_in = Mat{};  // the MLP / MoE keep their own copy
-        add(c.h1.view(), m.view(), out);
+        mlp_forward(View<const float, 2, B>(m_in.view()), m.view());
+        m_in = Mat{};  // the MLP / MoE keep their own copy, if any
+        add(h1.view(), m.view(), out);
+        c.h1 = KeptMatrix<B>(std::move(h1), kept_value());
     }
 
     /// dh = d out / d h applied to dout; accumulates parameter gradients.
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh) {
-        backward_with(dout, c, dh, [&](View<const float, 2, B> d, View<float, 2, B> dm) {
-            if (dense) mlp.backward(d, c.mlp, dm);
-            else moe.backward(d, c.moe, dm);
+        backward_with(dout, c, dh, [&](View<const float, 2, B> d, View<float, 2, B> dm, View<const float, 2, B> in) {
+            if (dense) mlp.backward(d, c.mlp, dm, false, in);
+            else moe.backward(d, c.moe, dm, false, in);
         });
     }
 
-    /// backward with the MLP part's backward run by `mlp_backward(dout, d_in)` (the mirror of forward_with).
+    /// backward with the MLP part's backward run by `mlp_backward(dout, d_in, in)` (the mirror of forward_with):
+    /// `in` is the MLP's input recomputed under recompute_norms, empty (no data) when the MLP kept it.
     template <class MlpBackward>
     void backward_with(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh, MlpBackward&& mlp_backward) {
         const index_t T = dout.shape[0];
-        Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden});
-        mlp_backward(dout, dm.view());
+        const Mat h = c.h.take("the layer's input"), h1 = c.h1.take("the layer's h1");
+        Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden}), in;
+        if (activations.recompute_norms) in = post_attention_layernorm.recompute(h1.view());
+        mlp_backward(dout, dm.view(), View<const float, 2, B>(in.view()));
+        in = Mat{};
         Ops::copy(dout, dh1.view());
-        post_attention_layernorm.backward(c.h1.view(), c.rstd2.view(), dm.view(), dh1.view(), true);
-        if (latent) self_attn.backward(dh1.view(), c.attn, da.view());
-        else mha.backward(dh1.view(), c.mha, da.view());
+        post_attention_layernorm.backward(h1.view(), c.rstd2.view(), dm.view(), dh1.view(), true);
+        if (activations.recompute_norms) in = input_layernorm.recompute(h.view());
+        if (latent) self_attn.backward(dh1.view(), c.attn, da.view(), false, in.view());
+        else mha.backward(dh1.view(), c.mha, da.view(), false, in.view());
+        in = Mat{};
         Ops::copy(dh1.view(), dh);
-        input_layernorm.backward(c.h.view(), c.rstd1.view(), da.view(), dh, true);
+        input_layernorm.backward(h.view(), c.rstd1.view(), da.view(), dh, true);
         c = Cache{};
     }
 

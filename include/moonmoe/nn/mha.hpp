@@ -5,7 +5,8 @@
 //   each q and k head; head h attends with key/value head h / (heads / kv_heads); out = o_proj(o).
 // Same contracts as MLA: attention per sequence of the token layout (packed sequences never see each other), the
 // per-head maximum scaled logit for QK-Clip, log-sum-exp kept for backward, and a K/V cache per sequence for
-// incremental decoding of several sequences at once. The bf16 policy rounds as MLA does (nn/mla.hpp).
+// incremental decoding of several sequences at once. The bf16 policy rounds as MLA does (nn/mla.hpp); kept values
+// are stored as the activation policy says (nn/kept.hpp), and x is not kept when the caller recomputes it.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "../config/model_config.hpp"
 #include "attention_core.hpp"
+#include "kept.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
 #include "rope.hpp"
@@ -51,12 +53,23 @@ struct MHA {
     void refresh_working() {
         for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->refresh_working();
     }
+    KeptFormats kept;
+    bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
+    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+        kept = KeptFormats(a);
+        keep_input = keep_input_;
+    }
 
     struct Cache {
-        Mat x, q, k, v, o;
+        KeptMatrix<B> x, q, k, v, o;
         Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
         Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
         TokenLayout layout;
+        std::size_t bytes() const {
+            std::size_t n = lse.bytes() + positions.bytes();
+            for (const KeptMatrix<B>* m : {&x, &q, &k, &v, &o}) n += m->bytes();
+            return n;
+        }
     };
     struct KVCache {
         Mat k, v;  ///< [capacity, kv_heads * head_dim], keys already rotated
@@ -78,6 +91,7 @@ struct MHA {
           rope(c.rope, c.attention.rope_dim), max_logit_per_head(Shape<1>{c.attention.heads}),
           compute(c.precision.compute) {
         reset_max_logits();
+        set_activations(c.activations);
     }
 
     index_t d() const { return cfg.nope_dim + cfg.rope_dim; }
@@ -122,34 +136,42 @@ struct MHA {
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.positions = to_device<B>(layout.positions);
-        c.x = Mat({T, hidden});
-        Ops::copy(x, c.x.view());
-        project(x, c.positions.view(), c.q, c.k, c.v);
-        c.o = Mat({T, H * cfg.v_dim});
+        if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value);
+        Mat q, k, v, o({T, H * cfg.v_dim});
+        project(x, c.positions.view(), q, k, v);
         c.lse = Tensor<float, 1, B>({T * H});
-        Ops::attention_forward(queries(c.q), keys(c.k, c.v), layout.offsets(), softmax_scale,
-                               heads_view(c.o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
-        round_to(compute, c.o.view());
-        o_proj.forward(c.o.view(), out);
+        Ops::attention_forward(queries(q), keys(k, v), layout.offsets(), softmax_scale,
+                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
+        round_to(compute, o.view());
+        o_proj.forward(o.view(), out);
+        c.q = KeptMatrix<B>(std::move(q), kept.value);
+        c.k = KeptMatrix<B>(std::move(k), kept.value);
+        c.v = KeptMatrix<B>(std::move(v), kept.value);
+        c.o = KeptMatrix<B>(std::move(o), kept.value);
     }
 
-    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false) {
+    /// `x` is the forward's input, required when keep_input is false (ignored otherwise).
+    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false,
+                  View<const float, 2, B> x = {}) {
         const TokenLayout& layout = c.layout;
         const index_t T = layout.tokens(), H = cfg.heads, G = cfg.kv_heads;
-        Mat d_o({T, H * cfg.v_dim}), dq(c.q.shape()), dk(c.k.shape()), dv(c.v.shape());
-        o_proj.backward(c.o.view(), dout, d_o.view());
+        Mat kept_x;
+        x = input_for_backward(c.x, kept_x, x, T, "MHA");
+        const Mat q = c.q.take("MHA's q"), k = c.k.take("MHA's k"), v = c.v.take("MHA's v"), o = c.o.take("MHA's o");
+        Mat d_o({T, H * cfg.v_dim}), dq(q.shape()), dk(k.shape()), dv(v.shape());
+        o_proj.backward(o.view(), dout, d_o.view());
         backend::AttentionGrads<B> grads;
         grads.dq[0] = heads_view(dq, 0, H, d(), d());
         grads.dk[0] = heads_view(dk, 0, G, d(), d());
         grads.dv = heads_view(dv, 0, G, cfg.v_dim, cfg.v_dim);
-        Ops::attention_backward(queries(c.q), keys(c.k, c.v), layout.offsets(), softmax_scale,
-                                heads_view(std::as_const(c.o), 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
+        Ops::attention_backward(queries(q), keys(k, v), layout.offsets(), softmax_scale,
+                                heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
                                 heads_view(std::as_const(d_o), 0, H, cfg.v_dim, cfg.v_dim), grads);
         rope.apply(rope_part(dq, H), c.positions.view(), true);
         rope.apply(rope_part(dk, G), c.positions.view(), true);
-        q_proj.backward(c.x.view(), dq.view(), dx, accumulate_dx);
-        k_proj.backward(c.x.view(), dk.view(), dx, true);
-        v_proj.backward(c.x.view(), dv.view(), dx, true);
+        q_proj.backward(x, dq.view(), dx, accumulate_dx);
+        k_proj.backward(x, dk.view(), dx, true);
+        v_proj.backward(x, dv.view(), dx, true);
         c = Cache{};
     }
 

@@ -10,7 +10,9 @@
 // Scores are two GEMMs per head (nope and rope query parts of the attention primitives, backend/attention.hpp),
 // so k is never materialised. Backward
 // keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
-// (no S x S tensor survives forward). Forward records the per-head maximum scaled logit for QK-Clip.
+// (no S x S tensor survives forward). Under the activation policy (config/activations.hpp) the latent norms'
+// outputs cqn and cn are recomputed from the kept cq and c, and the up-projections' outputs q (RoPE applied) and
+// kv from cqn and cn, by the forward's operations (the same bits); kept values may be stored in bf16 (nn/kept.hpp). Forward records the per-head maximum scaled logit for QK-Clip.
 // Under the bf16 policy (nn/precision.hpp) the projections are bf16 products, the rotated q and k_pe and the
 // attention output are rounded to bf16, and attention itself runs in f32 on those bf16 values (scores, softmax and
 // the maxima in f32, as fused attention kernels do).
@@ -25,6 +27,7 @@
 
 #include "../config/model_config.hpp"
 #include "attention_core.hpp"
+#include "kept.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
 #include "rmsnorm.hpp"
@@ -56,13 +59,21 @@ struct MLA {
     /// the backend: QK-Clip reads it to the host once per step (optim/qk_clip.hpp).
     Tensor<float, 1, B> max_logit_per_head;
     NumberFormat compute = NumberFormat::f32;
+    KeptFormats kept;
+    bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
+    bool recompute_norms = false, recompute_up_projections = false, recompute_kv = false;  ///< q's, kv's
 
     struct Cache {
-        Mat x, cq, cqn, c, cn, q, kv, kpe, o;
+        KeptMatrix<B> x, cq, cqn, c, cn, q, kv, kpe, o;  ///< cqn, cn, q, kv: unless recomputed
         Tensor<float, 1, B> cq_rstd, c_rstd;
         Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
         Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
         TokenLayout layout;
+        std::size_t bytes() const {
+            std::size_t n = cq_rstd.bytes() + c_rstd.bytes() + lse.bytes() + positions.bytes();
+            for (const KeptMatrix<B>* m : {&x, &cq, &cqn, &c, &cn, &q, &kv, &kpe, &o}) n += m->bytes();
+            return n;
+        }
     };
 
     MLA() = default;
@@ -85,6 +96,7 @@ struct MLA {
             q_proj = Linear<B>(hidden, qdim, ParamKind::matrix, c.precision);
         }
         set_precision(c.precision);
+        set_activations(c.activations);
     }
 
     void set_precision(const PrecisionConfig& p) {
@@ -92,6 +104,14 @@ struct MLA {
         for (Linear<B>* l : linears()) l->set_precision(p);
         q_a_layernorm.set_precision(p);
         kv_a_layernorm.set_precision(p);
+    }
+    /// What forward keeps (config/activations.hpp), and whether it keeps x (false: backward is handed it).
+    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+        kept = KeptFormats(a);
+        keep_input = keep_input_;
+        recompute_norms = a.recompute_norms;
+        recompute_up_projections = a.recompute_up_projections && cfg.q_rank > 0;  // else q is q_proj(x): kept
+        recompute_kv = a.recompute_up_projections;
     }
     void refresh_working() {
         for (Linear<B>* l : linears()) l->refresh_working();
@@ -113,19 +133,31 @@ struct MLA {
     /// q [T, heads * dqk] with RoPE applied; keeps what backward needs in `c` when given.
     void project_q(View<const float, 2, B> x, View<const index_t, 1, B> positions, Mat& q, Cache* c) const {
         const index_t T = x.shape[0];
-        q = Mat({T, cfg.heads * dqk()});
         if (cfg.q_rank > 0) {
             Mat cq({T, cfg.q_rank}), cqn({T, cfg.q_rank});
             Tensor<float, 1, B> rstd({T});
             q_a_proj.forward(x, cq.view());
             q_a_layernorm.forward(cq.view(), cqn.view(), rstd.view());
-            q_b_proj.forward(cqn.view(), q.view());
-            if (c) c->cq = std::move(cq), c->cqn = std::move(cqn), c->cq_rstd = std::move(rstd);
-        } else {
-            q_proj.forward(x, q.view());
+            q = up_q(cqn.view(), positions);
+            if (!c) return;
+            c->cq = KeptMatrix<B>(std::move(cq), kept.value);
+            if (!recompute_norms) c->cqn = KeptMatrix<B>(std::move(cqn), kept.value);
+            c->cq_rstd = std::move(rstd);
+            return;
         }
+        q = Mat({T, cfg.heads * dqk()});
+        q_proj.forward(x, q.view());
         rope.apply(q_rope_part(q.view()), positions);
         round_to(compute, q.view());
+    }
+
+    /// q = q_b_proj(cqn) with RoPE applied: the up-projection, in forward and when backward recomputes it.
+    Mat up_q(View<const float, 2, B> cqn, View<const index_t, 1, B> positions) const {
+        Mat q({cqn.shape[0], cfg.heads * dqk()});
+        q_b_proj.forward(cqn, q.view());
+        rope.apply(q_rope_part(q.view()), positions);
+        round_to(compute, q.view());
+        return q;
     }
 
     /// The normalised latent cn [T, kv_rank] and the rotated shared key kpe [T, rope].
@@ -142,7 +174,7 @@ struct MLA {
         kv_a_layernorm.forward(latent.view(), cn.view(), rstd.view());
         rope.apply(kpe.view().template reshape<3>({T, 1, cfg.rope_dim}), positions);
         round_to(compute, kpe.view());
-        if (c) c->c = std::move(latent), c->c_rstd = std::move(rstd);
+        if (c) c->c = KeptMatrix<B>(std::move(latent), kept.value), c->c_rstd = std::move(rstd);
     }
 
     View<float, 3, B> q_rope_part(View<float, 2, B> q) const {
@@ -167,18 +199,21 @@ struct MLA {
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.positions = to_device<B>(layout.positions);
-        c.x = Mat({T, hidden});
-        Ops::copy(x, c.x.view());
-        project_q(x, c.positions.view(), c.q, &c);
-        project_latent(x, c.positions.view(), c.cn, c.kpe, &c);
-        c.kv = Mat({T, H * kv_width()});
-        kv_b_proj.forward(c.cn.view(), c.kv.view());
-        c.o = Mat({T, H * cfg.v_dim});
+        if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value);
+        Mat q, cn, kpe, kv({T, H * kv_width()}), o({T, H * cfg.v_dim});
+        project_q(x, c.positions.view(), q, &c);
+        project_latent(x, c.positions.view(), cn, kpe, &c);
+        kv_b_proj.forward(cn.view(), kv.view());
         c.lse = Tensor<float, 1, B>({T * H});
-        Ops::attention_forward(queries(c.q), keys(c), layout.offsets(), softmax_scale,
-                               heads_view(c.o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
-        round_to(compute, c.o.view());
-        o_proj.forward(c.o.view(), out);
+        Ops::attention_forward(queries(q), keys(kv, kpe), layout.offsets(), softmax_scale,
+                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
+        round_to(compute, o.view());
+        o_proj.forward(o.view(), out);
+        if (!recompute_up_projections) c.q = KeptMatrix<B>(std::move(q), kept.value);
+        if (!recompute_norms) c.cn = KeptMatrix<B>(std::move(cn), kept.value);
+        if (!recompute_kv) c.kv = KeptMatrix<B>(std::move(kv), kept.value);
+        c.kpe = KeptMatrix<B>(std::move(kpe), kept.value);
+        c.o = KeptMatrix<B>(std::move(o), kept.value);
     }
 
     /// Every head's two query parts: q_nope and q_pe.
@@ -187,18 +222,39 @@ struct MLA {
         return {2, {heads_view(q, 0, H, dqk(), cfg.nope_dim), heads_view(q, cfg.nope_dim, H, dqk(), cfg.rope_dim)}};
     }
     /// The matching keys, k_nope per head and the one k_pe all heads share (head stride 0), and the values.
-    backend::AttentionKeys<B> keys(const Cache& c) const {
+    backend::AttentionKeys<B> keys(const Mat& kv, const Mat& kpe) const {
         const index_t H = cfg.heads;
-        return {{heads_view(c.kv, 0, H, kv_width(), cfg.nope_dim), heads_view(c.kpe, 0, H, 0, cfg.rope_dim)},
-                heads_view(c.kv, cfg.nope_dim, H, kv_width(), cfg.v_dim)};
+        return {{heads_view(kv, 0, H, kv_width(), cfg.nope_dim), heads_view(kpe, 0, H, 0, cfg.rope_dim)},
+                heads_view(kv, cfg.nope_dim, H, kv_width(), cfg.v_dim)};
     }
 
-    /// Accumulates parameter gradients; writes dx (or adds to it when accumulate_dx).
-    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false) {
+    /// Accumulates parameter gradients; writes dx (or adds to it when accumulate_dx). `x` is the forward's input,
+    /// required when keep_input is false (ignored otherwise).
+    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false,
+                  View<const float, 2, B> x = {}) {
         const TokenLayout& layout = c.layout;
         const index_t T = layout.tokens(), H = cfg.heads, R = cfg.rope_dim;
+        // what forward kept, and what it did not, recomputed as forward computed it
+        Mat kept_x;
+        x = input_for_backward(c.x, kept_x, x, T, "MLA");
+        const Mat o = c.o.take("MLA's o_proj input"), kpe = c.kpe.take("MLA's kpe");
+        Mat cq, cqn;
+        if (cfg.q_rank > 0) {
+            cq = c.cq.take("MLA's cq");
+            cqn = recompute_norms ? q_a_layernorm.recompute(cq.view()) : c.cqn.take("MLA's cqn");
+        }
+        const Mat q = recompute_up_projections ? up_q(cqn.view(), c.positions.view()) : c.q.take("MLA's q");
+        const Mat latent = c.c.take("MLA's latent c");
+        const Mat cn = recompute_norms ? kv_a_layernorm.recompute(latent.view()) : c.cn.take("MLA's cn");
+        Mat kv;
+        if (recompute_kv) {
+            kv = Mat({T, H * kv_width()});
+            kv_b_proj.forward(cn.view(), kv.view());
+        } else {
+            kv = c.kv.take("MLA's kv");
+        }
         Mat d_o({T, H * cfg.v_dim});
-        o_proj.backward(c.o.view(), dout, d_o.view());
+        o_proj.backward(o.view(), dout, d_o.view());
         Mat dq({T, H * dqk()}), dkv({T, H * kv_width()}), dkpe_heads({T, H * R});
         backend::AttentionGrads<B> grads;
         grads.dq[0] = heads_view(dq, 0, H, dqk(), cfg.nope_dim);
@@ -206,8 +262,8 @@ struct MLA {
         grads.dk[0] = heads_view(dkv, 0, H, kv_width(), cfg.nope_dim);
         grads.dk[1] = heads_view(dkpe_heads, 0, H, R, R);  // per head, summed over heads below
         grads.dv = heads_view(dkv, cfg.nope_dim, H, kv_width(), cfg.v_dim);
-        Ops::attention_backward(queries(c.q), keys(c), layout.offsets(), softmax_scale,
-                                heads_view(std::as_const(c.o), 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
+        Ops::attention_backward(queries(q), keys(kv, kpe), layout.offsets(), softmax_scale,
+                                heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
                                 heads_view(std::as_const(d_o), 0, H, cfg.v_dim, cfg.v_dim), grads);
         // the shared key: sum over heads in order, then undo RoPE
         const index_t r = cfg.kv_rank;
@@ -217,16 +273,16 @@ struct MLA {
         rope.apply(q_rope_part(dq.view()), c.positions.view(), true);
         // latent path: kv_b_proj, kv_a_layernorm, into the first kv_rank columns of dckv
         Mat dcn({T, r});
-        kv_b_proj.backward(c.cn.view(), dkv.view(), dcn.view());
-        kv_a_layernorm.backward(c.c.view(), c.c_rstd.view(), dcn.view(), cols(dckv, 0, T, 0, r));
-        kv_a_proj_with_mqa.backward(c.x.view(), dckv.view(), dx, accumulate_dx);
+        kv_b_proj.backward(cn.view(), dkv.view(), dcn.view());
+        kv_a_layernorm.backward(latent.view(), c.c_rstd.view(), dcn.view(), cols(dckv, 0, T, 0, r));
+        kv_a_proj_with_mqa.backward(x, dckv.view(), dx, accumulate_dx);
         if (cfg.q_rank > 0) {
             Mat dcqn({T, cfg.q_rank}), dcq({T, cfg.q_rank});
-            q_b_proj.backward(c.cqn.view(), dq.view(), dcqn.view());
-            q_a_layernorm.backward(c.cq.view(), c.cq_rstd.view(), dcqn.view(), dcq.view());
-            q_a_proj.backward(c.x.view(), dcq.view(), dx, true);
+            q_b_proj.backward(cqn.view(), dq.view(), dcqn.view());
+            q_a_layernorm.backward(cq.view(), c.cq_rstd.view(), dcqn.view(), dcq.view());
+            q_a_proj.backward(x, dcq.view(), dx, true);
         } else {
-            q_proj.backward(c.x.view(), dq.view(), dx, true);
+            q_proj.backward(x, dq.view(), dx, true);
         }
         c = Cache{};
     }

@@ -6,8 +6,10 @@
 // run as grouped GEMMs over the experts' segments of that buffer, SwiGLU as a map, down as a grouped GEMM; combine
 // sums each token's expert outputs, weighted by its routing weights, in ascending expert order (no atomics: the
 // same sums on every thread count). The shared expert sees every token and is added last (HF: routed sum, then +
-// shared_experts(u)). Backward mirrors it and keeps the router cache, the plan and the pairs' gate(x) and up(x);
-// x is re-gathered from the router's copy of u. The routing weight's gradient is dy . y_e = (dy W_down) . a per
+// shared_experts(u)). Backward mirrors it and keeps the router cache, the plan and the pairs' gate(x) and up(x)
+// (as the activation policy says, nn/kept.hpp: f32, bf16 or FP8 tiles); x is re-gathered from the router's copy of
+// u, or from the u the caller recomputed and hands to backward (keep_input false). The down-projections' outputs
+// are never kept. The routing weight's gradient is dy . y_e = (dy W_down) . a per
 // pair, so expert outputs need not be kept.
 //
 // The experts' weights are stacked, [experts here, I, H] for gate and up and [experts here, H, I] for down;
@@ -83,6 +85,8 @@ struct MoE {
     SwiGLU<B> shared_experts;
     index_t skipped_assignments = 0;  ///< (token, expert) pairs of the last forward whose expert lives elsewhere
     NumberFormat compute = NumberFormat::f32;
+    KeptFormats kept;        ///< g and u of the pairs as MLP inputs
+    bool keep_input = true;  ///< false: backward is handed u (a recomputed norm output)
 
     /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
     /// the part of `experts` spent moving rows: the dispatch plan, gathering inputs, combining outputs.
@@ -100,8 +104,12 @@ struct MoE {
     struct Cache {
         typename Router<B>::Cache router;
         Plan plan;
-        Mat g, u;  ///< gate(x) and up(x) of every row [pairs, expert_hidden]
+        KeptMatrix<B> g, u;  ///< gate(x) and up(x) of every row [pairs, expert_hidden]
         typename SwiGLU<B>::Cache shared;
+        std::size_t bytes() const {
+            return router.bytes() + plan.row_slot.bytes() + plan.slot_row.bytes() + g.bytes() + u.bytes() +
+                   shared.bytes();
+        }
     };
 
     static double seconds(std::chrono::steady_clock::time_point since) {
@@ -119,6 +127,13 @@ struct MoE {
         compute = p.compute;
         experts.set_precision(p);
         if (cfg.shared > 0) shared_experts.set_precision(p);
+    }
+    /// How g and u are kept, and whether u is (false: the caller recomputes it and hands it to backward).
+    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+        kept = KeptFormats(a);
+        keep_input = gate.keep_input = keep_input_;
+        gate.kept_input = kept.value;
+        shared_experts.set_activations(a, keep_input_);
     }
     void refresh_working() {
         experts.refresh_working();
@@ -138,15 +153,16 @@ struct MoE {
         const Plan& p = c.plan;
         const index_t P = p.pairs();
         Mat x({P, hidden});
-        Ops::gather_pairs(c.router.u.view(), p.row_slot.view(), K, x.view());
+        Ops::gather_pairs(u, p.row_slot.view(), K, x.view());
         times.dispatch += seconds(t1);  // the plan and the gather
-        c.g = Mat({P, I});
-        c.u = Mat({P, I});
-        expert_product(Trans::yes, x.view(), experts.gate_proj, c.g.view(), p.offsets);
-        expert_product(Trans::yes, x.view(), experts.up_proj, c.u.view(), p.offsets);
+        Mat g({P, I}), up({P, I});
+        expert_product(Trans::yes, x.view(), experts.gate_proj, g.view(), p.offsets);
+        expert_product(Trans::yes, x.view(), experts.up_proj, up.view(), p.offsets);
         x = Mat{};
         Mat a({P, I}), out({P, hidden});
-        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), compute);
+        SwiGLU<B>::activate(g.view(), up.view(), a.view(), compute);
+        c.g = KeptMatrix<B>(std::move(g), kept.mlp_input);
+        c.u = KeptMatrix<B>(std::move(up), kept.mlp_input);
         expert_product(Trans::yes, a.view(), experts.down_proj, out.view(), p.offsets);
         const auto combine_start = clock::now();
         Ops::fill(y, 0.0f);
@@ -160,19 +176,23 @@ struct MoE {
     }
 
     /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds when accumulate_du).
-    void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du, bool accumulate_du = false) {
+    /// `u` is the forward's input, required when keep_input is false (ignored otherwise).
+    void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du, bool accumulate_du = false,
+                  View<const float, 2, B> u = {}) {
         using clock = std::chrono::steady_clock;
+        Mat kept_u;
+        u = input_for_backward(c.router.u, kept_u, u, dy.shape[0], "MoE");
         if (!accumulate_du) Ops::fill(du, 0.0f);
         const auto t0 = clock::now();
-        if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true);
+        if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true, u);
         times.shared += seconds(t0);
         const auto t1 = clock::now();
         const Routing<B>& r = c.router.routing;
         Mat dweight({r.tokens, r.k});  // pairs routed elsewhere get their gradient on their own rank
-        if (c.plan.pairs() > 0) experts_backward(dy, c, dweight.view(), du);
+        if (c.plan.pairs() > 0) experts_backward(dy, u, c, dweight.view(), du);
         times.experts += seconds(t1);
         const auto t2 = clock::now();
-        gate.backward(dweight.view(), c.router, du);
+        gate.backward(dweight.view(), c.router, du, u);
         times.router += seconds(t2);
         c = Cache{};
     }
@@ -225,31 +245,33 @@ private:
 
     /// The routed experts' backward over the plan's rows: weight gradients, dweight [T, K] of this rank's pairs,
     /// du += each token's dx summed in ascending expert order.
-    void experts_backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> dweight, View<float, 2, B> du) {
+    void experts_backward(View<const float, 2, B> dy, View<const float, 2, B> u, Cache& c, View<float, 2, B> dweight,
+                          View<float, 2, B> du) {
         using backend::Trans;
         using clock = std::chrono::steady_clock;
         const Plan& p = c.plan;
         const index_t P = p.pairs(), K = cfg.top_k, I = cfg.expert_hidden;
         const auto gather_start = clock::now();
         Mat x({P, hidden}), dye({P, hidden});
-        Ops::gather_pairs(c.router.u.view(), p.row_slot.view(), K, x.view());
+        Ops::gather_pairs(u, p.row_slot.view(), K, x.view());
         Ops::gather_pairs(dy, p.row_slot.view(), K, dye.view());
         times.dispatch += seconds(gather_start);
+        Mat g = c.g.take("the experts' gate(x)"), up = c.u.take("the experts' up(x)");
         Mat a({P, I}), da({P, I});
-        SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), compute);
+        SwiGLU<B>::activate(g.view(), up.view(), a.view(), compute);
         // da = w (dy W_down); the unweighted product dotted with a is the routing weight's gradient dy . y_e
         expert_product(Trans::no, dye.view(), experts.down_proj, da.view(), p.offsets);
         Ops::pair_dot(da.view(), a.view(), p.row_slot.view(), dweight);
         const fn::ScaleByPairWeight by_weight{c.router.routing.weight.data(), p.row_slot.data()};
         Ops::map_indexed(by_weight, da.view());
-        Ops::map(fn::SwiGLUBackward{}, c.g.view(), c.u.view(), View<const float, 2, B>(da.view()));  // -> dg, du
+        Ops::map(fn::SwiGLUBackward{}, g.view(), up.view(), View<const float, 2, B>(da.view()));  // -> dg, du
         Ops::map_indexed(by_weight, dye.view());
         expert_weight_grad(dye.view(), a.view(), experts.down_proj, p.offsets);
         Mat dx({P, hidden});
-        expert_weight_grad(c.g.view(), x.view(), experts.gate_proj, p.offsets);
-        expert_product(Trans::no, c.g.view(), experts.gate_proj, dx.view(), p.offsets);
-        expert_weight_grad(c.u.view(), x.view(), experts.up_proj, p.offsets);
-        expert_product(Trans::no, c.u.view(), experts.up_proj, dx.view(), p.offsets, true);
+        expert_weight_grad(g.view(), x.view(), experts.gate_proj, p.offsets);
+        expert_product(Trans::no, g.view(), experts.gate_proj, dx.view(), p.offsets);
+        expert_weight_grad(up.view(), x.view(), experts.up_proj, p.offsets);
+        expert_product(Trans::no, up.view(), experts.up_proj, dx.view(), p.offsets, true);
         const auto scatter_start = clock::now();
         Ops::combine(dx.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
         times.dispatch += seconds(scatter_start);

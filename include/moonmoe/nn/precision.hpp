@@ -56,4 +56,12 @@ inline void check_precision(const PrecisionConfig& p) {
                            " (Precision<BF16, Weights<BF16>> stores them in bf16)");
 }
 
+/// Refuses an activation policy the precision cannot run: bf16 storage of values f32 compute has not rounded.
+inline void check_activations(const ActivationConfig& a, const PrecisionConfig& p) {
+    if (!a.valid(p))
+        throw config_error(std::string("activations: Storage<BF16> keeps the bf16 values of Precision<BF16>, and the "
+                                       "compute format is ") +
+                           format_name(p.compute) + " (storing its values in bf16 would round them)");
+}
+
 }  // namespace moonmoe::nn

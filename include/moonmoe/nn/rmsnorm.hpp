@@ -1,6 +1,7 @@
 // moonmoe/nn/rmsnorm.hpp: y = w * x / sqrt(mean(x^2) + eps), per row, as HF DeepseekV3RMSNorm computes it in f32.
 //
-// Backward keeps x and the per-row 1/rms. With r = (mean(x^2) + eps)^-1/2 and g = w * dy:
+// Backward keeps x and the per-row 1/rms; y is kept by the module that reads it, or recomputed (recompute: the same
+// operations on the same x, so the same bits). With r = (mean(x^2) + eps)^-1/2 and g = w * dy:
 //   dx = r g - x r^3 mean(g x),   dw += sum over rows of dy * x * r.
 // The statistics are f32 under every policy; under the bf16 policy y and dx are rounded to bf16 (nn/precision.hpp).
 #pragma once
@@ -31,6 +32,14 @@ struct RMSNorm {
     void forward(View<const float, 2, B> x, View<float, 2, B> y, View<float, 1, B> rstd) const {
         Ops::rmsnorm_forward(x, weight.value.view(), eps, y, rstd);
         round_to(compute, y);
+    }
+
+    /// norm(x) again, for a backward that did not keep it: the forward's bits (the 1/rms it recomputes is dropped).
+    Tensor<float, 2, B> recompute(View<const float, 2, B> x) const {
+        Tensor<float, 2, B> y(x.shape);
+        Tensor<float, 1, B> rstd({x.shape[0]});
+        forward(x, y.view(), rstd.view());
+        return y;
     }
 
     /// dx = d norm / dx applied to dy (+= when accumulate); dw += sum_rows dy * x * rstd.

@@ -23,6 +23,7 @@
 
 #include "../config/moe.hpp"
 #include "../tensor/transfer.hpp"
+#include "kept.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
 
@@ -51,10 +52,17 @@ struct Router {
     /// functions of the input, which is what a finite-difference check of the gradient needs. Uploaded each forward.
     const std::vector<index_t>* fixed_selection = nullptr;
 
+    KeptFormat kept_input = KeptFormat::f32;  ///< how u is kept (a value of the compute policy)
+    bool keep_input = true;  ///< false: backward is handed u (a recomputed norm output)
+
     struct Cache {
-        Mat u, scores;    ///< input [T, hidden]; scores s [T, E]
+        KeptMatrix<B> u;  ///< input [T, hidden], unless the caller recomputes it
+        Mat scores;       ///< scores s [T, E]
         Mat aux_grad;     ///< d(balance loss)/ds [T, E] when the loss is on
         Routing<B> routing;
+        std::size_t bytes() const {
+            return u.bytes() + scores.bytes() + aux_grad.bytes() + routing.idx.bytes() + routing.weight.bytes();
+        }
     };
 
     Router() = default;
@@ -67,8 +75,7 @@ struct Router {
     void forward(View<const float, 2, B> u, Cache& c) {
         const index_t T = u.shape[0], K = cfg.top_k;
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
-        c.u = Mat({T, u.shape[1]});
-        Ops::copy(u, c.u.view());
+        if (keep_input) c.u = KeptMatrix<B>::copy(u, kept_input);
         c.scores = Mat({T, cfg.experts});
         Ops::linear(u, weight.value.view(), c.scores.view());
         Routing<B>& r = c.routing;
@@ -117,12 +124,15 @@ struct Router {
         return float(balance_alpha * loss / double(batch));
     }
 
-    /// dweight [T, K]: gradient of the loss with respect to Routing::weight. Accumulates dW; du += ...
-    void backward(View<const float, 2, B> dweight, Cache& c, View<float, 2, B> du) {
+    /// dweight [T, K]: gradient of the loss with respect to Routing::weight. Accumulates dW; du += ... `u` is the
+    /// forward's input, required when keep_input is false (ignored otherwise).
+    void backward(View<const float, 2, B> dweight, Cache& c, View<float, 2, B> du, View<const float, 2, B> u = {}) {
+        Mat kept_u;
+        u = input_for_backward(c.u, kept_u, u, c.routing.tokens, "Router");
         Mat dlogits({c.routing.tokens, cfg.experts});
         Ops::route_backward(cfg, c.scores.view(), c.routing.idx.view(), dweight, c.aux_grad.view(), dlogits.view());
         using backend::Trans;
-        Ops::gemm(Trans::yes, Trans::no, 1.0f, dlogits.view(), c.u.view(), 1.0f, weight.grad.view());
+        Ops::gemm(Trans::yes, Trans::no, 1.0f, dlogits.view(), u, 1.0f, weight.grad.view());
         Ops::gemm(Trans::no, Trans::no, 1.0f, dlogits.view(), weight.value.view(), 1.0f, du);
         c = Cache{};
     }

@@ -1,11 +1,14 @@
 // moonmoe/nn/swiglu.hpp: the SwiGLU MLP, down(silu(gate(x)) * up(x)): the dense MLP of the first layers, each
 // routed expert and the shared expert.
 //
-// Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM). Under the
-// bf16 policy (nn/precision.hpp) silu(g) and the product are each rounded to bf16, as torch's bf16 ops round them.
+// Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM), and so is
+// nothing else of the output side (down's input is a). g and u are kept as the activation policy says (nn/kept.hpp:
+// f32, bf16, or FP8 tiles); x is not kept when the caller recomputes it (keep_input false: it hands x to
+// backward). Under the bf16 policy (nn/precision.hpp) silu(g) and the product are each rounded to bf16, as torch's bf16 ops round them.
 #pragma once
 
 #include "../backend/functors.hpp"
+#include "kept.hpp"
 #include "linear.hpp"
 
 namespace moonmoe::nn {
@@ -14,9 +17,12 @@ template <class B = cpu>
 struct SwiGLU {
     using Ops = backend::Ops<B>;
     Linear<B> gate_proj, up_proj, down_proj;
+    KeptFormats kept;        ///< x as a value, g and u as MLP inputs
+    bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
 
     struct Cache {
-        Tensor<float, 2, B> x, g, u;
+        KeptMatrix<B> x, g, u;
+        std::size_t bytes() const { return x.bytes() + g.bytes() + u.bytes(); }
     };
 
     SwiGLU() = default;
@@ -32,6 +38,11 @@ struct SwiGLU {
         for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->refresh_working();
     }
     NumberFormat compute() const { return down_proj.compute; }
+    /// How x, g and u are kept, and whether x is (false: the caller recomputes it and hands it to backward).
+    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+        kept = KeptFormats(a);
+        keep_input = keep_input_;
+    }
 
     /// a = silu(g) * u into a (same shape as g), rounded as the compute format rounds.
     static void activate(View<const float, 2, B> g, View<const float, 2, B> u, View<float, 2, B> a,
@@ -44,29 +55,34 @@ struct SwiGLU {
     void forward(View<const float, 2, B> x, View<float, 2, B> y, Cache& cache, bool accumulate = false) const {
         const index_t rows = x.shape[0];
         cache = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
-        cache.x = Tensor<float, 2, B>({rows, x.shape[1]});
-        Ops::copy(x, cache.x.view());
-        cache.g = Tensor<float, 2, B>({rows, inner()});
-        cache.u = Tensor<float, 2, B>({rows, inner()});
-        gate_proj.forward(x, cache.g.view());
-        up_proj.forward(x, cache.u.view());
+        if (keep_input) cache.x = KeptMatrix<B>::copy(x, kept.value);
+        Tensor<float, 2, B> g({rows, inner()}), u({rows, inner()});
+        gate_proj.forward(x, g.view());
+        up_proj.forward(x, u.view());
         Tensor<float, 2, B> a({rows, inner()});
-        activate(cache.g.view(), cache.u.view(), a.view(), compute());
+        activate(g.view(), u.view(), a.view(), compute());
         down_proj.forward(a.view(), y, accumulate);
+        cache.g = KeptMatrix<B>(std::move(g), kept.mlp_input);
+        cache.u = KeptMatrix<B>(std::move(u), kept.mlp_input);
     }
 
-    /// Given dy, accumulates weight gradients and writes (or adds) dx.
-    void backward(View<const float, 2, B> dy, Cache& cache, View<float, 2, B> dx, bool accumulate_dx = false) {
+    /// Given dy, accumulates weight gradients and writes (or adds) dx. `x` is the forward's input, required when
+    /// keep_input is false (ignored otherwise).
+    void backward(View<const float, 2, B> dy, Cache& cache, View<float, 2, B> dx, bool accumulate_dx = false,
+                  View<const float, 2, B> x = {}) {
         const index_t rows = dy.shape[0], n = inner();
+        Tensor<float, 2, B> kept_x;
+        x = input_for_backward(cache.x, kept_x, x, rows, "SwiGLU");
+        Tensor<float, 2, B> g = cache.g.take("SwiGLU's gate(x)"), u = cache.u.take("SwiGLU's up(x)");
         Tensor<float, 2, B> a({rows, n}), da({rows, n});
-        activate(cache.g.view(), cache.u.view(), a.view(), compute());
+        activate(g.view(), u.view(), a.view(), compute());
         down_proj.backward(a.view(), dy, da.view());
-        // da -> dg = da * u * silu'(g) (into g), du = da * silu(g) (into u): the cache is spent here.
-        Ops::map(fn::SwiGLUBackward{}, cache.g.view(), cache.u.view(), View<const float, 2, B>(da.view()));
-        round_to(compute(), cache.g.view());
-        round_to(compute(), cache.u.view());
-        gate_proj.backward(cache.x.view(), cache.g.view(), dx, accumulate_dx);
-        up_proj.backward(cache.x.view(), cache.u.view(), dx, true);
+        // da -> dg = da * u * silu'(g) (into g), du = da * silu(g) (into u)
+        Ops::map(fn::SwiGLUBackward{}, g.view(), u.view(), View<const float, 2, B>(da.view()));
+        round_to(compute(), g.view());
+        round_to(compute(), u.view());
+        gate_proj.backward(x, g.view(), dx, accumulate_dx);
+        up_proj.backward(x, u.view(), dx, true);
         cache = Cache{};
     }
 

@@ -65,9 +65,15 @@ struct Transformer {
         std::vector<index_t> ids;
         TokenLayout layout;
         std::vector<typename DecoderLayer<B>::Cache> layers;
-        Mat h_last;  ///< input of the final norm
-        Mat h_normed;  ///< input of lm_head
+        KeptMatrix<B> h_last;    ///< input of the final norm
+        KeptMatrix<B> h_normed;  ///< input of lm_head, unless recomputed (ActivationConfig::recompute_norms)
         Tensor<float, 1, B> rstd;
+        /// The bytes held for backward (the token ids and layout, on the host, aside).
+        std::size_t bytes() const {
+            std::size_t n = h_last.bytes() + h_normed.bytes() + rstd.bytes();
+            for (const auto& l : layers) n += l.bytes();
+            return n;
+        }
     };
 
     /// Inference state of one sequence: a latent (MLA) or K/V (MHA) cache per layer. Several states decode
@@ -103,6 +109,14 @@ struct Transformer {
 
     NumberFormat compute() const { return config.precision.compute; }
 
+    /// Changes what the next forwards keep for backward (config/activations.hpp): the policy of the model type, or
+    /// another for this model. Refuses bf16 storage under f32 compute.
+    void set_activations(const ActivationConfig& a) {
+        check_activations(a, config.precision);
+        config.activations = a;
+        for (auto& layer : layers) layer.set_activations(a);
+    }
+
     /// Re-rounds every bf16 working copy from its f32 master weight (bf16 policy; nothing under f32). The
     /// optimizer's step, QK-Clip and io's loading call it; so does any other code that writes master weights.
     void refresh_working_weights() {
@@ -126,11 +140,13 @@ struct Transformer {
             std::swap(h, next);
         }
         c.rstd = Tensor<float, 1, B>({T});
-        c.h_normed = Mat({T, H});
-        norm.forward(h.view(), c.h_normed.view(), c.rstd.view());
-        c.h_last = std::move(h);
+        Mat h_normed({T, H});
+        norm.forward(h.view(), h_normed.view(), c.rstd.view());
         Mat logits({T, config.dims.vocab});
-        lm_head.forward(c.h_normed.view(), logits.view());
+        lm_head.forward(h_normed.view(), logits.view());
+        const KeptFormat kept = KeptFormats(config.activations).value;
+        c.h_last = KeptMatrix<B>(std::move(h), kept);
+        if (!config.activations.recompute_norms) c.h_normed = KeptMatrix<B>(std::move(h_normed), kept);
         c.state = Cache::State::forwarded;
         return logits;
     }
@@ -153,8 +169,11 @@ struct Transformer {
                               ", the forward's logits are [" + std::to_string(T) + ", " +
                               std::to_string(config.dims.vocab) + "]");
         Mat dn({T, H}), dh({T, H}), dprev({T, H});
-        lm_head.backward(c.h_normed.view(), dlogits, dn.view());
-        norm.backward(c.h_last.view(), c.rstd.view(), dn.view(), dh.view());
+        const Mat h_last = c.h_last.take("the final norm's input");
+        const Mat h_normed = config.activations.recompute_norms ? norm.recompute(h_last.view())
+                                                                : c.h_normed.take("lm_head's input");
+        lm_head.backward(h_normed.view(), dlogits, dn.view());
+        norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh.view());
         for (std::size_t l = layers.size(); l-- > 0;) {
             layers[l].backward(dh.view(), c.layers[l], dprev.view());
             std::swap(dh, dprev);

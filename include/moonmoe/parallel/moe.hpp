@@ -9,6 +9,8 @@
 // goes to its expert with the pair's routing weight; the expert rank returns the input gradient of each row and the
 // row's dot product dy . y_e (the routing weight's gradient), so the router's backward runs where the token lives.
 // Every rank issues the same collectives whatever the routing (two exchanges forward: counts, rows; four backward).
+// The activation policy is nn::MoE's (set_activations): the received rows, gate(x) and up(x) are kept as MLP inputs
+// (f32, bf16 or FP8 tiles), and the router's and shared expert's input u is handed to backward when recomputed.
 #pragma once
 
 #include <numeric>
@@ -28,8 +30,12 @@ struct ExpertParallelMoE {
         Tensor<index_t, 1, B> row_slot;  ///< the all-expert plan of this rank's pairs
         Tensor<index_t, 2, B> slot_row;
         ExpertExchange<B> exchange;
-        Mat x, g, u;  ///< at the experts: the received rows, gate(x), up(x)
+        nn::KeptMatrix<B> x, g, u;  ///< at the experts: the received rows, gate(x), up(x)
         typename nn::SwiGLU<B>::Cache shared;
+        std::size_t bytes() const {
+            return router.bytes() + row_slot.bytes() + slot_row.bytes() + exchange.to_expert_major.bytes() +
+                   exchange.to_source_major.bytes() + x.bytes() + g.bytes() + u.bytes() + shared.bytes();
+        }
     };
 
     /// `moe` holds the experts of `group.rank()`: first_expert = rank * E / ranks, E / ranks of them.
@@ -56,15 +62,19 @@ struct ExpertParallelMoE {
         // Host sync: the segment sizes decide what every rank sends and receives.
         c.exchange = plan_exchange<B>(group, to_host(offsets));
         Mat send({T * K, moe.hidden});
-        if (T > 0) Ops::gather_pairs(c.router.u.view(), c.row_slot.view(), K, send.view());
-        c.x = dispatch_rows(group, c.exchange, send.view());
+        if (T > 0) Ops::gather_pairs(u, c.row_slot.view(), K, send.view());
+        Mat x = dispatch_rows(group, c.exchange, send.view());
+        send = Mat{};
         const index_t R = c.exchange.received();
         const std::span<const index_t> seg(c.exchange.expert_offsets);
-        c.g = Mat({R, I}), c.u = Mat({R, I});
+        Mat g({R, I}), up({R, I});
         Mat a({R, I}), out({R, moe.hidden});
-        moe.expert_product(Trans::yes, c.x.view(), moe.experts.gate_proj, c.g.view(), seg);
-        moe.expert_product(Trans::yes, c.x.view(), moe.experts.up_proj, c.u.view(), seg);
-        nn::SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), moe.compute);
+        moe.expert_product(Trans::yes, x.view(), moe.experts.gate_proj, g.view(), seg);
+        moe.expert_product(Trans::yes, x.view(), moe.experts.up_proj, up.view(), seg);
+        nn::SwiGLU<B>::activate(g.view(), up.view(), a.view(), moe.compute);
+        c.x = nn::KeptMatrix<B>(std::move(x), moe.kept.mlp_input);
+        c.g = nn::KeptMatrix<B>(std::move(g), moe.kept.mlp_input);
+        c.u = nn::KeptMatrix<B>(std::move(up), moe.kept.mlp_input);
         moe.expert_product(Trans::yes, a.view(), moe.experts.down_proj, out.view(), seg);
         const Mat back = return_rows(group, c.exchange, out.view());
         Ops::fill(y, 0.0f);
@@ -73,12 +83,16 @@ struct ExpertParallelMoE {
         if (moe.cfg.shared > 0) moe.shared_experts.forward(u, y, c.shared, true);
     }
 
-    static void backward(nn::MoE<B>& moe, Communicator& group, View<const float, 2, B> dy, Cache& c, View<float, 2, B> du) {
+    /// `u` is the forward's input, required when the layer does not keep it (nn::MoE::keep_input false).
+    static void backward(nn::MoE<B>& moe, Communicator& group, View<const float, 2, B> dy, Cache& c, View<float, 2, B> du,
+                         View<const float, 2, B> u = {}) {
         using backend::Trans;
         const index_t T = dy.shape[0], K = moe.cfg.top_k, R = c.exchange.received(), I = moe.cfg.expert_hidden;
         const std::span<const index_t> seg(c.exchange.expert_offsets);
+        Mat kept_u;
+        u = nn::input_for_backward(c.router.u, kept_u, u, T, group.where("ExpertParallelMoE"));
         Ops::fill(du, 0.0f);
-        if (moe.cfg.shared > 0) moe.shared_experts.backward(dy, c.shared, du, true);
+        if (moe.cfg.shared > 0) moe.shared_experts.backward(dy, c.shared, du, true, u);
         // to the experts: each pair's output gradient, and its routing weight (one column)
         Mat send({T * K, moe.hidden}), send_w({T * K, 1});
         if (T > 0) {
@@ -89,20 +103,22 @@ struct ExpertParallelMoE {
         Mat dye = dispatch_rows(group, c.exchange, send.view());
         const Mat w = dispatch_rows(group, c.exchange, send_w.view());
         const Tensor<index_t, 1, B> rows = iota(R);
+        const Mat x = c.x.take("the experts' received rows");
+        Mat g = c.g.take("the experts' gate(x)"), up = c.u.take("the experts' up(x)");
         Mat a({R, I}), da({R, I}), dots({R, 1});
-        nn::SwiGLU<B>::activate(c.g.view(), c.u.view(), a.view(), moe.compute);
+        nn::SwiGLU<B>::activate(g.view(), up.view(), a.view(), moe.compute);
         moe.expert_product(Trans::no, dye.view(), moe.experts.down_proj, da.view(), seg);
         if (R > 0) Ops::pair_dot(da.view(), a.view(), rows.view(), dots.view());
         const fn::ScaleByPairWeight by_weight{w.data(), rows.data()};
         Ops::map_indexed(by_weight, da.view());
-        Ops::map(fn::SwiGLUBackward{}, c.g.view(), c.u.view(), View<const float, 2, B>(da.view()));  // -> dg, du
+        Ops::map(fn::SwiGLUBackward{}, g.view(), up.view(), View<const float, 2, B>(da.view()));  // -> dg, du
         Ops::map_indexed(by_weight, dye.view());
         moe.expert_weight_grad(dye.view(), a.view(), moe.experts.down_proj, seg);
         Mat dx({R, moe.hidden});
-        moe.expert_weight_grad(c.g.view(), c.x.view(), moe.experts.gate_proj, seg);
-        moe.expert_product(Trans::no, c.g.view(), moe.experts.gate_proj, dx.view(), seg);
-        moe.expert_weight_grad(c.u.view(), c.x.view(), moe.experts.up_proj, seg);
-        moe.expert_product(Trans::no, c.u.view(), moe.experts.up_proj, dx.view(), seg, true);
+        moe.expert_weight_grad(g.view(), x.view(), moe.experts.gate_proj, seg);
+        moe.expert_product(Trans::no, g.view(), moe.experts.gate_proj, dx.view(), seg);
+        moe.expert_weight_grad(up.view(), x.view(), moe.experts.up_proj, seg);
+        moe.expert_product(Trans::no, up.view(), moe.experts.up_proj, dx.view(), seg, true);
         // back to the tokens: the input gradients and the routing weights' gradients
         const Mat dx_back = return_rows(group, c.exchange, dx.view());
         const Mat dots_back = return_rows(group, c.exchange, dots.view());
@@ -113,7 +129,7 @@ struct ExpertParallelMoE {
             Ops::gather_pairs(dots_back.view(), c.slot_row.template reshape<1>({T * K}), 1,
                               dweight.template reshape<2>({T * K, 1}));
         }
-        moe.gate.backward(dweight.view(), c.router, du);
+        moe.gate.backward(dweight.view(), c.router, du, u);
         c = Cache{};
     }
 

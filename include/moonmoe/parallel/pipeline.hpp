@@ -138,7 +138,8 @@ private:
     struct Slot {
         std::vector<typename nn::DecoderLayer<B>::Cache> layers;
         std::vector<typename ExpertParallelMoE<B>::Cache> experts;
-        Mat h_last, h_normed, dlogits;  ///< last stage: the final norm's input and output, the loss's gradient
+        nn::KeptMatrix<B> h_last, h_normed;  ///< last stage: the final norm's input and output (unless recomputed)
+        Mat dlogits;                         ///< the loss's gradient
         Tensor<float, 1, B> rstd;
     };
     struct Pending {
@@ -229,11 +230,13 @@ private:
         }
         // the last stage: final norm, lm_head, the loss and its gradient
         c.rstd = Tensor<float, 1, B>({T});
-        c.h_normed = Mat({T, H});
-        part_.norm.forward(h.view(), c.h_normed.view(), c.rstd.view());
-        c.h_last = std::move(h);
+        Mat h_normed({T, H});
+        part_.norm.forward(h.view(), h_normed.view(), c.rstd.view());
         Mat logits({T, part_.config.dims.vocab});
-        part_.lm_head.forward(c.h_normed.view(), logits.view());
+        part_.lm_head.forward(h_normed.view(), logits.view());
+        const nn::KeptFormat kept = nn::KeptFormats(part_.config.activations).value;
+        c.h_last = nn::KeptMatrix<B>(std::move(h), kept);
+        if (!part_.config.activations.recompute_norms) c.h_normed = nn::KeptMatrix<B>(std::move(h_normed), kept);
         const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout_);
         c.dlogits = Mat(logits.shape());
         losses_[std::size_t(mb)] = nn::cross_entropy<B>(logits.view(), targets.data(), c.dlogits.view());
@@ -247,8 +250,11 @@ private:
         Mat dh({T, H}), dprev({T, H});
         if (s + 1 == stages()) {
             Mat dn({T, H});
-            part_.lm_head.backward(c.h_normed.view(), c.dlogits.view(), dn.view());
-            part_.norm.backward(c.h_last.view(), c.rstd.view(), dn.view(), dh.view());
+            const Mat h_last = c.h_last.take("the final norm's input");
+            const Mat h_normed = part_.config.activations.recompute_norms ? part_.norm.recompute(h_last.view())
+                                                                          : c.h_normed.take("lm_head's input");
+            part_.lm_head.backward(h_normed.view(), c.dlogits.view(), dn.view());
+            part_.norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh.view());
         } else {
             receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
         }
@@ -258,9 +264,10 @@ private:
             auto& cache = c.layers[std::size_t(k)];
             if (uses_expert_group(layer))
                 layer.backward_with(dh.view(), cache, dprev.view(),
-                                    [&](View<const float, 2, B> dout, View<float, 2, B> din) {
+                                    [&](View<const float, 2, B> dout, View<float, 2, B> din,
+                                        View<const float, 2, B> in) {
                                         ExpertParallelMoE<B>::backward(layer.moe, *groups_.expert, dout,
-                                                                       c.experts[std::size_t(k)], din);
+                                                                       c.experts[std::size_t(k)], din, in);
                                     });
             else
                 layer.backward(dh.view(), cache, dprev.view());

@@ -1,0 +1,86 @@
+// moonmoe/config/activations.hpp: what a training forward keeps for its backward, as a policy of the model type,
+// `Model<..., Activations<...>>` (docs/activation_memory.md). The Kimi K2 technical report's §2.4.3 "Activation
+// Reduction", one choice at a time:
+//
+//   Activations<>                          keep every backward input in f32 containers (the default)
+//   Recompute<NormOutputs, UpProjections>  recompute RMSNorm outputs and MLA's q_b_proj / kv_b_proj outputs in
+//                                          backward (Recompute<KimiK2Selection>: both, K2's choice)
+//   Storage<BF16>                          keep the bf16 values of Precision<BF16> in 2 bytes (exact)
+//   MlpInputs<FP8>                         keep the MoE up-projections' and SwiGLU's inputs in FP8-E4M3, 1 x 128
+//                                          tiles with f32 scales (lossy: the backward reads the approximation)
+//
+// K2's activations are `KimiK2Activations`. Every choice but FP8 leaves the results bitwise unchanged.
+#pragma once
+
+#include <type_traits>
+
+#include "named.hpp"
+#include "precision.hpp"
+
+namespace moonmoe {
+namespace slots { struct activations; struct recompute; struct activation_storage; struct mlp_inputs; }
+
+/// The run-time form of Activations<...> (ModelConfig::activations); modules read it at construction.
+struct ActivationConfig {
+    bool recompute_norms = false;           ///< RMSNorm outputs: recomputed from the kept input and 1/rms
+    bool recompute_up_projections = false;  ///< MLA's q_b_proj (with RoPE) and kv_b_proj outputs
+    NumberFormat storage = NumberFormat::f32;  ///< kept values: f32, or bf16 (under bf16 compute only)
+    bool fp8_mlp_inputs = false;            ///< MoE up-projection and SwiGLU inputs in FP8-E4M3 tiles
+    constexpr bool operator==(const ActivationConfig&) const = default;
+    /// bf16 storage holds values bf16 compute has rounded; under f32 compute it would round them.
+    constexpr bool valid(const PrecisionConfig& p) const {
+        return storage == NumberFormat::f32 || p.compute == NumberFormat::bf16;
+    }
+};
+
+/// What Recompute<...> lists.
+struct NormOutputs {};     ///< every RMSNorm's output (input_layernorm, post_attention_layernorm, q_a / kv_a norms)
+struct UpProjections {};   ///< MLA's q_b_proj and kv_b_proj outputs
+struct KimiK2Selection {}; ///< both: "LayerNorm, SwiGLU, and MLA up-projections" (SwiGLU and MoE down are always)
+
+/// FP8-E4M3, a storage format only (tensor/fp8_tiles.hpp).
+struct FP8 {};
+
+template <class... What>
+struct Recompute {
+    template <class W>
+    static constexpr bool lists = (std::is_same_v<What, W> || ...) || (std::is_same_v<What, KimiK2Selection> || ...);
+    static_assert(((std::is_same_v<What, NormOutputs> || std::is_same_v<What, UpProjections> ||
+                    std::is_same_v<What, KimiK2Selection>) && ...),
+                  "Recompute<...>: takes NormOutputs, UpProjections or KimiK2Selection");
+    using slot = slots::recompute;
+    static constexpr bool norms = lists<NormOutputs>, up_projections = lists<UpProjections>;
+};
+
+/// How the kept values are stored: Storage<F32> (default) or Storage<BF16>.
+template <class F>
+using Storage = Policy<slots::activation_storage, F>;
+/// How the MLP inputs are stored: MlpInputs<FP8>, or as the other values (MlpInputs<F32>, the default).
+template <class F>
+using MlpInputs = Policy<slots::mlp_inputs, F>;
+
+/// `Activations<Recompute<...>, Storage<...>, MlpInputs<...>>`, arguments in any order: a component of Model<...>.
+template <class... Args>
+struct Activations {
+    static_assert((detail::named_argument<Args> && ...) &&
+                      detail::only_accepted<detail::slot_list<slots::recompute, slots::activation_storage,
+                                                              slots::mlp_inputs>,
+                                            Args...>,
+                  "Activations<...>: takes Recompute<...>, Storage<F32 | BF16> and MlpInputs<F32 | FP8>");
+    static_assert(detail::no_repeats<Args...>, "Activations<...>: the same argument is given twice");
+    using slot = slots::activations;
+    using recompute = detail::pick_t<slots::recompute, Recompute<>, Args...>;
+    using storage = detail::policy_of<slots::activation_storage, F32, Args...>;
+    using mlp_inputs = detail::policy_of<slots::mlp_inputs, F32, Args...>;
+    static_assert(std::is_same_v<storage, F32> || std::is_same_v<storage, BF16>, "Storage<F>: F is F32 or BF16");
+    static_assert(std::is_same_v<mlp_inputs, F32> || std::is_same_v<mlp_inputs, FP8>,
+                  "MlpInputs<F>: F is FP8, or F32 to store them as the other values");
+    static constexpr ActivationConfig value{recompute::norms, recompute::up_projections, storage::format,
+                                            std::is_same_v<mlp_inputs, FP8>};
+};
+
+/// Kimi K2's activations (report §2.4.3), offload aside: selective recomputation, bf16 values, FP8 MLP inputs.
+/// Needs Precision<BF16>.
+using KimiK2Activations = Activations<Recompute<KimiK2Selection>, Storage<BF16>, MlpInputs<FP8>>;
+
+}  // namespace moonmoe
