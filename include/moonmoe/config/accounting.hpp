@@ -168,14 +168,13 @@ inline constexpr ActivationStorage all[] = {keep_f32, keep_bf16, recompute, fp8,
 }  // namespace activation_storage
 
 /// The storage policy the modules run under ActivationConfig `a` (Model<..., Activations<...>>): one of the presets
-/// (a) to (d) where `a` is one, named as it; another combination is named "Activations<...>". Offload is not a
-/// module policy.
+/// (a) to (e) where `a` is one, named as it; another combination is named "Activations<...>".
 constexpr ActivationStorage activation_storage_of(const ActivationConfig& a) {
     ActivationStorage s{.name = "Activations<...>", .value_bytes = a.storage == NumberFormat::bf16 ? 2 : 4,
                         .recompute_norms = a.recompute_norms, .recompute_up_projections = a.recompute_up_projections,
-                        .fp8_mlp_inputs = a.fp8_mlp_inputs};
+                        .fp8_mlp_inputs = a.fp8_mlp_inputs, .offload = a.offload};
     for (const ActivationStorage& p : activation_storage::all)
-        if (!p.offload && p.value_bytes == s.value_bytes && p.recompute_norms == s.recompute_norms &&
+        if (p.offload == s.offload && p.value_bytes == s.value_bytes && p.recompute_norms == s.recompute_norms &&
             p.recompute_up_projections == s.recompute_up_projections && p.fp8_mlp_inputs == s.fp8_mlp_inputs)
             s.name = p.name;
     return s;

@@ -8,6 +8,9 @@
 //   Storage<BF16>                          keep the bf16 values of Precision<BF16> in 2 bytes (exact)
 //   MlpInputs<FP8>                         keep the MoE up-projections' and SwiGLU's inputs in FP8-E4M3, 1 x 128
 //                                          tiles with f32 scales (lossy: the backward reads the approximation)
+//   Offload<true>                          move every kept matrix to pinned host memory after its layer's forward
+//                                          and back before its backward, on a copy stream (CUDA backend only; the
+//                                          CPU backend's activations are in host memory already: refused there)
 //
 // K2's activations are `KimiK2Activations`. Every choice but FP8 leaves the results bitwise unchanged.
 #pragma once
@@ -18,7 +21,7 @@
 #include "precision.hpp"
 
 namespace moonmoe {
-namespace slots { struct activations; struct recompute; struct activation_storage; struct mlp_inputs; }
+namespace slots { struct activations; struct recompute; struct activation_storage; struct mlp_inputs; struct offload; }
 
 /// The run-time form of Activations<...> (ModelConfig::activations); modules read it at construction.
 struct ActivationConfig {
@@ -26,6 +29,7 @@ struct ActivationConfig {
     bool recompute_up_projections = false;  ///< MLA's q_b_proj (with RoPE) and kv_b_proj outputs
     NumberFormat storage = NumberFormat::f32;  ///< kept values: f32, or bf16 (under bf16 compute only)
     bool fp8_mlp_inputs = false;            ///< MoE up-projection and SwiGLU inputs in FP8-E4M3 tiles
+    bool offload = false;                   ///< kept matrices in host memory between forward and backward (CUDA)
     constexpr bool operator==(const ActivationConfig&) const = default;
     /// bf16 storage holds values bf16 compute has rounded; under f32 compute it would round them.
     constexpr bool valid(const PrecisionConfig& p) const {
@@ -59,14 +63,19 @@ using Storage = Policy<slots::activation_storage, F>;
 template <class F>
 using MlpInputs = Policy<slots::mlp_inputs, F>;
 
-/// `Activations<Recompute<...>, Storage<...>, MlpInputs<...>>`, arguments in any order: a component of Model<...>.
+/// Offload<true>: the kept matrices wait in pinned host memory between their layer's forward and backward.
+template <bool On>
+using Offload = Value<slots::offload, On>;
+
+/// `Activations<Recompute<...>, Storage<...>, MlpInputs<...>, Offload<...>>`, arguments in any order: a component
+/// of Model<...>.
 template <class... Args>
 struct Activations {
     static_assert((detail::named_argument<Args> && ...) &&
                       detail::only_accepted<detail::slot_list<slots::recompute, slots::activation_storage,
-                                                              slots::mlp_inputs>,
+                                                              slots::mlp_inputs, slots::offload>,
                                             Args...>,
-                  "Activations<...>: takes Recompute<...>, Storage<F32 | BF16> and MlpInputs<F32 | FP8>");
+                  "Activations<...>: takes Recompute<...>, Storage<F32 | BF16>, MlpInputs<F32 | FP8> and Offload<bool>");
     static_assert(detail::no_repeats<Args...>, "Activations<...>: the same argument is given twice");
     using slot = slots::activations;
     using recompute = detail::pick_t<slots::recompute, Recompute<>, Args...>;
@@ -75,12 +84,14 @@ struct Activations {
     static_assert(std::is_same_v<storage, F32> || std::is_same_v<storage, BF16>, "Storage<F>: F is F32 or BF16");
     static_assert(std::is_same_v<mlp_inputs, F32> || std::is_same_v<mlp_inputs, FP8>,
                   "MlpInputs<F>: F is FP8, or F32 to store them as the other values");
+    static constexpr bool offload = detail::value_of<slots::offload, false, Args...>;
     static constexpr ActivationConfig value{recompute::norms, recompute::up_projections, storage::format,
-                                            std::is_same_v<mlp_inputs, FP8>};
+                                            std::is_same_v<mlp_inputs, FP8>, offload};
 };
 
 /// Kimi K2's activations (report §2.4.3), offload aside: selective recomputation, bf16 values, FP8 MLP inputs.
-/// Needs Precision<BF16>.
+/// Needs Precision<BF16>. With the offload too (a model on the CUDA backend): KimiK2ActivationsOffloaded.
 using KimiK2Activations = Activations<Recompute<KimiK2Selection>, Storage<BF16>, MlpInputs<FP8>>;
+using KimiK2ActivationsOffloaded = Activations<Recompute<KimiK2Selection>, Storage<BF16>, MlpInputs<FP8>, Offload<true>>;
 
 }  // namespace moonmoe

@@ -48,6 +48,12 @@ struct DecoderLayer {
             return h.bytes() + h1.bytes() + rstd1.bytes() + rstd2.bytes() + attn.bytes() + mha.bytes() + mlp.bytes() +
                    moe.bytes();
         }
+        /// Calls f(KeptMatrix<B>&) on every kept matrix (what activation offload moves).
+        template <class F>
+        void for_each_kept(F&& f) {
+            f(h), f(h1);
+            attn.for_each_kept(f), mha.for_each_kept(f), mlp.for_each_kept(f), moe.for_each_kept(f);
+        }
     };
 
     DecoderLayer() = default;

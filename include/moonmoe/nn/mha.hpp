@@ -70,6 +70,10 @@ struct MHA {
             for (const KeptMatrix<B>* m : {&x, &q, &k, &v, &o}) n += m->bytes();
             return n;
         }
+        template <class F>
+        void for_each_kept(F&& f) {
+            for (KeptMatrix<B>* m : {&x, &q, &k, &v, &o}) f(*m);
+        }
     };
     struct KVCache {
         Mat k, v;  ///< [capacity, kv_heads * head_dim], keys already rotated

@@ -74,6 +74,10 @@ struct MLA {
             for (const KeptMatrix<B>* m : {&x, &cq, &cqn, &c, &cn, &q, &kv, &kpe, &o}) n += m->bytes();
             return n;
         }
+        template <class F>
+        void for_each_kept(F&& f) {
+            for (KeptMatrix<B>* m : {&x, &cq, &cqn, &c, &cn, &q, &kv, &kpe, &o}) f(*m);
+        }
     };
 
     MLA() = default;

@@ -110,6 +110,11 @@ struct MoE {
             return router.bytes() + plan.row_slot.bytes() + plan.slot_row.bytes() + g.bytes() + u.bytes() +
                    shared.bytes();
         }
+        template <class F>
+        void for_each_kept(F&& f) {
+            f(router.u), f(g), f(u);
+            shared.for_each_kept(f);
+        }
     };
 
     static double seconds(std::chrono::steady_clock::time_point since) {

@@ -23,6 +23,10 @@ struct SwiGLU {
     struct Cache {
         KeptMatrix<B> x, g, u;
         std::size_t bytes() const { return x.bytes() + g.bytes() + u.bytes(); }
+        template <class F>
+        void for_each_kept(F&& f) {
+            f(x), f(g), f(u);
+        }
     };
 
     SwiGLU() = default;

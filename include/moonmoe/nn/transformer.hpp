@@ -12,14 +12,18 @@
 // the whole model, and the pipeline runtime (parallel/pipeline.hpp) drives a part's pieces instead.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "cross_entropy.hpp"
 #include "decoder_layer.hpp"
 #include "embedding.hpp"
+#include "offload.hpp"
 
 namespace moonmoe::nn {
 
@@ -103,6 +107,7 @@ struct Transformer {
         for (index_t l : part.layers) layers.emplace_back(c, l, part.first_expert, part.expert_count);
         norm.set_precision(c.precision);
         lm_head.set_precision(c.precision);
+        set_offload(c.activations.offload);
     }
 
     bool is_whole() const { return part.is_whole(config); }
@@ -113,8 +118,16 @@ struct Transformer {
     /// another for this model. Refuses bf16 storage under f32 compute.
     void set_activations(const ActivationConfig& a) {
         check_activations(a, config.precision);
+        set_offload(a.offload);
         config.activations = a;
         for (auto& layer : layers) layer.set_activations(a);
+    }
+
+    /// Activations<Offload<true>>: the host copies of the layers' kept matrices (nn/offload.hpp); null otherwise.
+    const KeptOffload<B>* offload() const
+        requires backend::offloads<B>
+    {
+        return offloader_.get();
     }
 
     /// Re-rounds every bf16 working copy from its f32 master weight (bf16 policy; nothing under f32). The
@@ -137,6 +150,8 @@ struct Transformer {
         c.layers.resize(layers.size());
         for (std::size_t l = 0; l < layers.size(); ++l) {
             layers[l].forward(h.view(), layout, next.view(), c.layers[l]);
+            if constexpr (backend::offloads<B>)
+                if (offloader_) offloader_->offload(c.layers[l]);  // while the next layers compute
             std::swap(h, next);
         }
         c.rstd = Tensor<float, 1, B>({T});
@@ -175,6 +190,12 @@ struct Transformer {
         lm_head.backward(h_normed.view(), dlogits, dn.view());
         norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh.view());
         for (std::size_t l = layers.size(); l-- > 0;) {
+            if constexpr (backend::offloads<B>) {
+                if (offloader_) {
+                    offloader_->restore(c.layers[l]);
+                    if (l > 0) offloader_->prefetch(c.layers[l - 1]);  // copied while layer l's backward computes
+                }
+            }
             layers[l].backward(dh.view(), c.layers[l], dprev.view());
             std::swap(dh, dprev);
         }
@@ -183,6 +204,23 @@ struct Transformer {
         c.state = Cache::State::consumed;
     }
 
+private:
+    /// Activations<Offload<true>> needs a backend whose memory is not the host's (backend/offload.hpp).
+    void set_offload(bool on) {
+        if constexpr (backend::offloads<B>) {
+            if (on && !offloader_) offloader_ = std::make_unique<KeptOffload<B>>();
+            if (!on) offloader_.reset();
+        } else if (on) {
+            throw config_error(std::string("Activations<Offload<true>>: activation offload moves what the backward "
+                                           "needs from GPU memory to host memory; the ") + B::name +
+                               " backend's activations are in host memory already. Offload runs on the CUDA backend "
+                               "(nn::Transformer<moonmoe::cuda>); on the CPU use Activations<> without Offload");
+        }
+    }
+
+    std::conditional_t<backend::offloads<B>, std::unique_ptr<KeptOffload<B>>, std::monostate> offloader_{};
+
+public:
     /// Forward + cross-entropy on the causal targets + backward: HF's loss with labels = input_ids; returns the
     /// mean loss over the batch's targets. Gradients accumulate (+=) into the parameters' grad: the optimizer's
     /// step() consumes them and sets them to zero (optim/optimizer.hpp), so the usual loop is train_step, step,

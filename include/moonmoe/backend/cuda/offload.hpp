@@ -16,6 +16,7 @@
 // offload (its activations already live in host memory): models that ask for it there are refused.
 #pragma once
 
+#include "../offload.hpp"
 #include "memory.hpp"
 
 #if defined(MOONMOE_CUDA_EMULATED)
@@ -185,6 +186,17 @@ public:
         return std::move(k.device_);
     }
 
+    /// Forgets an offloaded tensor no one will take (a forward whose backward never ran): its host buffer goes back
+    /// for reuse (later copies on the copy stream are ordered after the ones queued for it).
+    template <class T, int R>
+    void drop(Ticket<T, R>& k) {
+        if (k.host_) pinned_.give_back(k.host_, k.bytes_);
+        k.host_ = nullptr;
+        if (k.copied_in_) k.copied_in_->wait_on(current_stream());  // the H2D into device_ before its release
+        k.device_ = Tensor<T, R, cuda>{};
+        k.copied_in_.reset();
+    }
+
     /// Bytes offloaded since construction, and pinned host bytes held (in use or kept for reuse).
     std::size_t offloaded_bytes() const { return offloaded_; }
     std::size_t pinned_bytes() const { return pinned_.held(); }
@@ -205,6 +217,12 @@ private:
     cuda_detail::Event ready_;
     cuda_detail::PinnedPool pinned_;
     std::size_t offloaded_ = 0;
+};
+
+template <>
+struct Offload<cuda> {
+    static constexpr bool available = true;
+    using type = HostOffload;
 };
 
 }  // namespace moonmoe::backend

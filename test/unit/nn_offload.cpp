@@ -1,0 +1,105 @@
+// Activations<Offload<true>> (nn/offload.hpp): the layers' kept matrices wait in pinned host memory between their
+// forward and their backward. On a backend that offloads (the CUDA backend; here its emulation, where the copies
+// are synchronous) the training step gives the same bits as without offload, under K2's whole policy and under
+// f32, and the device holds the offloaded bytes less between forward and backward. The CPU backend refuses it.
+#include "support/backends.hpp"
+#include "support/io_testing.hpp"
+#include "support/reference.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <moonmoe/config.hpp>
+#include <moonmoe/io/model_io.hpp>
+#include <moonmoe/nn.hpp>
+
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_nn_offload {
+
+using namespace moonmoe;
+using namespace moonmoe::testing;
+
+namespace {
+
+const std::vector<index_t> ids = {3, 17, 42, 7, 99, 5, 61, 23, 88, 14, 2, 9, 77, 31, 50, 64};
+const auto layout = nn::TokenLayout::sequences(2, 8);
+
+template <class B>
+std::map<std::string, std::vector<float>> grads_of(nn::Transformer<B>& m) {
+    std::map<std::string, std::vector<float>> out;
+    m.visit_params([&](const ParamRef& p) {
+        if (p.grad) out[p.name] = floats_to_host<B>(p.grad, p.numel());
+    });
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("Activations<Offload<true>> on the CPU backend is refused, naming where it runs") {
+    ModelConfig c = TinyK2::config;
+    c.activations.offload = true;
+    io_testing::check_error([&] { nn::Transformer<cpu> m(c); }, {"Offload<true>", "host memory already", "CUDA backend"});
+    nn::Transformer<cpu> m(TinyK2::config);
+    io_testing::check_error([&] { m.set_activations(c.activations); }, {"Offload<true>", "CUDA backend"});
+    static_assert(!backend::offloads<cpu>);
+    static_assert(KimiK2ActivationsOffloaded::value.offload && !KimiK2Activations::value.offload);
+    static_assert(activation_storage_of(KimiK2ActivationsOffloaded::value).offload);
+}
+
+#if defined(MOONMOE_TEST_CUDA)
+TEST_CASE_TEMPLATE("Activations<Offload<true>>: the same training step bit for bit, the kept matrices in host memory "
+                   "between forward and backward", B, moonmoe::cuda) {
+    static_assert(backend::offloads<B>);
+    using K2bf16 = TinyK2::with<Precision<BF16>>;
+    for (const bool bf16 : {false, true}) {
+        CAPTURE(bf16);
+        ModelConfig kept_here = bf16 ? K2bf16::config : TinyK2::config;
+        if (bf16) kept_here.activations = KimiK2Activations::value;
+        ModelConfig offloaded = kept_here;
+        offloaded.activations.offload = true;
+        const auto load = [&] {
+            return bf16 ? load_transformer<K2bf16, B>(data_dir("tiny_k2")) : load_transformer<TinyK2, B>(data_dir("tiny_k2"));
+        };
+        nn::Transformer<B> a = load(), b = load();
+        a.set_activations(kept_here.activations);
+        b.set_activations(offloaded.activations);
+        REQUIRE(b.offload() != nullptr);
+        CHECK(a.offload() == nullptr);
+
+        // forward: the offloaded cache holds the kept matrices' bytes less on the device
+        typename nn::Transformer<B>::Cache ca, cb;
+        auto& device = backend::Memory<B>::stats();
+        const std::size_t before = device.current.load();
+        const std::vector<float> la = to_host(a.forward(ids.data(), layout, ca));
+        const std::size_t with_kept = device.current.load() - before;
+        const std::size_t before_b = device.current.load();
+        const std::vector<float> lb = to_host(b.forward(ids.data(), layout, cb));
+        const std::size_t with_offload = device.current.load() - before_b;
+        CHECK(la == lb);
+        const std::size_t moved = b.offload()->host().offloaded_bytes();
+        std::size_t kept_in_layers = 0;
+        for (auto& l : ca.layers) l.for_each_kept([&](nn::KeptMatrix<B>& m) { kept_in_layers += m.bytes(); });
+        CHECK(moved == kept_in_layers);
+        CHECK(moved > 0);
+        CHECK(with_kept - with_offload == moved);
+        CHECK(ca.bytes() - cb.bytes() == moved);
+        MESSAGE(std::string(bf16 ? "K2's policy (bf16): " : "f32: ") << moved << " of " << ca.bytes()
+                                                                     << " cache bytes offloaded between forward and backward");
+
+        // backward: every gradient the same, and a second step reuses the pinned buffers
+        Tensor<float, 2, B> dl({layout.tokens(), TinyK2::config.dims.vocab});
+        backend::Ops<B>::fill_normal(dl.view(), 0.0f, 1.0f, 11);
+        a.backward(dl.view(), ca);
+        b.backward(dl.view(), cb);
+        CHECK(grads_of(a) == grads_of(b));
+        const std::size_t pinned = b.offload()->host().pinned_bytes();
+        CHECK(pinned == moved);
+        CHECK(a.train_step(ids.data(), layout) == b.train_step(ids.data(), layout));
+        CHECK(grads_of(a) == grads_of(b));
+        CHECK(b.offload()->host().pinned_bytes() == pinned);
+    }
+}
+#endif
+
+}  // namespace unit_nn_offload
