@@ -9,6 +9,9 @@
 //                                  one is present unless told --backend cpu, the C++ compiler's build on the CPU
 //   kimi_k2_1t --precision bf16    the layer under Precision<BF16> (bf16 products on the tensor cores on a GPU)
 //   kimi_k2_1t --weights bf16      the layer under Precision<BF16, Weights<BF16>>: its matrices stored in bf16
+//   kimi_k2_1t --activations P     what the layer keeps for backward (Activations<...>): f32 (default), bf16,
+//                                  recompute (bf16 + K2's selective recomputation), k2 (+ FP8 MLP inputs),
+//                                  k2-offload (+ offload: the CUDA backend only)
 // example-test: --accounting-only
 #include <sys/resource.h>
 
@@ -18,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "example_support.hpp"
 
@@ -174,9 +178,68 @@ bool gpu_present() {
 #endif
 }
 
+double weights_gib(auto& layer, bool grads) {  // what the layer's parameters hold, as stored
+    double bytes = 0;
+    layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
+        bytes += grads ? (p.grad ? 4.0 * double(p.numel()) : 0.0)
+                       : double(p.numel()) * ((p.value ? 4 : 0) + (p.value16 ? 2 : 0));
+    });
+    return bytes / (1024.0 * 1024.0 * 1024.0);
+}
+
+/// The layer's own forward and backward under an activation policy: the bytes its cache keeps, beside the
+/// accounting's count of the same layer.
+template <class B, class Layer, class Mat>
+int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h, const Mat& dout, index_t tokens) {
+    const index_t H = cfg.dims.hidden;
+    const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
+    typename Layer::Cache cache;
+    Mat out({tokens, H}), dh({tokens, H});
+    std::printf("  [3/5] %-44s", "forward");
+    std::fflush(stdout);
+    auto t = Clock::now();
+    layer.forward(h.view(), layout, out.view(), cache);
+    wait_for_device<B>();
+    const double forward_seconds = since(t);
+    std::printf("%6.2f s\n", forward_seconds);
+    const double kept = double(cache.bytes());
+    std::printf("  [4/5] %-44s", "backward");
+    std::fflush(stdout);
+    t = Clock::now();
+    layer.backward(dout.view(), cache, dh.view());
+    wait_for_device<B>();
+    const double backward_seconds = since(t);
+    std::printf("%6.2f s\n", backward_seconds);
+    double out_norm = 0, grad_norm = 0;
+    for (float v : moonmoe::to_host(out)) out_norm += double(v) * v;
+    for (float v : moonmoe::to_host(dh)) grad_norm += double(v) * v;
+    constexpr double MiB = 1024.0 * 1024.0;
+    // The accounting's count of this layer (config/accounting.hpp): one process (its experts' pairs are the ones
+    // routed here, counted after the forward), and of the layer of Parallel<16, 16, DP>'s EP rank 0 when the 16
+    // ranks each bring as many tokens (balanced routing: it receives tokens x TopK rows from its group)
+    moonmoe::ModelConfig one = cfg;
+    one.parallel.ep = 1;
+    moonmoe::KeptTensors here = moonmoe::layer_activations(one, false, tokens);
+    const index_t pairs = tokens * cfg.moe.top_k - layer.moe.skipped_assignments;
+    for (int i = 0; i < here.count; ++i)
+        if (std::string_view(here.tensors[i].name).starts_with("experts.")) here.tensors[i].rows = pairs;
+    const auto storage = moonmoe::activation_storage_of(cfg.activations);
+    const double predicted = double(here.bytes(storage));
+    const double ep_rank = double(moonmoe::layer_activations(cfg, false, tokens).bytes(storage));
+    std::printf("\n  layer                   %7.2f s forward %8.2f s backward\n", forward_seconds, backward_seconds);
+    std::printf("  kept for backward: %.2f MiB; the accounting: %.2f MiB for this layer (%ld pairs on its experts),\n"
+                "  %.2f MiB for EP rank 0 of Parallel<16, 16, DP> with %ld tokens on each rank\n", kept / MiB,
+                predicted / MiB, long(pairs), ep_rank / MiB, long(tokens));
+    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
+                "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
+                weights_gib(layer, false), weights_gib(layer, true));
+    return 0;
+}
+
 /// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16, on backend B.
 template <class B>
-int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision) {
+int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moonmoe::ActivationConfig activations,
+                         bool whole_layer) {
     using DecoderLayer = moonmoe::nn::DecoderLayer<B>;
     using Mat = moonmoe::Tensor<float, 2, B>;
     using Ops = moonmoe::backend::Ops<B>;
@@ -185,11 +248,13 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision) {
     // the precision chosen at run time
     moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
     cfg.precision = precision;
+    cfg.activations = activations;  // --activations: the layer's own forward and backward, its kept bytes
     constexpr index_t ep = moonmoe::KimiK2::config.parallel.ep,
                       local = moonmoe::KimiK2::config.moe.experts / ep, H = moonmoe::KimiK2::config.dims.hidden;
     std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s,"
-                " %s compute, %s weights:\n", long(tokens), gpu ? "GPU" : "CPU", moonmoe::format_name(precision.compute),
-                moonmoe::format_name(precision.weights));
+                " %s compute, %s weights, activations %s:\n", long(tokens), gpu ? "GPU" : "CPU",
+                moonmoe::format_name(precision.compute), moonmoe::format_name(precision.weights),
+                moonmoe::activation_storage_of(activations).name);
     std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
                 "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
                 "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
@@ -236,6 +301,8 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision) {
     // On the GPU each part is timed to its end (wait_for_device); MoE's own part timers read the host clock
     // without waiting, so there only the MoE block as a whole is timed.
     double fwd_moe = 0, bwd_moe = 0;
+
+    if (whole_layer) return run_whole_layer<B>(layer, cfg, h, dout, tokens);
 
     t = step(3, "forward");
     auto p = Clock::now();
@@ -301,15 +368,9 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision) {
     }
     std::printf("  norms and residuals     %7.2f s %8.2f s\n", fwd_norm, bwd_norm);
     std::printf("  layer                   %7.2f s %8.2f s\n", forward_seconds, backward_seconds);
-    double weight_bytes = 0, grad_bytes = 0;  // what the layer's parameters hold, as stored
-    layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
-        weight_bytes += double(p.numel()) * ((p.value ? 4 : 0) + (p.value16 ? 2 : 0));
-        grad_bytes += p.grad ? 4.0 * double(p.numel()) : 0.0;
-    });
-    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
     std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
                 "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
-                weight_bytes / GiB, grad_bytes / GiB);
+                weights_gib(layer, false), weights_gib(layer, true));
     if (gpu)
         std::printf("  peak GPU tensor memory %.2f GiB\n",
                     double(moonmoe::backend::Memory<B>::stats().peak.load()) / (1024.0 * 1024.0 * 1024.0));
@@ -322,10 +383,12 @@ int main(int argc, char** argv) try {
     bool layer = true;
     index_t tokens = 256;
     moonmoe::PrecisionConfig precision;
+    moonmoe::ActivationConfig activations;
+    bool activations_given = false;
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
             std::printf("usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16]\n"
-                        "       [--tokens N | --accounting-only]\n"
+                        "       [--activations f32|bf16|recompute|k2|k2-offload] [--tokens N | --accounting-only]\n"
                         "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
                         "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n"
                         "  --backend: where the layer runs (default: the GPU in the nvcc build when one is present,\n"
@@ -333,7 +396,11 @@ int main(int argc, char** argv) try {
                         "  --precision: the layer's compute policy, Precision<F32> (default) or Precision<BF16>\n"
                         "  (docs/precision.md)\n"
                         "  --weights bf16: the layer's matrices stored in bf16, Precision<BF16, Weights<BF16>>\n"
-                        "  (implies --precision bf16)\n",
+                        "  (implies --precision bf16)\n"
+                        "  --activations: what the layer keeps for backward (docs/activation_memory.md): f32\n"
+                        "  (Activations<>), bf16 (Storage<BF16>), recompute (+ Recompute<KimiK2Selection>), k2\n"
+                        "  (KimiK2Activations: + MlpInputs<FP8>), k2-offload (+ Offload<true>, CUDA only); all but\n"
+                        "  f32 imply --precision bf16\n",
                         argv[0]);
             return 0;
         }
@@ -361,6 +428,21 @@ int main(int argc, char** argv) try {
                 return 2;
             }
             precision.weights = w == "bf16" ? moonmoe::NumberFormat::bf16 : moonmoe::NumberFormat::f32;
+        } else if (!std::strcmp(argv[i], "--activations") && i + 1 < argc) {
+            const std::string a = argv[++i];
+            activations_given = true;
+            if (a == "f32") activations = moonmoe::Activations<>::value;
+            else if (a == "bf16") activations = moonmoe::Activations<moonmoe::Storage<moonmoe::BF16>>::value;
+            else if (a == "recompute")
+                activations = moonmoe::Activations<moonmoe::Recompute<moonmoe::KimiK2Selection>,
+                                                   moonmoe::Storage<moonmoe::BF16>>::value;
+            else if (a == "k2") activations = moonmoe::KimiK2Activations::value;
+            else if (a == "k2-offload") activations = moonmoe::KimiK2ActivationsOffloaded::value;
+            else {
+                std::fprintf(stderr, "kimi_k2_1t: --activations is f32, bf16, recompute, k2 or k2-offload, got '%s'\n",
+                             a.c_str());
+                return 2;
+            }
         } else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
             tokens = std::atol(argv[++i]);
             if (tokens < 1) {
@@ -369,11 +451,13 @@ int main(int argc, char** argv) try {
             }
         } else {
             std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16] "
+                                 "[--activations f32|bf16|recompute|k2|k2-offload] "
                                  "[--tokens N | --accounting-only]\n", argv[0]);
             return 2;
         }
     }
-    if (precision.weights == moonmoe::NumberFormat::bf16) precision.compute = moonmoe::NumberFormat::bf16;
+    if (precision.weights == moonmoe::NumberFormat::bf16 || activations.storage == moonmoe::NumberFormat::bf16)
+        precision.compute = moonmoe::NumberFormat::bf16;
     std::printf("moonmoe %d.%d.%d: Kimi K2 as a C++ type (no weights allocated; all figures are constexpr)\n",
                 MOONMOE_VERSION_MAJOR, MOONMOE_VERSION_MINOR, MOONMOE_VERSION_PATCH);
 
@@ -438,7 +522,9 @@ int main(int argc, char** argv) try {
     print_memory<moonmoe::DeepSeekV3>("DeepSeek-V3");
     print_activations();
     if (layer)
-        return example::with_backend(backend, [&]<class B>() { return run_full_width_layer<B>(tokens, precision); });
+        return example::with_backend(backend, [&]<class B>() {
+            return run_full_width_layer<B>(tokens, precision, activations, activations_given);
+        });
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "kimi_k2_1t: %s\n", e.what());

@@ -15,6 +15,7 @@
 #include "mha.hpp"
 #include "mla.hpp"
 #include "moe.hpp"
+#include "offload.hpp"
 #include "rmsnorm.hpp"
 #include "swiglu.hpp"
 
@@ -71,8 +72,11 @@ struct DecoderLayer {
     }
 
     /// What the caches keep (config/activations.hpp); checked against the compute format.
+    /// Offload<true> is carried out by the owner of the caches (nn::Transformer's forward and backward); refused
+    /// here on a backend without offload.
     void set_activations(const ActivationConfig& a) {
         check_activations(a, {compute, NumberFormat::f32});
+        check_offload<B>(a);
         activations = a;
         const bool keep_inputs = !a.recompute_norms;  // attention's and the MLP's inputs are the norms' outputs
         if (latent) self_attn.set_activations(a, keep_inputs);

@@ -207,14 +207,10 @@ struct Transformer {
 private:
     /// Activations<Offload<true>> needs a backend whose memory is not the host's (backend/offload.hpp).
     void set_offload(bool on) {
+        check_offload<B>(ActivationConfig{.offload = on});
         if constexpr (backend::offloads<B>) {
             if (on && !offloader_) offloader_ = std::make_unique<KeptOffload<B>>();
             if (!on) offloader_.reset();
-        } else if (on) {
-            throw config_error(std::string("Activations<Offload<true>>: activation offload moves what the backward "
-                                           "needs from GPU memory to host memory; the ") + B::name +
-                               " backend's activations are in host memory already. Offload runs on the CUDA backend "
-                               "(nn::Transformer<moonmoe::cuda>); on the CPU use Activations<> without Offload");
         }
     }
 

@@ -68,6 +68,11 @@ public:
         : part_(part), groups_(groups),
           shape_{part.config.parallel.pp, part.config.parallel.virtual_stages, micro_batches, extra_warmup} {
         check_shape(shape_);
+        if (part.config.activations.offload)  // the schedule-aware offload of K2 (report §2.4.3) is not built here
+            throw config_error(groups_.pipeline->where("Pipeline") +
+                               ": Activations<Offload<true>> is run by nn::Transformer's own forward and backward; the "
+                               "pipeline keeps its micro-batches' caches on the device (leave Offload out, or train "
+                               "one process)");
         schedule_ = interleaved_1f1b(shape_, groups_.at.pp);
         index_t position = 0;
         for (index_t v = 0; v < shape_.v; ++v) {
