@@ -36,15 +36,24 @@ std::map<std::string, std::vector<float>> grads_of(nn::Transformer<B>& m) {
 
 }  // namespace
 
-TEST_CASE("Activations<Offload<true>> on the CPU backend is refused, naming where it runs") {
+TEST_CASE_TEMPLATE("Activations<Offload<true>>: refused on a backend with nothing to offload to (the CPU), naming "
+                   "where it runs", B, MOONMOE_TEST_BACKENDS) {
     ModelConfig c = TinyK2::config;
     c.activations.offload = true;
-    io_testing::check_error([&] { nn::Transformer<cpu> m(c); }, {"Offload<true>", "host memory already", "CUDA backend"});
-    nn::Transformer<cpu> m(TinyK2::config);
-    io_testing::check_error([&] { m.set_activations(c.activations); }, {"Offload<true>", "CUDA backend"});
-    static_assert(!backend::offloads<cpu>);
     static_assert(KimiK2ActivationsOffloaded::value.offload && !KimiK2Activations::value.offload);
     static_assert(activation_storage_of(KimiK2ActivationsOffloaded::value).offload);
+    if constexpr (!backend::offloads<B>) {
+        io_testing::check_error([&] { nn::Transformer<B> m(c); },
+                                {"Offload<true>", "host memory already", "CUDA backend"});
+        nn::Transformer<B> m(TinyK2::config);
+        io_testing::check_error([&] { m.set_activations(c.activations); }, {"Offload<true>", "CUDA backend"});
+        io_testing::check_error([&] { nn::DecoderLayer<B> l(c, 1); }, {"Offload<true>", "CUDA backend"});
+    } else {
+        nn::Transformer<B> m(c);
+        CHECK(m.offload() != nullptr);
+        m.set_activations(TinyK2::config.activations);
+        CHECK(m.offload() == nullptr);
+    }
 }
 
 #if defined(MOONMOE_TEST_CUDA)
