@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <moonmoe/io/convert.hpp>
 #include <moonmoe/io/safetensors.hpp>
+#include <moonmoe/nn/param.hpp>
 #include <moonmoe/tensor/transfer.hpp>
 
 namespace moonmoe::testing {
@@ -31,6 +33,16 @@ struct Reference {
 template <class B>
 std::vector<float> floats_to_host(const float* p, index_t n) {
     return to_host(View<const float, 1, B>(p, {n}));
+}
+
+/// Every parameter gradient of `model` (anything with visit_params(f)) on the host, by name.
+template <class B, class Model>
+std::map<std::string, std::vector<float>> gradients_of(Model& model) {
+    std::map<std::string, std::vector<float>> out;
+    model.visit_params([&](const ParamRef& p) {
+        if (p.grad) out[p.name] = floats_to_host<B>(p.grad, p.numel());
+    });
+    return out;
 }
 
 /// max |a - b| / max |b|: the error relative to the reference tensor's scale.

@@ -25,14 +25,6 @@ namespace {
 const std::vector<index_t> ids = {3, 17, 42, 7, 99, 5, 61, 23, 88, 14, 2, 9, 77, 31, 50, 64};
 const auto layout = nn::TokenLayout::sequences(2, 8);
 
-template <class B>
-std::map<std::string, std::vector<float>> grads_of(nn::Transformer<B>& m) {
-    std::map<std::string, std::vector<float>> out;
-    m.visit_params([&](const ParamRef& p) {
-        if (p.grad) out[p.name] = floats_to_host<B>(p.grad, p.numel());
-    });
-    return out;
-}
 
 }  // namespace
 
@@ -101,11 +93,11 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: the same training step bit for b
         backend::Ops<B>::fill_normal(dl.view(), 0.0f, 1.0f, 11);
         a.backward(dl.view(), ca);
         b.backward(dl.view(), cb);
-        CHECK(grads_of(a) == grads_of(b));
+        CHECK(gradients_of<B>(a) == gradients_of<B>(b));
         const std::size_t pinned = b.offload()->host().pinned_bytes();
         CHECK(pinned == moved);
         CHECK(a.train_step(ids.data(), layout) == b.train_step(ids.data(), layout));
-        CHECK(grads_of(a) == grads_of(b));
+        CHECK(gradients_of<B>(a) == gradients_of<B>(b));
         CHECK(b.offload()->host().pinned_bytes() == pinned);
     }
 }

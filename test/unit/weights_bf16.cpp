@@ -69,14 +69,6 @@ std::map<std::string, std::vector<float>> read_values(nn::Transformer<B>& m) {
     return out;
 }
 
-template <class B>
-std::map<std::string, std::vector<float>> grads_of(nn::Transformer<B>& m) {
-    std::map<std::string, std::vector<float>> out;
-    m.visit_params([&](const ParamRef& p) {
-        if (p.grad) out[p.name] = floats_to_host<B>(p.grad, p.numel());
-    });
-    return out;
-}
 
 const std::vector<index_t> ids = {3, 17, 42, 7, 99, 5, 61, 23, 88, 14, 2, 9, 77, 31, 50, 64, 12, 8, 95, 40};
 const auto layout = nn::TokenLayout::sequences(2, 10);
@@ -131,7 +123,7 @@ TEST_CASE_TEMPLATE("Weights<BF16> computes what Precision<BF16> computes, bit fo
     const std::vector<float> l32 = to_host(m32.forward(ids.data(), layout, c32));
     CHECK(l16 == l32);
     CHECK(m16.train_step(ids.data(), layout) == m32.train_step(ids.data(), layout));
-    CHECK(grads_of(m16) == grads_of(m32));
+    CHECK(gradients_of<B>(m16) == gradients_of<B>(m32));
 
     // decoding with the latent cache reads the bf16 kv_b_proj directly too
     auto s16 = m16.start_decoding(4), s32 = m32.start_decoding(4);
