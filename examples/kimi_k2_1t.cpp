@@ -16,12 +16,16 @@
 #include <sys/resource.h>
 
 #include <array>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "example_support.hpp"
 
@@ -187,6 +191,46 @@ double weights_gib(auto& layer, bool grads) {  // what the layer's parameters ho
     return bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
+/// The gradient error FP8 storage of the MLP inputs causes at full width: the same forward and backward again with
+/// the MLP inputs kept unquantized, ||g_fp8 - g|| / ||g|| for the input gradient and per parameter (the routed
+/// experts: the first four, to bound the host copies).
+template <class B, class Layer, class Mat>
+void report_fp8_error(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h, const Mat& dout, const Mat& dh_fp8,
+                      index_t tokens) {
+    std::map<std::string, std::vector<float>> fp8;
+    const auto compared = [](const moonmoe::ParamRef& p) {
+        const auto e = p.name.find(".experts.");
+        return p.grad && (e == std::string::npos || std::stol(p.name.substr(e + 9)) < 4);
+    };
+    layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
+        if (compared(p)) fp8[p.name] = moonmoe::to_host(moonmoe::View<const float, 1, B>(p.grad, {p.numel()}));
+        if (p.grad) moonmoe::backend::Ops<B>::fill(moonmoe::View<float, 2, B>(p.grad, {1, p.numel()}), 0.0f);
+    });
+    moonmoe::ActivationConfig exact = cfg.activations;
+    exact.fp8_mlp_inputs = false;
+    layer.set_activations(exact);
+    typename Layer::Cache cache;
+    Mat out({tokens, cfg.dims.hidden}), dh({tokens, cfg.dims.hidden});
+    layer.forward(h.view(), moonmoe::nn::TokenLayout::sequences(1, tokens), out.view(), cache);
+    layer.backward(dout.view(), cache, dh.view());
+    const auto distance = [](const std::vector<float>& a, const std::vector<float>& b) {
+        double d = 0, n = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+        return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+    };
+    std::vector<std::pair<double, std::string>> errors;
+    layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
+        if (compared(p))
+            errors.emplace_back(distance(fp8.at(p.name), moonmoe::to_host(moonmoe::View<const float, 1, B>(p.grad, {p.numel()}))),
+                                p.name);
+    });
+    std::sort(errors.begin(), errors.end());
+    std::printf("  FP8 MLP inputs against unquantized ones, ||g_fp8 - g|| / ||g||: the input gradient %.4f; %zu\n"
+                "  parameter gradients: median %.4f, worst %.4f (%s)\n",
+                distance(moonmoe::to_host(dh_fp8), moonmoe::to_host(dh)), errors.size(),
+                errors[errors.size() / 2].first, errors.back().first, errors.back().second.c_str());
+}
+
 /// The layer's own forward and backward under an activation policy: the bytes its cache keeps, beside the
 /// accounting's count of the same layer.
 template <class B, class Layer, class Mat>
@@ -233,6 +277,7 @@ int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h,
     std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
                 "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
                 weights_gib(layer, false), weights_gib(layer, true));
+    if (cfg.activations.fp8_mlp_inputs) report_fp8_error<B>(layer, cfg, h, dout, dh, tokens);
     return 0;
 }
 

@@ -24,10 +24,17 @@ inline constexpr moonmoe::ModelConfig small = SmallModel::config;
 using TrainingPrecision = moonmoe::Precision<moonmoe::BF16, moonmoe::Weights<moonmoe::BF16>>;
 inline constexpr moonmoe::ModelConfig k2_bf16 = moonmoe::KimiK2::with<TrainingPrecision>::config;
 inline constexpr moonmoe::ModelConfig small_bf16 = SmallModel::with<TrainingPrecision>::config;
+/// ... and with K2's activation policies (docs/activation_memory.md): selective recomputation with bf16 storage,
+/// then the FP8 MLP inputs too (KimiK2Activations).
+using Recomputed = moonmoe::Activations<moonmoe::Recompute<moonmoe::KimiK2Selection>, moonmoe::Storage<moonmoe::BF16>>;
+inline constexpr moonmoe::ModelConfig k2_recompute = moonmoe::KimiK2::with<TrainingPrecision, Recomputed>::config;
+inline constexpr moonmoe::ModelConfig k2_fp8 =
+    moonmoe::KimiK2::with<TrainingPrecision, moonmoe::KimiK2Activations>::config;
+inline constexpr moonmoe::ModelConfig small_fp8 = SmallModel::with<TrainingPrecision, moonmoe::KimiK2Activations>::config;
 
 /// The routed experts a benchmark holds: K2's one expert-parallel rank, or every expert of the small model.
 inline moonmoe::index_t local_experts(const moonmoe::ModelConfig& cfg) {
-    return &cfg == &k2 || &cfg == &k2_bf16 ? k2_local_experts : cfg.moe.experts;
+    return cfg.dims.hidden == k2.dims.hidden ? k2_local_experts : cfg.moe.experts;
 }
 
 }  // namespace bench
