@@ -11,7 +11,8 @@ packages=(
   cmake g++ make
   libeigen3-dev nlohmann-json3-dev
   doctest-dev libbenchmark-dev
-  libopenblas-dev libopenmpi-dev openmpi-bin libdnnl-dev
+  libopenblas-dev libopenmpi-dev openmpi-bin
+  libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package finds OpenCL (its GPU runtime) as it loads
   time
 )
 case "${1:-}" in
