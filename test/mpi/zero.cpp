@@ -94,7 +94,7 @@ TEST_CASE("ZeRO-1 with distributed Muon equals one process: three MuonClip steps
                     << model_floats << " trained floats: " << flat << ")");
 }
 
-TEST_CASE("ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its own parameters only; the bf16 weights "
+TEST_CASE("ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its own parameters only, the bf16 weights "
           "equal one process's") {
     using Stored16 = TinyK2::with<Precision<BF16, Weights<BF16>>>;
     Communicator& w = world();

@@ -73,8 +73,8 @@ TEST_CASE_TEMPLATE("cuda_error messages name the call, the error and where the c
     static_assert(!backend::host_visible<B>, "module code must not index CUDA tensor data, emulated or not");
 }
 
-TEST_CASE_TEMPLATE("HostOffload: tensors to pinned host memory and back, bit for bit; device memory released while "
-                   "away; host buffers reused", B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE("HostOffload: tensors to pinned host memory and back, bit for bit, device memory released while "
+                   "away, host buffers reused", B, moonmoe::cuda) {
     auto& device = backend::Memory<B>::stats();
     backend::HostOffload off;
     std::vector<float> values(3 * 1000);

@@ -215,7 +215,7 @@ TEST_CASE_TEMPLATE("quantize_fp8_tiles: the error bound |x - x'| <= 2^-4 |x| + 2
             << double(zero_codes) / double(rows * cols));
 }
 
-TEST_CASE_TEMPLATE("quantize_fp8_tiles: no rows, no columns, one element; shape errors name what was found and what "
+TEST_CASE_TEMPLATE("quantize_fp8_tiles: no rows, no columns, one element, shape errors name what was found and what "
                    "was expected", B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     // rows = 0, cols = 0: nothing to do, no launch

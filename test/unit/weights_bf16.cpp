@@ -75,7 +75,7 @@ const auto layout = nn::TokenLayout::sequences(2, 10);
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("Weights<BF16>: matrices held in bf16 alone; a BF16 checkpoint loads with no f32 copy", B,
+TEST_CASE_TEMPLATE("Weights<BF16>: matrices held in bf16 alone, a BF16 checkpoint loads with no f32 copy", B,
                    MOONMOE_TEST_BACKENDS) {
     auto& stats = backend::Memory<B>::stats();
     const std::size_t before = stats.current.load();
@@ -169,7 +169,7 @@ TEST_CASE_TEMPLATE("Weights<BF16> trains as Precision<BF16> does: the optimizer'
     CHECK(unrounded == 0);
 }
 
-TEST_CASE_TEMPLATE("Weights<BF16>: saved as BF16 bit for bit, as F32 widened exactly; loaded back the same", B,
+TEST_CASE_TEMPLATE("Weights<BF16>: saved as BF16 bit for bit, as F32 widened exactly, loaded back the same", B,
                    MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = load_transformer<Stored16, B>(data_dir("tiny_k2_bf16"));
     const auto values = values_of(model);
@@ -193,7 +193,7 @@ TEST_CASE_TEMPLATE("Weights<BF16>: saved as BF16 bit for bit, as F32 widened exa
     CHECK(values_of(wide) == values);
 }
 
-TEST_CASE_TEMPLATE("Weights<BF16>: init_weights draws the f32 values and rounds them; an f32 checkpoint is rounded "
+TEST_CASE_TEMPLATE("Weights<BF16>: init_weights draws the f32 values and rounds them, an f32 checkpoint is rounded "
                    "on loading", B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> m16(Stored16::config), m32(Masters::config);
     nn::init_weights(m16);
