@@ -53,6 +53,9 @@ inline constexpr int quantize_per_lane = int(fp8_tile_width) / 32;
 static_assert(fp8_tile_width % 32 == 0, "a warp covers a tile in whole strides of 32 elements");
 
 /// A warp per tile, quantize_warps_per_block tiles per block.
+// A template (of nothing) so that every translation unit that includes this header may define it: a plain
+// __global__ function defined in a header is defined again by each .cu file, and the link fails.
+template <class = void>
 __global__ void __launch_bounds__(32 * quantize_warps_per_block)
     quantize_fp8_tiles_kernel(const float* x, index_t x_pitch, f8_e4m3* codes, index_t codes_pitch, float* scales,
                               index_t scales_pitch, index_t rows, index_t cols, index_t tiles) {
@@ -107,7 +110,7 @@ struct Fp8Ops<cuda> {
 #else
         using namespace cuda_fp8_detail;
         const index_t blocks = (rows * tiles + quantize_warps_per_block - 1) / quantize_warps_per_block;
-        quantize_fp8_tiles_kernel<<<unsigned(blocks), 32 * quantize_warps_per_block, 0, current_stream()>>>(
+        quantize_fp8_tiles_kernel<><<<unsigned(blocks), 32 * quantize_warps_per_block, 0, current_stream()>>>(
             x.data, x.strides[0], codes.data, codes.strides[0], scales.data, scales.strides[0], rows, cols, tiles);
         cuda_fast::check_launch("quantize_fp8_tiles_kernel<<<...>>>");
 #endif
