@@ -15,6 +15,7 @@
 #include <moonmoe/parallel/schedule.hpp>
 
 #include "support/nn_testing.hpp"
+#include "support/self_world.hpp"
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
 namespace unit_config_accounting {
@@ -365,48 +366,6 @@ TEST_CASE("Kimi K2 on Parallel<16, 16, 32>: states, activations and the most loa
 
 // ---- the caches the modules fill, against the accounting ----
 
-/// A one-rank expert group: parallel::ExpertParallelMoE on one process, with the caches of EP > 1.
-class SelfGroup final : public parallel::Communicator {
-public:
-    int rank() const override { return 0; }
-    int size() const override { return 1; }
-    std::string name() const override { return "self"; }
-    std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
-    void set_timeout(std::chrono::milliseconds) override {}
-    void barrier() override {}
-    std::unique_ptr<Communicator> split(int, int, const std::string&) override { throw std::logic_error("self: split"); }
-
-protected:
-    static std::size_t width(parallel::Element e) {
-        using parallel::Element;
-        return e == Element::f64 || e == Element::i64 ? 8 : e == Element::f32 ? 4 : e == Element::bf16 ? 2 : 1;
-    }
-    static void copy(void* to, const void* from, index_t n, parallel::Element e) {
-        if (n > 0) std::memcpy(to, from, std::size_t(n) * width(e));
-    }
-    void all_to_all_v_bytes(const void* send, std::span<const index_t> counts, void* recv, std::span<const index_t>,
-                            parallel::Element e) override {
-        copy(recv, send, counts[0], e);
-    }
-    void all_reduce_bytes(void*, index_t, parallel::Element, parallel::ReduceOp) override {}
-    void reduce_scatter_bytes(const void* in, void* out, index_t n, parallel::Element e, parallel::ReduceOp) override {
-        copy(out, in, n, e);
-    }
-    void reduce_scatter_v_bytes(const void* in, void* out, std::span<const index_t> counts, parallel::Element e,
-                                parallel::ReduceOp) override {
-        copy(out, in, counts[0], e);
-    }
-    void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t>, parallel::Element e) override {
-        copy(out, in, n, e);
-    }
-    std::unique_ptr<parallel::Request> isend_bytes(const void*, index_t, parallel::Element, int, int) override {
-        throw std::logic_error("self: isend");
-    }
-    std::unique_ptr<parallel::Request> irecv_bytes(void*, index_t, parallel::Element, int, int) override {
-        throw std::logic_error("self: irecv");
-    }
-};
-
 /// A tensor of a cache: where, how many elements, whether float, whether an f32 container, its bytes.
 struct Held {
     const void* data;
@@ -498,7 +457,7 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
     const auto layout = nn::TokenLayout::sequences(2, T / 2);
     nn::DecoderLayer<cpu>::Cache cache;
     parallel::ExpertParallelMoE<cpu>::Cache ep;
-    SelfGroup group;
+    testing::SelfWorld group;
     const auto& memory = backend::Memory<cpu>::stats();
     const std::size_t before = memory.current.load();
     if (expert_group && !dense)

@@ -34,4 +34,11 @@ namespace moonmoe::backend {
 template <class B>
 struct Ops : BlasOps<B>, MapOps<B>, RowOps<B>, AttentionOps<B>, RoutingOps<B>, OptimOps<B>, RandomOps<B>, Fp8Ops<B> {};
 
+/// MapOps' cast over n contiguous elements: a flat parameter rounded into (f32 -> bf16) or widened from its bf16
+/// storage (the bf16 weights' masters, numeric/bf16.hpp's rounding).
+template <class To, class From, class B>
+void cast_flat(const From* from, To* to, index_t n) {
+    if (n > 0) MapOps<B>::template cast<To, From>(View<const From, 2, B>(from, {1, n}), View<To, 2, B>(to, {1, n}));
+}
+
 }  // namespace moonmoe::backend

@@ -76,7 +76,7 @@ struct DecoderLayer {
     /// here on a backend without offload.
     void set_activations(const ActivationConfig& a) {
         check_activations(a, {compute, NumberFormat::f32});
-        check_offload<B>(a);
+        check_offload<B>(a.offload);
         activations = a;
         const bool keep_inputs = !a.recompute_norms;  // attention's and the MLP's inputs are the norms' outputs
         if (latent) self_attn.set_activations(a, keep_inputs);

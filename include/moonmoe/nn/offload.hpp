@@ -18,8 +18,8 @@ namespace moonmoe::nn {
 
 /// Refuses Activations<Offload<true>> on a backend with nothing to offload to (the CPU backend).
 template <class B>
-void check_offload(const ActivationConfig& a) {
-    if (a.offload && !backend::offloads<B>)
+void check_offload(bool offload) {
+    if (offload && !backend::offloads<B>)
         throw config_error(std::string("Activations<Offload<true>>: activation offload moves what the backward needs "
                                        "from GPU memory to host memory; the ") + B::name +
                            " backend's activations are in host memory already. Offload runs on the CUDA backend "

@@ -90,14 +90,8 @@ private:
         const index_t last = last_extent(s), rows = last ? moonmoe::numel<Rank>(s) / last : 0;
         return View<T, 2, B>(data, {rows, last});
     }
-    void round_into_value16() {
-        backend::Ops<B>::template cast<bf16, float>(flat<const float>(value.data(), value.shape()),
-                                                    flat<bf16>(value16.data(), value16.shape()));
-    }
-    void widen_into_value() {
-        backend::Ops<B>::template cast<float, bf16>(flat<const bf16>(value16.data(), value16.shape()),
-                                                    flat<float>(value.data(), value.shape()));
-    }
+    void round_into_value16() { backend::cast_flat<bf16, float, B>(value.data(), value16.data(), value.numel()); }
+    void widen_into_value() { backend::cast_flat<float, bf16, B>(value16.data(), value.data(), value16.numel()); }
 };
 
 /// What visit_params hands out: the HF name, the kind, the shape, and flat pointers to value and gradient.

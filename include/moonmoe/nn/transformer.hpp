@@ -207,7 +207,7 @@ struct Transformer {
 private:
     /// Activations<Offload<true>> needs a backend whose memory is not the host's (backend/offload.hpp).
     void set_offload(bool on) {
-        check_offload<B>(ActivationConfig{.offload = on});
+        check_offload<B>(on);
         if constexpr (backend::offloads<B>) {
             if (on && !offloader_) offloader_ = std::make_unique<KeptOffload<B>>();
             if (!on) offloader_.reset();

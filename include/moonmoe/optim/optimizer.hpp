@@ -223,10 +223,7 @@ public:
     /// Each master rounded into its bf16 parameter (Weights<BF16>): step() does it; so does loading a saved state.
     void round_masters() {
         for (Slot& s : slots_) {
-            if (s.master.empty()) continue;
-            const index_t n = s.master.numel();
-            backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(s.master.data(), {1, n}),
-                                                        View<bf16, 2, B>(s.param.value16, {1, n}));
+            if (!s.master.empty()) backend::cast_flat<bf16, float, B>(s.master.data(), s.param.value16, s.master.numel());
         }
     }
 

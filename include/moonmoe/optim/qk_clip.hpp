@@ -135,9 +135,7 @@ ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c, const
     const auto clipped = [&](nn::Linear<B>& l) {  // a bf16 weight takes its master's new values
         float* m = master_of(l.weight);
         if (!m || !l.weight.value.empty()) return;
-        const index_t rows = l.out_features(), cols = l.in_features();
-        backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(m, {rows, cols}),
-                                                    l.weight.value16.view());
+        backend::cast_flat<bf16, float, B>(m, l.weight.value16.data(), l.weight.value16.numel());
     };
     for (auto& layer : model.layers) {
         // Named host sync: QK-Clip's per-head maxima decide on the host which heads' weights to rescale.

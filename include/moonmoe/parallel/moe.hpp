@@ -36,6 +36,12 @@ struct ExpertParallelMoE {
             return router.bytes() + row_slot.bytes() + slot_row.bytes() + exchange.to_expert_major.bytes() +
                    exchange.to_source_major.bytes() + x.bytes() + g.bytes() + u.bytes() + shared.bytes();
         }
+        /// Calls f(KeptMatrix<B>&) on every kept matrix (what activation offload moves).
+        template <class F>
+        void for_each_kept(F&& f) {
+            f(router.u), f(x), f(g), f(u);
+            shared.for_each_kept(f);
+        }
     };
 
     /// `moe` holds the experts of `group.rank()`: first_expert = rank * E / ranks, E / ranks of them.

@@ -26,6 +26,12 @@
 // expert group's all-to-all (parallel/moe.hpp); every EP rank of a stage runs the same schedule, so they issue
 // the same sequence of exchanges.
 //
+// Activations<Offload<true>> (CUDA backend; Kimi K2 technical report, §2.4.3, nn/offload.hpp): a (micro-batch,
+// chunk) whose backward does not come next leaves for pinned host memory after its forward, every kept matrix of
+// its layers, of its expert-parallel MoE caches and of the head, while the next step computes; before a step
+// whose successor is a backward, that backward's matrices are queued back, so they copy while the step computes.
+// The device holds the micro-batch computing and the one prefetched; the statistics and plans stay (under 10 %).
+//
 // Loss and gradient: each micro-batch's loss is the mean over its targets; the step's loss is the mean over the
 // micro-batches, so the last stage scales each loss gradient by 1 / M; the optimizer then averages over the
 // replicas. Together: the gradient of the mean loss of every micro-batch of every replica, as one process
@@ -36,8 +42,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
+#include "../nn/offload.hpp"
 #include "../nn/transformer.hpp"
 #include "groups.hpp"
 #include "moe.hpp"
@@ -68,11 +77,9 @@ public:
         : part_(part), groups_(groups),
           shape_{part.config.parallel.pp, part.config.parallel.virtual_stages, micro_batches, extra_warmup} {
         check_shape(shape_);
-        if (part.config.activations.offload)  // the schedule-aware offload of K2 (report §2.4.3) is not built here
-            throw config_error(groups_.pipeline->where("Pipeline") +
-                               ": Activations<Offload<true>> is run by nn::Transformer's own forward and backward; the "
-                               "pipeline keeps its micro-batches' caches on the device (leave Offload out, or train "
-                               "one process)");
+        nn::check_offload<B>(part.config.activations.offload);
+        if constexpr (backend::offloads<B>)
+            if (part.config.activations.offload) offloader_ = std::make_unique<nn::KeptOffload<B>>();
         schedule_ = interleaved_1f1b(shape_, groups_.at.pp);
         index_t position = 0;
         for (index_t v = 0; v < shape_.v; ++v) {
@@ -88,6 +95,13 @@ public:
     }
 
     const std::vector<Step>& schedule() const { return schedule_; }
+
+    /// Activations<Offload<true>>: the host copies of the waiting micro-batches' kept matrices; null otherwise.
+    const nn::KeptOffload<B>* offload() const
+        requires backend::offloads<B>
+    {
+        return offloader_.get();
+    }
     const PipelineShape& shape() const { return shape_; }
 
     /// Forward and backward of the M micro-batches of this rank's replica (each ids of layout.tokens() tokens;
@@ -107,14 +121,29 @@ public:
         const Traffic before = groups_.traffic();
         batches_ = micro_batches;
         layout_ = layout;
+        if constexpr (backend::offloads<B>)
+            if (offloader_) offloader_->drop_all();  // a step that threw may have left some in host memory
         slots_.clear();
         slots_.resize(std::size_t(shape_.micro_batches * shape_.v));
         losses_.assign(std::size_t(shape_.micro_batches), 0.0f);
         bubble_ = 0;
         for (std::size_t i = 0; i < schedule_.size(); ++i) {
             const Step& s = schedule_[i];
-            if (s.pass == Pass::forward) forward(s.micro_batch, s.chunk);
-            else backward(s.micro_batch, s.chunk);
+            const Step* next = i + 1 < schedule_.size() ? &schedule_[i + 1] : nullptr;
+            if constexpr (backend::offloads<B>)  // the next backward's activations come back while this step computes
+                if (offloader_ && next && next->pass == Pass::backward)
+                    offloader_->prefetch(slot(next->micro_batch, next->chunk));
+            if (s.pass == Pass::forward) {
+                forward(s.micro_batch, s.chunk);
+                if constexpr (backend::offloads<B>)  // unless its backward comes next, it leaves while the next computes
+                    if (offloader_ && !(next && next->pass == Pass::backward && next->micro_batch == s.micro_batch &&
+                                        next->chunk == s.chunk))
+                        offloader_->offload(slot(s.micro_batch, s.chunk));
+            } else {
+                if constexpr (backend::offloads<B>)
+                    if (offloader_) offloader_->restore(slot(s.micro_batch, s.chunk));
+                backward(s.micro_batch, s.chunk);
+            }
             // a send waits to be grouped with the next step's receive, if it has one (the header comment)
             if (i + 1 == schedule_.size() || !receives(schedule_[i + 1])) post_sends();
         }
@@ -144,8 +173,15 @@ private:
         std::vector<typename nn::DecoderLayer<B>::Cache> layers;
         std::vector<typename ExpertParallelMoE<B>::Cache> experts;
         nn::KeptMatrix<B> h_last, h_normed;  ///< last stage: the final norm's input and output (unless recomputed)
-        Mat dlogits;                         ///< the loss's gradient
+        nn::KeptMatrix<B> dlogits;           ///< last stage: the loss's gradient (f32)
         Tensor<float, 1, B> rstd;
+        /// Calls f(KeptMatrix<B>&) on every kept matrix (what activation offload moves).
+        template <class F>
+        void for_each_kept(F&& f) {
+            for (auto& l : layers) l.for_each_kept(f);
+            for (auto& e : experts) e.for_each_kept(f);
+            f(h_last), f(h_normed), f(dlogits);
+        }
     };
     struct Pending {
         Mat buffer;
@@ -243,9 +279,10 @@ private:
         c.h_last = nn::KeptMatrix<B>(std::move(h), kept);
         if (!part_.config.activations.recompute_norms) c.h_normed = nn::KeptMatrix<B>(std::move(h_normed), kept);
         const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout_);
-        c.dlogits = Mat(logits.shape());
-        losses_[std::size_t(mb)] = nn::cross_entropy<B>(logits.view(), targets.data(), c.dlogits.view());
-        Ops::map(fn::ScaleBy<float>{1.0f / float(shape_.micro_batches)}, c.dlogits.view());
+        Mat dlogits(logits.shape());
+        losses_[std::size_t(mb)] = nn::cross_entropy<B>(logits.view(), targets.data(), dlogits.view());
+        Ops::map(fn::ScaleBy<float>{1.0f / float(shape_.micro_batches)}, dlogits.view());
+        c.dlogits = nn::KeptMatrix<B>(std::move(dlogits), nn::KeptFormat::f32);
     }
 
     void backward(index_t mb, index_t chunk) {
@@ -258,7 +295,8 @@ private:
             const Mat h_last = c.h_last.take("the final norm's input");
             const Mat h_normed = part_.config.activations.recompute_norms ? part_.norm.recompute(h_last.view())
                                                                           : c.h_normed.take("lm_head's input");
-            part_.lm_head.backward(h_normed.view(), c.dlogits.view(), dn.view());
+            const Mat dlogits = c.dlogits.take("the loss's gradient");
+            part_.lm_head.backward(h_normed.view(), dlogits.view(), dn.view());
             part_.norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh.view());
         } else {
             receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
@@ -295,6 +333,7 @@ private:
     std::vector<Pending> waiting_;  ///< sends not yet posted
     std::vector<Pending> pending_;  ///< sends posted, waited at the end of the step
     double bubble_ = 0;
+    std::conditional_t<backend::offloads<B>, std::unique_ptr<nn::KeptOffload<B>>, std::monostate> offloader_{};
 };
 
 }  // namespace moonmoe::parallel

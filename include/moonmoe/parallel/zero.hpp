@@ -240,7 +240,7 @@ private:
     static void store(const float* from, const ParamRef& p) {
         const index_t n = p.numel();
         if (p.value) return copy(from, p.value, n);
-        Ops::template cast<bf16, float>(View<const float, 2, B>(from, {1, n}), View<bf16, 2, B>(p.value16, {1, n}));
+        backend::cast_flat<bf16, float, B>(from, p.value16, n);
     }
 
     bool any_nonfinite(const std::vector<ParamRef>& params) {
