@@ -72,7 +72,8 @@ struct DecoderLayer {
     }
 
     /// What the caches keep (config/activations.hpp); checked against the compute format.
-    /// Offload<true> is carried out by the owner of the caches (nn::Transformer's forward and backward); refused
+    /// Offload<true> is carried out by the owner of the caches (nn::Transformer's forward and backward, or
+    /// parallel::Pipeline's schedule); refused
     /// here on a backend without offload.
     void set_activations(const ActivationConfig& a) {
         check_activations(a, {compute, NumberFormat::f32});
