@@ -182,13 +182,18 @@ bool gpu_present() {
 #endif
 }
 
-double weights_gib(auto& layer, bool grads) {  // what the layer's parameters hold, as stored
-    double bytes = 0;
+/// The layer's norms and memory: |output|, |d input|, the peak resident memory, what its parameters hold as stored
+/// and their f32 gradients.
+void print_norms_and_memory(auto& layer, double out_norm_squared, double grad_norm_squared) {
+    double stored = 0, grads = 0;
     layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
-        bytes += grads ? (p.grad ? 4.0 * double(p.numel()) : 0.0)
-                       : double(p.numel()) * ((p.value ? 4 : 0) + (p.value16 ? 2 : 0));
+        stored += double(p.numel()) * ((p.value ? 4 : 0) + (p.value16 ? 2 : 0));
+        grads += p.grad ? 4.0 * double(p.numel()) : 0.0;
     });
-    return bytes / (1024.0 * 1024.0 * 1024.0);
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
+                "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm_squared), std::sqrt(grad_norm_squared), peak_rss_gib(),
+                stored / GiB, grads / GiB);
 }
 
 /// The gradient error FP8 storage of the MLP inputs causes at full width: the same forward and backward again with
@@ -274,9 +279,7 @@ int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h,
     std::printf("  kept for backward: %.2f MiB; the accounting: %.2f MiB for this layer (%ld pairs on its experts),\n"
                 "  %.2f MiB for EP rank 0 of Parallel<16, 16, DP> with %ld tokens on each rank\n", kept / MiB,
                 predicted / MiB, long(pairs), ep_rank / MiB, long(tokens));
-    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
-                "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
-                weights_gib(layer, false), weights_gib(layer, true));
+    print_norms_and_memory(layer, out_norm, grad_norm);
     if (cfg.activations.fp8_mlp_inputs) report_fp8_error<B>(layer, cfg, h, dout, dh, tokens);
     return 0;
 }
@@ -413,9 +416,7 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     }
     std::printf("  norms and residuals     %7.2f s %8.2f s\n", fwd_norm, bwd_norm);
     std::printf("  layer                   %7.2f s %8.2f s\n", forward_seconds, backward_seconds);
-    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
-                "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm), std::sqrt(grad_norm), peak_rss_gib(),
-                weights_gib(layer, false), weights_gib(layer, true));
+    print_norms_and_memory(layer, out_norm, grad_norm);
     if (gpu)
         std::printf("  peak GPU tensor memory %.2f GiB\n",
                     double(moonmoe::backend::Memory<B>::stats().peak.load()) / (1024.0 * 1024.0 * 1024.0));
