@@ -84,12 +84,6 @@ struct Param {
     }
 
 private:
-    static constexpr index_t last_extent(const Shape<Rank>& s) { return s[Rank - 1]; }
-    template <class T>
-    static View<T, 2, B> flat(T* data, const Shape<Rank>& s) {
-        const index_t last = last_extent(s), rows = last ? moonmoe::numel<Rank>(s) / last : 0;
-        return View<T, 2, B>(data, {rows, last});
-    }
     void round_into_value16() { backend::cast_flat<bf16, float, B>(value.data(), value16.data(), value.numel()); }
     void widen_into_value() { backend::cast_flat<float, bf16, B>(value16.data(), value.data(), value16.numel()); }
 };

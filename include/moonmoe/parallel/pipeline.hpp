@@ -130,20 +130,10 @@ public:
         for (std::size_t i = 0; i < schedule_.size(); ++i) {
             const Step& s = schedule_[i];
             const Step* next = i + 1 < schedule_.size() ? &schedule_[i + 1] : nullptr;
-            if constexpr (backend::offloads<B>)  // the next backward's activations come back while this step computes
-                if (offloader_ && next && next->pass == Pass::backward)
-                    offloader_->prefetch(slot(next->micro_batch, next->chunk));
-            if (s.pass == Pass::forward) {
-                forward(s.micro_batch, s.chunk);
-                if constexpr (backend::offloads<B>)  // unless its backward comes next, it leaves while the next computes
-                    if (offloader_ && !(next && next->pass == Pass::backward && next->micro_batch == s.micro_batch &&
-                                        next->chunk == s.chunk))
-                        offloader_->offload(slot(s.micro_batch, s.chunk));
-            } else {
-                if constexpr (backend::offloads<B>)
-                    if (offloader_) offloader_->restore(slot(s.micro_batch, s.chunk));
-                backward(s.micro_batch, s.chunk);
-            }
+            offload_before(s, next);
+            if (s.pass == Pass::forward) forward(s.micro_batch, s.chunk);
+            else backward(s.micro_batch, s.chunk);
+            offload_after(s, next);
             // a send waits to be grouped with the next step's receive, if it has one (the header comment)
             if (i + 1 == schedule_.size() || !receives(schedule_[i + 1])) post_sends();
         }
@@ -189,6 +179,25 @@ private:
         int peer = 0, tag = 0;
         Pass pass = Pass::forward;  ///< its channel
     };
+
+    /// Activations<Offload<true>> around step s (the header comment): before it, the next backward's matrices are
+    /// queued back (they copy while s computes) and s's own taken back if s is a backward; after a forward, its
+    /// matrices leave for host memory unless its backward comes next.
+    void offload_before(const Step& s, const Step* next) {
+        if constexpr (backend::offloads<B>) {
+            if (!offloader_) return;
+            if (next && next->pass == Pass::backward) offloader_->prefetch(slot(next->micro_batch, next->chunk));
+            if (s.pass == Pass::backward) offloader_->restore(slot(s.micro_batch, s.chunk));
+        }
+    }
+    void offload_after(const Step& s, const Step* next) {
+        if constexpr (backend::offloads<B>) {
+            const bool own_backward_next = next && next->pass == Pass::backward && next->micro_batch == s.micro_batch &&
+                                           next->chunk == s.chunk;
+            if (offloader_ && s.pass == Pass::forward && !own_backward_next)
+                offloader_->offload(slot(s.micro_batch, s.chunk));
+        }
+    }
 
     index_t stages() const { return shape_.virtual_stages(); }
     int rank_of_stage(index_t s) const { return int(s % shape_.pp); }
