@@ -5,7 +5,7 @@ competing processes (plain busy loops, pinned nowhere), and prints the ratios: l
 at most 2.5x; a row that misses one is marked with `*`.
 
     python3 bench/contention.py [--quick] [--build-dir DIR] [--no-build] [--family NAME]... [--threads 1,2]
-                                [--loads 0,1,2] [--min-time S] [--json FILE] [--markdown FILE]
+                                [--loads 0,1,2] [--min-time S] [--rounds N] [--json FILE] [--markdown FILE]
 
   --quick      only the small rows (each file's `bench-smoke-filter`), about two minutes on 2 cores
   --build-dir  the CMake build whose build/bench/bench_<family> binaries run (default: build, the release preset)
@@ -14,9 +14,12 @@ at most 2.5x; a row that misses one is marked with `*`.
   --threads    thread counts (MOONMOE_BENCH_THREADS), default 1,2
   --loads      numbers of competing busy processes, default 0,1,2
   --min-time   Google Benchmark's minimum time per row in seconds (default 0.1 quick, 0.3 full)
+  --rounds     quiet rows are measured this many times, the thread counts side by side and their order reversed
+               every round, and the fastest kept (default 2): "2t / 1t" then compares the two on the same
+               machine state rather than two sweeps minutes apart
   --json       also write every measurement (milliseconds per iteration) to FILE
 
-Without --quick it takes about 10-15 minutes on 2 cores (the K2 MoE rows hold 24 full-width experts: 4 GiB).
+Without --quick it takes about 15-20 minutes on 2 cores (the K2 MoE rows hold 24 full-width experts: 4 GiB).
 "Quiet" means no competing process of ours: other work on the machine still counts, so the script prints the load
 average beside each configuration; repeat a run to see the noise.
 """
@@ -125,6 +128,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--loads", default="0,1,2")
     ap.add_argument("--min-time", type=float, default=None)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     a = ap.parse_args()
@@ -145,22 +149,29 @@ def main():
         jobs += [(f, "^(" + "|".join(K2_ROWS[f]) + ")", 1) for f in families if f in K2_ROWS]
     started = time.time()
     results = {}  # (threads, load) -> {row: ms}
-    load_seen = {}
-    print(f"contention.py: {len(jobs)} row groups x {len(threads)} thread counts x {len(loads)} loads; "
-          f"load average {loadavg():.2f} at the start", file=sys.stderr)
+    load_seen = {}  # load -> (load average before, after)
+    print(f"contention.py: {len(jobs)} row groups x {len(threads)} thread counts x {len(loads)} loads, quiet "
+          f"rows {a.rounds} rounds; load average {loadavg():.2f} at the start", file=sys.stderr)
     for load in loads:
-        for t in threads:
-            before = loadavg()
-            got = results.setdefault((t, load), {})
-            for family, regex, reps in jobs:
-                got.update(run_rows(build_dir / "bench" / f"bench_{family}", regex, t, load, min_time, reps))
-            load_seen[(t, load)] = (before, loadavg())
-            print(f"  [{time.time() - started:6.0f} s] threads {t}, {load} competing: {len(got)} rows "
-                  f"(load average {before:.2f} -> {load_seen[(t, load)][1]:.2f})", file=sys.stderr)
+        before = loadavg()
+        rounds = a.rounds if load == 0 else 1
+        for family, regex, reps in jobs:
+            # thread counts side by side per row group, their order reversed every round, the fastest round kept:
+            # a drift of the machine's other load between two long sweeps does not decide "2t / 1t"
+            for r in range(rounds):
+                for t in threads if r % 2 == 0 else threads[::-1]:
+                    got = results.setdefault((t, load), {})
+                    for row, ms in run_rows(build_dir / "bench" / f"bench_{family}", regex, t, load, min_time,
+                                            reps).items():
+                        got[row] = min(got.get(row, ms), ms)
+        load_seen[load] = (before, loadavg())
+        print(f"  [{time.time() - started:6.0f} s] {load} competing: {len(results[(threads[0], load)])} rows at "
+              f"{threads} threads (load average {before:.2f} -> {load_seen[load][1]:.2f})", file=sys.stderr)
 
     rows = list(results[(threads[0], loads[0])])
-    lines = [f"threads {threads}, competing busy processes {loads}; load average (1 min) per configuration: " +
-             ", ".join(f"{t}t+{n}: {b:.1f}->{e:.1f}" for (t, n), (b, e) in load_seen.items()), ""]
+    lines = [f"threads {threads}, competing busy processes {loads}, quiet rows the fastest of {a.rounds} rounds; "
+             "load average (1 min) per load: " + ", ".join(f"+{n}: {b:.1f}->{e:.1f}" for n, (b, e) in load_seen.items()),
+             ""]
     head = ["row"] + [f"{t}t ms" for t in threads]
     if 1 in threads and 2 in threads:
         head += [f"2t/1t +{n}" if n else "2t/1t" for n in loads]
@@ -180,7 +191,7 @@ def main():
     if a.markdown:
         Path(a.markdown).write_text(table + "\n")
     if a.json:
-        Path(a.json).write_text(json.dumps({"load_average": {f"{t}t+{n}": v for (t, n), v in load_seen.items()},
+        Path(a.json).write_text(json.dumps({"load_average": {f"+{n}": v for n, v in load_seen.items()},
                                             "ms": {f"{t}t+{n}": v for (t, n), v in results.items()}}, indent=1))
     print(f"contention.py: {time.time() - started:.0f} s", file=sys.stderr)
 

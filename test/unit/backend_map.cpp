@@ -135,6 +135,12 @@ TEST_CASE_TEMPLATE("MapOps::fill, copy between pitched views, transpose", B, MOO
     const auto ch = host(c);
     for (index_t i = 0; i < rows; ++i)
         for (index_t j = 0; j < cols; ++j) CHECK(ch(i, j) == ah(0, 4 + j));
+    // A source read down its columns (a^T as [cols, rows]): element by element, not row by row.
+    auto d = on<B>(Tensor<float, 2, cpu>({cols, rows}));
+    backend::MapOps<B>::template copy<float>(View<const float, 2, B>(a.data() + 4, {cols, rows}, {1, cols + 4}), d.view());
+    const auto dh = host(d);
+    for (index_t i = 0; i < cols; ++i)
+        for (index_t j = 0; j < rows; ++j) CHECK(dh(i, j) == ah(j, 4 + i));
     auto narrow = on<B>(Tensor<float, 2, cpu>({rows, 13}));
     CHECK_THROWS_WITH_AS(backend::MapOps<B>::template copy<float>(as, narrow.view()),
                          "copy: shape [11, 23] does not match [11, 13]", shape_error);

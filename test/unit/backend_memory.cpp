@@ -3,6 +3,8 @@
 // offload to pinned host memory.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -37,6 +39,37 @@ TEST_CASE_TEMPLATE("Memory: zeroed allocations, copies within the backend, the c
     CHECK(stats.current.load() == before);
     CHECK(backend::Memory<B>::allocate(0) == nullptr);
     backend::Memory<B>::release(nullptr);
+}
+
+TEST_CASE("Memory<cpu>: released medium and large blocks are reused, cleared, for requests of about their size") {
+    using Memory = backend::Memory<cpu>;
+    Memory::trim();
+    for (const std::size_t bytes : {std::size_t(300) << 10, std::size_t(7) << 20}) {  // aligned_alloc'ed, mmap'ed
+        CAPTURE(bytes);
+        auto* p = static_cast<unsigned char*>(Memory::allocate(bytes));
+        std::memset(p, 0xab, bytes);
+        Memory::release(p);
+        const std::size_t held = Memory::cached_bytes();
+        CHECK(held >= bytes);
+        // within 20 % of the block: the same memory again, zeroed up to the request; a tenth of it: not this block
+        auto* q = static_cast<unsigned char*>(Memory::allocate(bytes - bytes / 8));
+        CHECK(q == p);
+        CHECK(Memory::cached_bytes() == 0);
+        CHECK(std::all_of(q, q + (bytes - bytes / 8), [](unsigned char b) { return b == 0; }));
+        auto* r = static_cast<unsigned char*>(Memory::allocate(bytes / 10));
+        CHECK(r != q);
+        Memory::release(r);
+        Memory::release(q);
+        Memory::trim();
+        CHECK(Memory::cached_bytes() == 0);
+    }
+    // Small blocks are not kept; a cache limit of 0 keeps nothing
+    Memory::release(Memory::allocate(1000));
+    CHECK(Memory::cached_bytes() == 0);
+    Memory::set_cache_limit(0);
+    Memory::release(Memory::allocate(std::size_t(300) << 10));
+    CHECK(Memory::cached_bytes() == 0);
+    Memory::set_cache_limit(std::size_t(4) << 30);
 }
 
 #if defined(MOONMOE_TEST_CUDA)

@@ -67,6 +67,12 @@ TEST_CASE_TEMPLATE("scaled_copy: dst = factor op(src), as stored and transposed,
             CHECK(s(i, j) == src(i, j) * 0.37f);
             CHECK(t(j, i) == src(i, j) * 0.37f);
         }
+    // Views whose columns are strided: src^T read as [70, 45] into a transposed destination
+    Ops::template scaled_copy<float>(Trans::no, View<const float, 2, B>(d_src.data(), {70, 45}, {1, 70}), factor.view(),
+                                     View<float, 2, B>(same.data(), {70, 45}, {1, 70}));
+    const Tensor<float, 2> u = host(same);
+    for (index_t i = 0; i < 45; ++i)
+        for (index_t j = 0; j < 70; ++j) CHECK(u(i, j) == src(i, j) * 0.37f);
     Tensor<float, 2, B> wrong({45, 70});
     CHECK_THROWS_AS(Ops::template scaled_copy<float>(Trans::yes, d_src.view(), factor.view(), wrong.view()), shape_error);
 }
@@ -139,6 +145,15 @@ TEST_CASE_TEMPLATE("scale_rows: each row by its factor, rows with factor 1 stay 
             CHECK(std::memcmp(&h(i, j), &expected, sizeof(float)) == 0);
         }
     CHECK_THROWS_AS(Ops::scale_rows(d.view(), on<B>(flat({1.0f, 2.0f})).view()), shape_error);
+
+    // A view whose columns are strided (w^T as [40, 12]): the same factors per row of that view.
+    auto e = on<B>(w);
+    const auto column_factors = on<B>(flat(std::vector<float>(40, 0.25f)));
+    Ops::scale_rows(View<float, 2, B>(e.data(), {40, 12}, {1, 40}), column_factors.view());
+    const Tensor<float, 2> g = host(e);
+    for (index_t i = 0; i < 12; ++i)
+        for (index_t j = 0; j < 40; ++j)
+            if (!(i == 3 && j == 5)) CHECK(g(i, j) == w(i, j) * 0.25f);
 }
 
 TEST_CASE_TEMPLATE("adamw_update: fn::AdamWUpdate on every element, against the formula in double", B, MOONMOE_TEST_BACKENDS) {

@@ -73,10 +73,11 @@ struct MapOps<cpu> {
         });
     }
 
-    /// dst = src (same shape, any row pitch)
+    /// dst = src (same shape, any strides): a memcpy per row when both have contiguous rows, else element-wise.
     template <class T = float>
     static void copy(View<const std::type_identity_t<T>, 2> src, View<std::type_identity_t<T>, 2> dst) {
         contract::require_same_shapes("copy", src, dst);
+        if (!src.rows_contiguous() || !dst.rows_contiguous()) return map([](T& y, T x) { y = x; }, dst, src);
         const index_t cols = src.shape[1];
         cpu_detail::parallel_for(src.shape[0], [&](index_t i) {
             std::memcpy(dst.data + i * dst.strides[0], src.data + i * src.strides[0], std::size_t(cols) * sizeof(T));

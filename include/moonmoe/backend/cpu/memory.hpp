@@ -2,11 +2,14 @@
 //
 // Large blocks (>= 4 MiB) come from mmap, in whole 2 MiB units with transparent huge pages requested: the kernel
 // hands out zero pages on first touch, so a 10 GB layer costs no up-front memset and its pages are faulted in by
-// the (parallel) code that first writes them. Released large blocks are kept in a cache (up to 4 GiB by default,
-// set_cache_limit, trim) and handed out again, cleared with memset, to the next request of about their size: a training
-// step allocates the same activations every time, and faulting in fresh pages costs several times a memset
-// (measured: page faults and clearing took a third of an MoE backward before the cache). Small blocks come from
-// aligned_alloc and are cleared. A 64-byte header in front of each block records its mapped and requested sizes.
+// the (parallel) code that first writes them. Medium blocks (64 KiB to 4 MiB) come from aligned_alloc in whole
+// 4 KiB pages, small ones from aligned_alloc as they are, cleared with memset. Released large and medium blocks are
+// kept in a cache (up to 4 GiB by default, set_cache_limit, trim) and handed out again, cleared with memset, to the
+// next request of about their size: a training step allocates the same activations every time, and faulting in
+// fresh pages costs several times a memset (measured: page faults and clearing took a third of an MoE backward
+// before the cache of large blocks; with medium blocks left to malloc, which returns them to the system, a small
+// layer's forward spent a fifth of its time in page faults, and two threads faulting at once were no faster than
+// one). A 64-byte header in front of each block records its allocated and requested sizes.
 // MemoryStats counts the bytes of live tensors (current and peak), for benchmarks and memory reports.
 #pragma once
 
@@ -40,7 +43,18 @@ struct MemoryStats {
 
 namespace cpu_detail {
 
-/// Released mmap blocks by size, reused for requests of between 80% and 100% of a block's size.
+inline constexpr std::size_t mmap_threshold = std::size_t(4) << 20;  ///< 4 MiB: from here on, blocks are mmap'ed
+inline constexpr std::size_t mmap_unit = std::size_t(2) << 20;       ///< one huge page
+inline constexpr std::size_t cached_threshold = std::size_t(64) << 10;  ///< 64 KiB: from here on, blocks are cached
+inline constexpr std::size_t page = std::size_t(4) << 10;
+
+/// Gives a block of `total` bytes back to where it came from (mmap or aligned_alloc, by its size).
+inline void return_block(void* base, std::size_t total) {
+    if (total >= mmap_threshold) munmap(base, total);
+    else std::free(base);
+}
+
+/// Released blocks by size, reused for requests of between 80% and 100% of a block's size.
 class BlockCache {
 public:
     void* take(std::size_t total) {
@@ -62,7 +76,7 @@ public:
     /// Returns every cached block to the system; with `limit`, also sets how much may be kept from now on.
     void release_all(std::optional<std::size_t> limit = {}) {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& [size, base] : blocks_) munmap(base, size);
+        for (auto& [size, base] : blocks_) return_block(base, size);
         blocks_.clear();
         held_ = 0;
         if (limit) limit_ = *limit;
@@ -82,31 +96,29 @@ private:
 template <>
 struct Memory<cpu> {
     static constexpr std::size_t alignment = 64;
-    static constexpr std::size_t mmap_threshold = std::size_t(4) << 20;  ///< 4 MiB
-    static constexpr std::size_t mmap_unit = std::size_t(2) << 20;       ///< one huge page
 
     static void* allocate(std::size_t bytes) {
+        using namespace cpu_detail;
         if (bytes == 0) return nullptr;
         std::size_t total = alignment + (bytes + alignment - 1) / alignment * alignment;
-        std::byte* base;
-        if (total >= mmap_threshold) {
-            total = (total + mmap_unit - 1) / mmap_unit * mmap_unit;
-            base = static_cast<std::byte*>(cache().take(total));
-            if (base) {
-                total = reinterpret_cast<std::size_t*>(base)[0];
-                std::memset(base + alignment, 0, bytes);
-            } else {
-                void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-                if (p == MAP_FAILED) throw std::bad_alloc();
+        const auto round_up = [&](std::size_t unit) { total = (total + unit - 1) / unit * unit; };
+        if (total >= mmap_threshold) round_up(mmap_unit);
+        else if (total >= cached_threshold) round_up(page);
+        std::byte* base = total >= cached_threshold ? static_cast<std::byte*>(cache().take(total)) : nullptr;
+        if (base) {  // a released block of about this size (maybe mapped, maybe not: its header says how large)
+            total = reinterpret_cast<std::size_t*>(base)[0];
+            std::memset(base + alignment, 0, bytes);
+        } else if (total >= mmap_threshold) {
+            void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) throw std::bad_alloc();
 #if defined(MADV_HUGEPAGE)
-                madvise(p, total, MADV_HUGEPAGE);  // advice only: fewer faults and TLB misses where THP is on
+            madvise(p, total, MADV_HUGEPAGE);  // advice only: fewer faults and TLB misses where THP is on
 #endif
-                base = static_cast<std::byte*>(p);
-            }
+            base = static_cast<std::byte*>(p);
         } else {
             base = static_cast<std::byte*>(std::aligned_alloc(alignment, total));
             if (!base) throw std::bad_alloc();
-            std::memset(base, 0, total);
+            std::memset(base, 0, alignment + bytes);
         }
         auto* header = reinterpret_cast<std::size_t*>(base);
         header[0] = total;
@@ -120,11 +132,10 @@ struct Memory<cpu> {
         const auto* header = reinterpret_cast<const std::size_t*>(base);
         const std::size_t total = header[0];
         stats().remove(header[1]);
-        if (total < mmap_threshold) std::free(base);
-        else if (!cache().keep(base, total)) munmap(base, total);
+        if (total < cpu_detail::cached_threshold || !cache().keep(base, total)) cpu_detail::return_block(base, total);
     }
 
-    /// The most bytes of released large blocks kept for reuse (default 4 GiB; 0 turns the cache off).
+    /// The most bytes of released large and medium blocks kept for reuse (default 4 GiB; 0 turns the cache off).
     static void set_cache_limit(std::size_t bytes) { cache().release_all(bytes); }
     /// Returns every cached block to the system.
     static void trim() { cache().release_all(); }

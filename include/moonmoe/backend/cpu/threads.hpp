@@ -427,6 +427,20 @@ struct LoopPolicy {
     static constexpr int chunks_per_thread = 16;       ///< at most this many chunks per thread
 };
 
+/// f(i) for i in [lo, hi). Every path of parallel_for runs its items through this one out-of-line loop, so f is
+/// compiled once, in one context: GCC vectorised a row loop of f called from a plain loop but not the same f in a
+/// loop that also read the clock (scale_rows: 120 us against 10 us at two threads).
+template <class F>
+[[gnu::noinline]] void run_items(F& f, index_t lo, index_t hi) {
+    for (index_t i = lo; i < hi; ++i) f(i);
+}
+/// run_items as the body of a loop: the parallel primitives f calls run inline.
+template <class F>
+void run_items_inline(F& f, index_t lo, index_t hi) {
+    const BodyScope scope;
+    run_items(f, lo, hi);
+}
+
 /// Calls f(i) for every i in [0, n). f must not write what another i writes or reads, so the order and the
 /// threads do not matter: the loop starts inline and, once it has taken LoopPolicy::inline_seconds, hands the
 /// rest to the pool in chunks sized from the time per item so far.
@@ -434,40 +448,24 @@ template <class F>
 void parallel_for(index_t n, F&& f) {
     if (n <= 0) return;
     const int T = threads();
-    if (T <= 1 || n == 1 || parallel_depth > 0) {
-        const BodyScope scope;  // inline or not, f runs as a loop body: what it calls behaves the same either way
-        for (index_t i = 0; i < n; ++i) f(i);
-        return;
-    }
+    if (T <= 1 || n == 1 || parallel_depth > 0) return run_items_inline(f, 0, n);
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
-    index_t i = 0;
+    index_t done = 0;
     double elapsed = 0;
-    {
-        const BodyScope scope;
-        for (index_t check = 1; i < n;) {  // read the clock when the count doubles: log2(n) reads at most
-            f(i++);
-            if (i == check) {
-                elapsed = std::chrono::duration<double>(clock::now() - start).count();
-                if (elapsed >= LoopPolicy::inline_seconds) break;
-                check *= 2;
-            }
-        }
+    for (index_t next = 1;; next = std::min(n, 2 * next)) {  // the clock is read when the count doubles
+        run_items_inline(f, done, next);
+        done = next;
+        if (done == n) return;
+        elapsed = std::chrono::duration<double>(clock::now() - start).count();
+        if (elapsed >= LoopPolicy::inline_seconds) break;
     }
-    const index_t first = i, rest = n - i;
-    if (rest == 0) return;
+    const index_t first = done, rest = n - done;
     const double rest_seconds = elapsed / double(first) * double(rest);
-    if (rest_seconds < LoopPolicy::min_rest_seconds) {
-        const BodyScope scope;
-        for (; i < n; ++i) f(i);
-        return;
-    }
+    if (rest_seconds < LoopPolicy::min_rest_seconds) return run_items_inline(f, first, n);
     const index_t most = std::min<index_t>(rest, index_t(T) * LoopPolicy::chunks_per_thread);
     const index_t chunks = std::clamp<index_t>(index_t(rest_seconds / LoopPolicy::chunk_seconds), std::min<index_t>(T, most), most);
-    auto body = [&](index_t c) {
-        const index_t lo = first + rest * c / chunks, hi = first + rest * (c + 1) / chunks;
-        for (index_t j = lo; j < hi; ++j) f(j);
-    };
+    auto body = [&](index_t c) { run_items(f, first + rest * c / chunks, first + rest * (c + 1) / chunks); };
     ThreadPool::instance().run(chunks, T, body);
 }
 
