@@ -56,13 +56,15 @@ Tensor<float, R, Cuda> filled(Shape<R> shape, float value) {
 }
 
 /// fast against reference: the largest absolute difference, against the largest |reference| (at least 1), and
-/// no non-finite value where the reference has none.
+/// a NaN exactly where the reference has one, the same infinity where it has one.
 void expect_close(const std::string& what, const std::vector<float>& fast, const std::vector<float>& ref, double tol) {
     REQUIRE(fast.size() == ref.size());
     double err = 0.0, mag = 1.0;
     std::size_t bad = 0;
     for (std::size_t i = 0; i < ref.size(); ++i) {
-        if (std::isfinite(ref[i]) != std::isfinite(fast[i]) || (!std::isfinite(ref[i]) && ref[i] != fast[i])) {
+        const bool same_kind = std::isnan(ref[i]) ? std::isnan(fast[i]) : std::isfinite(ref[i]) ? std::isfinite(fast[i])
+                                                                                                 : ref[i] == fast[i];
+        if (!same_kind) {
             ++bad;
             continue;
         }
@@ -102,11 +104,18 @@ struct AttentionProblem {
     backend::AttentionQueries<Cuda> queries;
     backend::AttentionKeys<Cuda> keys;
 
-    explicit AttentionProblem(AttentionCase cs, std::uint64_t seed) : c(std::move(cs)) {
+    /// nan_queries / nan_keys: rows whose first element (head 0) is NaN, so every score of it is.
+    explicit AttentionProblem(AttentionCase cs, std::uint64_t seed, const std::vector<index_t>& nan_queries = {},
+                              const std::vector<index_t>& nan_keys = {})
+        : c(std::move(cs)) {
         for (index_t n : c.lengths) offsets.push_back(T += n);
         const index_t H = c.heads, KV = c.kv_heads, D = c.dn + c.dr;
-        q = random_tensor<3>({T, H, D}, seed, -c.amplitude, c.amplitude);
-        k0 = random_tensor<3>({T, KV, c.dn}, seed + 1, -c.amplitude, c.amplitude);
+        std::vector<float> qh = uniform(std::size_t(T * H * D), seed, -c.amplitude, c.amplitude);
+        std::vector<float> kh = uniform(std::size_t(T * KV * c.dn), seed + 1, -c.amplitude, c.amplitude);
+        for (index_t r : nan_queries) qh[std::size_t(r * H * D)] = nan_value;
+        for (index_t r : nan_keys) kh[std::size_t(r * KV * c.dn)] = nan_value;
+        q = device<float, 3>(qh, {T, H, D});
+        k0 = device<float, 3>(kh, {T, KV, c.dn});
         v = random_tensor<3>({T, KV, c.dv}, seed + 3, -2.0f, 2.0f);
         d_o = random_tensor<3>({T, H, c.dv}, seed + 4);
         queries.parts = c.dr > 0 ? 2 : 1;
@@ -128,12 +137,14 @@ struct ForwardOut {
     Tensor<float, 1, Cuda> lse, max_logit;
 };
 
-ForwardOut forward(const AttentionProblem& p, bool fast) {
+ForwardOut forward(const AttentionProblem& p, bool fast, std::vector<float> start = {}) {
     use_fast(fast, false, false);
     const index_t H = p.c.heads;
     ForwardOut out{filled<3>({p.T, H, p.c.dv}, nan_value), filled<1>({p.T * H}, nan_value), {}};
-    std::vector<float> start(std::size_t(H), -INFINITY);
-    if (H > 1) start[1] = 100.0f;  // larger than any score here: max_logit accumulates, head 1 keeps it
+    if (start.empty()) {
+        start.assign(std::size_t(H), -INFINITY);
+        if (H > 1) start[1] = 100.0f;  // larger than any score here: max_logit accumulates, head 1 keeps it
+    }
     out.max_logit = device<float, 1>(start, {H});
     backend::AttentionOps<Cuda>::attention_forward(p.queries, p.keys, p.offsets, p.scale(), out.o.view(),
                                                    out.lse.view(), out.max_logit.view());
@@ -197,6 +208,27 @@ TEST_CASE("fast attention: forward and backward against the portable path") {
             expect_close(c.name + ": dk rope", to_host(gf.dk1), to_host(gr.dk1), 1e-5);
         }
     }
+}
+
+TEST_CASE("fast attention: NaN scores give the portable path's o, lse and max_logit") {
+    // A NaN query row (head 0) makes all its scores NaN; a NaN key row (key head 0) the scores of every row that sees
+    // it, in its own tile and later ones. max_logit passes NaN scores over and keeps a NaN it starts with (head 2:
+    // one with the sign bit set, which the integer atomicMax trick used to replace).
+    const AttentionCase c{"K2 heads with NaN rows", 3, 3, 128, 64, 128, true, {70}, 1.0f};
+    const AttentionProblem p(c, 41, {5, 33}, {9, 40});
+    REQUIRE(backend::cuda_fast::attention_supported(p.queries, p.keys));
+    const std::vector<float> start = {-INFINITY, 2.0f, -nan_value};
+    const ForwardOut ref = forward(p, false, start), fast = forward(p, true, start);
+    expect_close("NaN rows: o", to_host(fast.o), to_host(ref.o), 1e-5);
+    expect_close("NaN rows: lse", to_host(fast.lse), to_host(ref.lse), 1e-5);
+    const std::vector<float> mf = to_host(fast.max_logit), mr = to_host(ref.max_logit);
+    for (std::size_t h = 0; h < mr.size(); ++h) {
+        CAPTURE(h);
+        CHECK(std::isnan(mf[h]) == std::isnan(mr[h]));
+        if (!std::isnan(mr[h])) CHECK(mf[h] == doctest::Approx(mr[h]).epsilon(1e-5));
+    }
+    CHECK(std::isnan(mr[2]));
+    CHECK(std::isfinite(mr[0]));  // the NaN scores were passed over
 }
 
 TEST_CASE("fast attention: dims past the kernel's limits keep the portable path") {
@@ -265,12 +297,14 @@ TEST_CASE("fast rmsnorm: forward and backward against the portable path") {
 
 // ------------------------------------------------------------------------------------------------ router
 
-TEST_CASE("fast router: route_select against the portable path") {
+TEST_CASE("fast router: route_select against the portable path, NaN logits and a NaN bias included") {
     struct Case {
         std::string name;
         MoEConfig cfg;
         index_t tokens;
         bool fixed;
+        bool nan_logits = false;  // NaNs in a third of the tokens (some with the sign bit), two in some
+        bool nan_bias = false;    // expert E / 2's correction bias: its choice is NaN, its score a number
     };
     const auto config = [](index_t E, index_t K, index_t G, index_t TG, ScoreFunc score, bool bias, bool norm,
                            double scale, GroupScoreFunc gs) {
@@ -301,6 +335,22 @@ TEST_CASE("fast router: route_select against the portable path") {
          config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum), 64, true},
         {"one token, 512 experts, top 32",
          config(512, 32, 1, 1, ScoreFunc::sigmoid, true, true, 1.0, GroupScoreFunc::top_two_sum), 1, false},
+        // NaN: a NaN choice ranks above every number, ties to the lower expert (fn::ranks_above); a group holding
+        // one has a NaN score and ranks first; under softmax a NaN logit makes every score of its token NaN.
+        {"Kimi K2, NaN logits", config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum),
+         300, false, true, false},
+        {"Kimi K2, a NaN bias",
+         config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum), 100, false, false,
+         true},
+        {"DeepSeek-V3 groups, NaN logits and a NaN bias",
+         config(256, 8, 8, 4, ScoreFunc::sigmoid, true, true, 2.5, GroupScoreFunc::top_two_sum), 300, false, true, true},
+        {"64 groups (two per lane), NaN logits",
+         config(128, 4, 64, 8, ScoreFunc::sigmoid, true, false, 1.0, GroupScoreFunc::top_two_sum), 50, false, true,
+         false},
+        {"softmax in groups by their maximum, NaN logits",
+         config(160, 6, 8, 3, ScoreFunc::softmax, false, false, 16.0, GroupScoreFunc::max), 60, false, true, false},
+        {"sigmoid in groups by their maximum, not normalised, NaN logits",
+         config(160, 6, 8, 3, ScoreFunc::sigmoid, true, false, 16.0, GroupScoreFunc::max), 60, false, true, true},
     };
     std::uint64_t seed = 900;
     for (const Case& c : cases) {
@@ -308,8 +358,15 @@ TEST_CASE("fast router: route_select against the portable path") {
         seed += 10;
         const index_t T = c.tokens, E = c.cfg.experts, K = c.cfg.top_k;
         REQUIRE(backend::cuda_fast::router_supported(c.cfg, E, K));
-        const std::vector<float> logits = uniform(std::size_t(T * E), seed, -4.0f, 4.0f);
-        const Tensor<float, 1, Cuda> bias = random_tensor<1>({E}, seed + 1, -0.1f, 0.1f);
+        std::vector<float> logits = uniform(std::size_t(T * E), seed, -4.0f, 4.0f);
+        std::vector<float> bias_host = uniform(std::size_t(E), seed + 1, -0.1f, 0.1f);
+        if (c.nan_logits)
+            for (index_t t = 0; t < T; t += 3) {
+                logits[std::size_t(t * E + t * 7 % E)] = nan_value;
+                if (t % 5 == 0) logits[std::size_t(t * E + (t * 13 + 1) % E)] = -nan_value;
+            }
+        if (c.nan_bias) bias_host[std::size_t(E / 2)] = nan_value;
+        const Tensor<float, 1, Cuda> bias = device<float, 1>(bias_host, {E});
         std::vector<index_t> fixed_host(std::size_t(T * K));
         std::mt19937_64 gen(seed + 2);
         for (index_t& e : fixed_host) e = index_t(gen() % std::uint64_t(E));

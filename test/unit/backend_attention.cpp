@@ -4,6 +4,7 @@
 #include "support/nn_testing.hpp"
 
 #include <cmath>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -172,6 +173,56 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
                                                heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv), lse.view(),
                                                max_logit.view()),
                         shape_error);
+    }
+}
+
+TEST_CASE_TEMPLATE("attention_forward with NaN scores: max_logit is the largest number among the scores, a NaN already "
+                   "there stays, the rows that see a NaN get NaN o and lse",
+                   B, MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::AttentionOps<B>;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    // 4 rows, 4 heads of one dim, scale 1: every score is a product of small integers, exact on every backend.
+    // Head 0: key row 2 is NaN, so rows 2 and 3 see a NaN score; head 1: query row 1 is NaN, so all its scores are;
+    // head 2: no NaN, but max_logit starts as a NaN with the sign bit set; head 3: key row 0 is NaN, the first
+    // score of every row.
+    Problem pr(4, 4, 4, 1, 1, 0, 1, false, 60);
+    const float q[4][4] = {{1, 2, 1, 1}, {2, nan, -1, 2}, {-1, 1, 2, 1}, {3, 1, 1, -1}};
+    const float k[4][4] = {{2, 1, -1, nan}, {1, 3, 2, 2}, {nan, -2, 1, 3}, {1, 1, 3, -2}};
+    for (index_t t = 0; t < 4; ++t)
+        for (index_t h = 0; h < 4; ++h) pr.q[0](t, h) = q[t][h], pr.k[0](t, h) = k[t][h];
+    const bool nan_row[4][4] = {
+        {false, false, false, true}, {false, true, false, true}, {true, false, false, true}, {true, false, false, true}};
+    OnDevice<B> d(pr);
+    Tensor<float, 2, B> o({4, 4});
+    Tensor<float, 1, B> lse({16});
+    Tensor<float, 1> before({4});
+    before(0) = before(1) = before(3) = -INFINITY, before(2) = -nan;
+    auto max_logit = on<B>(before);
+    const std::vector<index_t> offsets = {0, 4};
+    Ops::attention_forward(d.queries, d.keys, offsets, 1.0f, heads<float, B>(o.data(), 4, 4, 0, 4, 1, 1), lse.view(),
+                           max_logit.view());
+    const std::vector<float> mh = to_host(max_logit), lh = to_host(lse);
+    const Mat oh = host(o);
+    CHECK(mh[0] == 6.0f);  // row 3 against key 0; its NaN against key 2 is passed over
+    CHECK(mh[1] == 3.0f);  // row 2 or 3 against key 1; row 1's scores are all NaN
+    CHECK(std::isnan(mh[2]));
+    CHECK(mh[3] == 4.0f);  // row 1 against key 1, after a NaN
+    for (index_t h = 0; h < 4; ++h) {
+        std::vector<double> lse_ref;
+        const std::vector<double> P = reference_p(pr, 0, 4, 0, 4, h, 1.0f, &lse_ref, nullptr);
+        for (index_t i = 0; i < 4; ++i) {
+            CAPTURE(h);
+            CAPTURE(i);
+            if (nan_row[i][h]) {
+                CHECK(std::isnan(oh(i, h)));
+                CHECK(std::isnan(lh[std::size_t(h * 4 + i)]));
+                continue;
+            }
+            double e = 0;
+            for (index_t j = 0; j <= i; ++j) e += P[std::size_t(i * 4 + j)] * pr.v(j, h);
+            CHECK(oh(i, h) == doctest::Approx(e).epsilon(1e-5));
+            CHECK(lh[std::size_t(h * 4 + i)] == doctest::Approx(lse_ref[std::size_t(i)]).epsilon(1e-6));
+        }
     }
 }
 

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
+#include <string>
 #include <vector>
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
@@ -158,6 +160,63 @@ TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets t
         for (index_t j = 0; j < 2; ++j) {
             CHECK(got(t, j) == fixed(t, j));
             CHECK(w(t, j) == doctest::Approx(2.5 * s[fixed(t, j)] / sum).epsilon(1e-6));
+        }
+    }
+}
+
+TEST_CASE_TEMPLATE("route_select with NaNs: a NaN choice ranks above every number (torch.topk's order), ties to the "
+                   "lower index, and its weight is NaN",
+                   B, MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::RoutingOps<B>;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const auto sig = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
+    struct Case {
+        const char* name;
+        MoEConfig cfg;
+        std::vector<float> logits, bias;
+        std::vector<index_t> idx;
+        std::vector<double> weight;  // NaN: a NaN weight
+    };
+    const double N = std::numeric_limits<double>::quiet_NaN();
+    const double s6 = sig(6), s7 = sig(7), z_bias = s7 + s6 + sig(3);  // case "a NaN bias"
+    const std::vector<Case> cases = {
+        {"two NaN logits (one with the sign bit), normalised: both chosen first, every weight NaN", routing_config(8, 3),
+         {1, nan, 3, 4, 5, 6, 7, -nan}, std::vector<float>(8, 0.0f), {1, 7, 6}, {N, N, N}},
+        {"not normalised: only the NaN experts' weights are NaN",
+         routing_config(8, 3, 1, 1, ScoreFunc::sigmoid, GroupScoreFunc::top_two_sum, true, false, 2.0),
+         {1, nan, 3, 4, 5, 6, 7, -nan}, std::vector<float>(8, 0.0f), {1, 7, 6}, {N, N, 2.0 * s7}},
+        {"a NaN bias: its expert is chosen first, the weights (from the scores) stay numbers", routing_config(8, 3),
+         {1, 2, 3, 4, 5, 6, 7, 0}, {0, 0, nan, 0, 0, 0, 0, 0}, {2, 6, 5},
+         {2.5 * sig(3) / z_bias, 2.5 * s7 / z_bias, 2.5 * s6 / z_bias}},
+        {"groups by their top two: a NaN makes its group's score NaN, kept first", routing_config(8, 2, 4, 2),
+         {0, 1, 2, nan, 4, 5, -1, -2}, std::vector<float>(8, 0.0f), {3, 5}, {N, N}},
+        {"groups by their maximum (others' choices 0): the NaN group kept",
+         routing_config(8, 2, 4, 1, ScoreFunc::sigmoid, GroupScoreFunc::max, false, false, 1.0),
+         {0, 1, 2, nan, 4, 5, -1, -2}, std::vector<float>(8, 0.0f), {3, 2}, {N, sig(2)}},
+        {"softmax: one NaN logit makes every score NaN, the first experts win the tie",
+         routing_config(8, 3, 1, 1, ScoreFunc::softmax, GroupScoreFunc::max, false, false, 1.0),
+         {1, 2, 3, nan, 5, 6, 7, 8}, std::vector<float>(8, 0.0f), {0, 1, 2}, {N, N, N}},
+    };
+    for (const Case& c : cases) {
+        const std::string name = c.name;
+        CAPTURE(name);
+        const index_t E = c.cfg.experts, K = c.cfg.top_k;
+        Mat logits({1, E}), bias({1, E});
+        std::copy(c.logits.begin(), c.logits.end(), logits.data());
+        std::copy(c.bias.begin(), c.bias.end(), bias.data());
+        auto scores = on<B>(logits);
+        auto b = on<B>(bias);
+        Tensor<index_t, 2, B> idx({1, K});
+        Tensor<float, 2, B> weight({1, K});
+        Ops::route_select(c.cfg, scores.view(), b.view().template reshape<1>(Shape<1>{E}), View<const index_t, 2, B>{},
+                          idx.view(), weight.view());
+        const std::vector<index_t> got_idx = to_host(idx);
+        const std::vector<float> got_w = to_host(weight);
+        CHECK(got_idx == c.idx);
+        for (index_t j = 0; j < K; ++j) {
+            CAPTURE(j);
+            if (std::isnan(c.weight[std::size_t(j)])) CHECK(std::isnan(got_w[std::size_t(j)]));
+            else CHECK(got_w[std::size_t(j)] == doctest::Approx(c.weight[std::size_t(j)]).epsilon(1e-6));
         }
     }
 }

@@ -15,6 +15,38 @@
 
 namespace moonmoe::fn {
 
+// ---- explicit rounding ----
+
+/// c + a * b, the product rounded and then the sum, as the host computes it (x86-64 has no FMA in its baseline).
+/// nvcc contracts a plain `c + a * b` into one FMA (-fmad=true, its default), a different result; __fmul_rn and
+/// __fadd_rn are never contracted. Functors claimed bitwise equal to the CPU use this (checked by ctest
+/// nvcc.contraction over test/nvcc/contraction_kernels.cu).
+MOONMOE_HD inline float add_product(float c, float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(c, __fmul_rn(a, b));
+#else
+    return c + a * b;
+#endif
+}
+MOONMOE_HD inline double add_product(double c, double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __dadd_rn(c, __dmul_rn(a, b));
+#else
+    return c + a * b;
+#endif
+}
+
+// ---- the router's order ----
+
+/// a ranks above b in a top-k: torch.topk's order (HF's router), a NaN above every number (+inf included), numbers
+/// by value. A total order (NaNs level with each other), so every backend's selection is the same with NaNs too.
+MOONMOE_HD inline bool ranks_above(float a, float b) { return a > b || (a != a && b == b); }
+
+/// Value a of index i comes before value b of index j: it ranks above, or level (equal, or both NaN) at a lower index.
+MOONMOE_HD inline bool ranks_before(float a, index_t i, float b, index_t j) {
+    return ranks_above(a, b) || (!ranks_above(b, a) && i < j);
+}
+
 MOONMOE_HD inline float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
 /// silu(z) = z * sigmoid(z)
@@ -34,7 +66,7 @@ struct LoadBalanceStep {
     double mean;  ///< the mean load over the experts
     MOONMOE_HD void operator()(float& b, index_t load) const {
         const double diff = mean - double(load);
-        b += gamma * float((diff > 0) - (diff < 0));
+        b = add_product(b, gamma, float((diff > 0) - (diff < 0)));
     }
 };
 
@@ -62,11 +94,11 @@ struct ScaleBy {
     MOONMOE_HD void operator()(T& x) const { x *= factor; }
 };
 
-/// y = alpha x + beta y
+/// y = alpha x + beta y (T = float or double), each product rounded, then the sum: the CPU's bits on a GPU too
 template <class T>
 struct Axpby {
     T alpha, beta;
-    MOONMOE_HD void operator()(T& y, T x) const { y = alpha * x + beta * y; }
+    MOONMOE_HD void operator()(T& y, T x) const { y = add_product(alpha * x, beta, y); }
 };
 
 /// y += x

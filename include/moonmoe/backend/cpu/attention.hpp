@@ -56,7 +56,7 @@ inline float softmax_rows(View<float, 2> s, index_t causal_first, float* lse = n
         float* row = s.data + i * s.strides[0];
         const index_t last = causal_first < 0 ? L - 1 : std::min(causal_first + i, L - 1);
         Eigen::Map<Eigen::ArrayXf> visible(row, last + 1);
-        const float m = visible.maxCoeff();
+        const float m = visible.template maxCoeff<Eigen::PropagateNumbers>();  // a NaN score is passed over
         exp_shifted(row, last + 1, m);
         const double sum = visible.template cast<double>().sum();
         const float log_sum = m + float(std::log(sum));

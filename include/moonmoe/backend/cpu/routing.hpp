@@ -191,10 +191,11 @@ private:
         const bool group_max = cfg.group_score == GroupScoreFunc::max;
         for (index_t g = 0; g < G; ++g) {
             std::vector<float> v(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
+            const auto above = [](float a, float b) { return fn::ranks_above(a, b); };  // a NaN first
             if (group_max) {
-                group_score[g] = *std::max_element(v.begin(), v.end());
+                group_score[g] = *std::min_element(v.begin(), v.end(), above);
             } else {
-                std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+                std::partial_sort(v.begin(), v.begin() + 2, v.end(), above);
                 group_score[g] = v[0] + v[1];
             }
         }
@@ -211,7 +212,7 @@ private:
         std::vector<index_t> order(static_cast<std::size_t>(n));
         std::iota(order.begin(), order.end(), index_t{0});
         std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [v](index_t a, index_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+                          [v](index_t a, index_t b) { return fn::ranks_before(v[a], a, v[b], b); });
         order.resize(static_cast<std::size_t>(k));
         return order;
     }

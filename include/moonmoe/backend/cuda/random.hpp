@@ -2,9 +2,9 @@
 // element on the device.
 //
 // Element k = i * cols + j takes the same counters and the same arithmetic as RandomOps<cpu>: uniform fills are
-// bitwise the CPU's; normal fills go through the device's double log / sqrt / cos, which CUDA documents to within
-// 1-2 ulp of double, so a float result may differ from the host's by one float ulp in rare elements (none in the
-// emulated mode, which calls the host's libm).
+// bitwise the CPU's (their product and sum rounded apart, never one FMA: fn::add_product); normal fills go through
+// the device's double log / sqrt / cos, which CUDA documents to within 1-2 ulp of double, so a float result may
+// differ from the host's by one float ulp in rare elements (none in the emulated mode, which calls the host's libm).
 #pragma once
 
 #include "map.hpp"
@@ -13,19 +13,20 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../functors.hpp"
 #include "../random.hpp"
 
 namespace moonmoe::backend {
 
 namespace cuda_detail {
 
-/// x = U(lo, hi) for element (i, j) of a [rows, cols] tensor.
+/// x = U(lo, hi) for element (i, j) of a [rows, cols] tensor: lo + (hi - lo) u rounded twice, as on the CPU.
 struct UniformAt {
     float lo, hi;
     std::uint64_t seed;
     index_t cols;
     MOONMOE_HD void operator()(index_t i, index_t j, float& x) const {
-        x = lo + (hi - lo) * float(rng::uniform01(seed, std::uint64_t(i * cols + j)));
+        x = fn::add_product(lo, hi - lo, float(rng::uniform01(seed, std::uint64_t(i * cols + j))));
     }
 };
 

@@ -4,11 +4,12 @@
 //
 // Results against RoutingOps<cpu>: each token's selection, backward, combine and dot run the CPU's float and double
 // operations in the CPU's order, so the emulated mode (the host's libm, no FMA contraction) gives the CPU's bits.
-// Under nvcc the products that the compiler would fuse into an FMA are written unfused (__fmul_rn / __fadd_rn), and
-// the double dots sum exact products of floats anyway; what may differ is the device's expf (sigmoid scores; CUDA
-// documents 2 ulp at most) and exp (softmax; 1 ulp of double) against the host's libm: a score may move by a float
-// ulp, and a token whose top-k is a tie to that ulp may choose another expert. histogram, update_bias, dispatch_plan and
-// gather_pairs are integer work or copies: bitwise everywhere.
+// Under nvcc every product that the compiler would fuse with a sum into an FMA is written unfused (fn::add_product;
+// test/nvcc/contraction_kernels.cu checks it); what may differ is the device's expf (sigmoid scores; CUDA documents
+// 2 ulp at most) and exp (softmax; 1 ulp of double) against the host's libm: a score may move by a float ulp, and a
+// token whose top-k is a tie to that ulp may choose another expert. histogram, update_bias, dispatch_plan and
+// gather_pairs are integer work, one rounded step or copies: bitwise everywhere. NaN choices rank above every
+// number (fn::ranks_above, torch.topk's order) on every backend and in the fast kernel.
 //
 // One thread per token is the simple form: route_select and route_backward loop over the E experts of their token
 // (E = 384 for Kimi K2) and pair_dot over a whole row. Under nvcc route_select can take fast/router.hpp's warp per
@@ -51,16 +52,6 @@ namespace cuda_detail {
 inline constexpr index_t route_max_top_k = 32;
 inline constexpr index_t route_max_groups = 64;  // the bits of the kept-groups mask
 
-/// c + a * b rounded after the product and after the sum, as the host computes it: nvcc would otherwise fuse the
-/// two into one FMA, and the result would no longer be the CPU's.
-MOONMOE_HD inline float add_product(float c, float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(c, __fmul_rn(a, b));
-#else
-    return c + a * b;
-#endif
-}
-
 /// Thrust's temporary storage from the stream-ordered pool (Memory<cuda>) instead of its synchronous cudaMalloc.
 #if !MOONMOE_CUDA_EMULATED
 struct PoolAllocator {
@@ -97,11 +88,21 @@ struct RouteSelectToken {
         float* s = scores + t * E;
         to_scores(s);
         index_t chosen[route_max_top_k];
+        select(t, s, chosen);
+        write_weights(t, s, chosen);
+    }
+
+    /// The token's K experts: the fixed ones, or the top-k of the choices.
+    MOONMOE_HD void select(index_t t, const float* s, index_t* chosen) const {
         if (fixed) {
             for (index_t j = 0; j < K; ++j) chosen[j] = fixed[t * fixed_pitch + j * fixed_step];
         } else {
             top_k(s, chosen);
         }
+    }
+
+    /// idx and weight of the token: its scores, normalised (the sum in double, in selection order) and scaled.
+    MOONMOE_HD void write_weights(index_t t, const float* s, const index_t* chosen) const {
         double sum = 0.0;
         for (index_t j = 0; j < K; ++j) sum += s[chosen[j]];
         for (index_t j = 0; j < K; ++j) {
@@ -132,29 +133,31 @@ struct RouteSelectToken {
     }
 
     /// Bit g set when group g is among the top_groups groups by score (the sum of its two largest choices, or its
-    /// largest), ties to the lower group.
+    /// largest), ties to the lower group. In fn::ranks_above's order: a NaN choice makes its group's score NaN, and
+    /// a NaN score ranks first (torch.topk's order).
     MOONMOE_HD std::uint64_t kept_groups(const float* s) const {
         float score[route_max_groups];
         for (index_t g = 0; g < groups; ++g) {
             float first = -INFINITY, second = -INFINITY;
             for (index_t e = g * per_group; e < (g + 1) * per_group; ++e) {
                 const float v = choice(s, e);
-                if (v > first) second = first, first = v;
-                else if (v > second) second = v;
+                if (fn::ranks_above(v, first)) second = first, first = v;
+                else if (fn::ranks_above(v, second)) second = v;
             }
             score[g] = group_max ? first : first + second;
         }
         std::uint64_t keep = 0;
         for (index_t g = 0; g < groups; ++g) {
             index_t rank = 0;  // groups ahead of g
-            for (index_t h = 0; h < groups; ++h) rank += score[h] > score[g] || (score[h] == score[g] && h < g);
+            for (index_t h = 0; h < groups; ++h) rank += fn::ranks_before(score[h], h, score[g], g);
             if (rank < top_groups) keep |= std::uint64_t{1} << g;
         }
         return keep;
     }
 
-    /// The K experts with the largest choice, largest first, ties to the lower index; experts of dropped groups
-    /// choose with -inf (top-2 sum) or 0 (GroupMax), as limit_to_groups sets them on the CPU.
+    /// The K experts with the largest choice, largest first, ties to the lower index, a NaN choice above every
+    /// number (fn::ranks_above); experts of dropped groups choose with -inf (top-2 sum) or 0 (GroupMax), as
+    /// limit_to_groups sets them on the CPU.
     MOONMOE_HD void top_k(const float* s, index_t* chosen) const {
         if (K == 0) return;
         const std::uint64_t keep = limit_groups ? kept_groups(s) : ~std::uint64_t{0};
@@ -163,9 +166,9 @@ struct RouteSelectToken {
         index_t n = 0;
         for (index_t e = 0; e < E; ++e) {
             const float v = limit_groups && !((keep >> (e / per_group)) & 1u) ? dropped : choice(s, e);
-            if (n == K && !(v > best[K - 1])) continue;  // an equal value of a later expert loses the tie
+            if (n == K && !fn::ranks_above(v, best[K - 1])) continue;  // a level value of a later expert loses the tie
             index_t p = n < K ? n++ : K - 1;
-            for (; p > 0 && v > best[p - 1]; --p) best[p] = best[p - 1], chosen[p] = chosen[p - 1];
+            for (; p > 0 && fn::ranks_above(v, best[p - 1]); --p) best[p] = best[p - 1], chosen[p] = chosen[p - 1];
             best[p] = v, chosen[p] = e;
         }
     }
@@ -190,10 +193,10 @@ struct RouteBackwardToken {
         for (index_t e = 0; e < E; ++e) d[e] = 0.0f;
         if (norm_top_k) {  // w_k = scale s_k / Z, Z = sum s + 1e-20
             double z = 1e-20, dot = 0.0;
-            for (index_t j = 0; j < K; ++j) z += s[id[j]], dot += double(dw[j]) * s[id[j]];
+            for (index_t j = 0; j < K; ++j) z += s[id[j]], dot = fn::add_product(dot, double(dw[j]), double(s[id[j]]));
             for (index_t j = 0; j < K; ++j) d[id[j]] += float(scale * (dw[j] / z - dot / (z * z)));
         } else {
-            for (index_t j = 0; j < K; ++j) d[id[j]] = add_product(d[id[j]], scale, dw[j]);
+            for (index_t j = 0; j < K; ++j) d[id[j]] = fn::add_product(d[id[j]], scale, dw[j]);
         }
         if (aux)
             for (index_t e = 0; e < E; ++e) d[e] += aux[t * E + e];
@@ -201,7 +204,7 @@ struct RouteBackwardToken {
             for (index_t e = 0; e < E; ++e) d[e] *= s[e] * (1.0f - s[e]);
         } else {
             double dot = 0.0;
-            for (index_t e = 0; e < E; ++e) dot += double(d[e]) * s[e];
+            for (index_t e = 0; e < E; ++e) dot = fn::add_product(dot, double(d[e]), double(s[e]));
             for (index_t e = 0; e < E; ++e) d[e] = s[e] * (d[e] - float(dot));
         }
     }
@@ -306,13 +309,14 @@ struct CombineElement {
         float acc = y.data[t * y.pitch + c * y.step];
         for (index_t p = 0; p < n; ++p) {
             const float v = rows.data[row[p] * rows.pitch + c * rows.step];
-            acc = weight ? add_product(acc, w[p], v) : acc + v;
+            acc = weight ? fn::add_product(acc, w[p], v) : acc + v;
         }
         y.data[t * y.pitch + c * y.step] = acc;
     }
 };
 
-/// out[row_slot[r]] = a[r, :] . b[r, :] in double (each product of two floats is exact in double, fused or not).
+/// out[row_slot[r]] = a[r, :] . b[r, :] in double, as on the CPU (products of floats are exact in double; written
+/// unfused all the same, so that contraction_kernels.cu holds every routing functor to the same rule).
 struct PairDot {
     Strided<const float> a, b;
     const index_t* row_slot;
@@ -320,7 +324,10 @@ struct PairDot {
     float* out;
     MOONMOE_HD void operator()(index_t r) const {
         double dot = 0.0;
-        for (index_t j = 0; j < cols; ++j) dot += double(a.data[r * a.pitch + j * a.step]) * b.data[r * b.pitch + j * b.step];
+        for (index_t j = 0; j < cols; ++j) {
+            const double x = a.data[r * a.pitch + j * a.step], y = b.data[r * b.pitch + j * b.step];
+            dot = fn::add_product(dot, x, y);
+        }
         out[row_slot[r]] = float(dot);
     }
 };

@@ -241,7 +241,9 @@ __global__ void __launch_bounds__(attention_threads)
     __syncthreads();
     store_rows(acc, row_l, o, a.dv, o, 0, a.t0 + i0, qn, h);
 
-    // The block's largest scaled score (rows past the sequence hold -inf), then one atomic maximum.
+    // The block's largest scaled score (rows past the sequence hold -inf), then one atomic maximum. fmaxf drops a NaN
+    // score as the portable path's `if (s > m)` does (its row's o and lse are NaN on both), and atomic_max keeps a NaN
+    // already in max_logit, as HeadMax does.
     float mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
     mx = group_max<32>(mx);
     __syncthreads();  // row_alpha is reused for the warps' maxima

@@ -12,8 +12,9 @@
 //               winner's lane marks it taken; lane j keeps the j-th expert
 //   weights     lane j reads s of its expert back, every lane sums the K of them in double in selection order
 //               (as the portable path), then normalises and scales
-// With sigmoid scores, selection and weights are the portable path's bits; with softmax the scores' sum runs in
-// another order (rounding differences, and a top-k tie at that level may then choose differently).
+// With sigmoid scores, selection and weights are the portable path's bits, NaNs included (a NaN choice ranks above
+// every number, fn::ranks_above; a NaN logit under softmax makes every score NaN, on both paths); with softmax the
+// scores' sum runs in another order (rounding differences, and a top-k tie at that level may then choose differently).
 #pragma once
 
 #include "warp.hpp"
@@ -46,11 +47,16 @@ struct RouterArgs {
     float routed_scale;
 };
 
-/// (v, e) beats (best, best_e): a larger value, or an equal one of a lower expert. A NaN never wins on value but
-/// still wins on index, so every round picks some untaken expert (never an index past E).
+/// (v, e) beats (best, best_e) in the portable path's order (fn::ranks_before: a NaN above every number, ties to the
+/// lower expert). A total order, so the warp's arg-max is the portable top-k's next expert whatever the shuffle
+/// order; every untaken expert beats the start (-inf, E), so a round never picks an index past E.
 __device__ __forceinline__ bool beats(float v, index_t e, float best, index_t best_e) {
-    return v > best || (!(v < best) && e < best_e);
+    return fn::ranks_before(v, e, best, best_e);
 }
+
+/// The higher and the lower of a and b in fn::ranks_above's order (a NaN is the higher), for the groups' top two.
+__device__ __forceinline__ float higher(float a, float b) { return fn::ranks_above(b, a) ? b : a; }
+__device__ __forceinline__ float lower(float a, float b) { return fn::ranks_above(b, a) ? a : b; }
 
 /// Bit g set when group g is among the top_groups groups by score, ties to the lower group (as the portable path).
 template <int PerLane>
@@ -62,16 +68,17 @@ __device__ std::uint64_t kept_groups(const RouterArgs& a, const float (&c)[PerLa
         for (int k = 0; k < PerLane; ++k) {
             const index_t e = lane + 32 * k;
             if (e < a.E && e / a.per_group == g) {
-                if (c[k] > first)
+                if (fn::ranks_above(c[k], first))
                     second = first, first = c[k];
-                else if (c[k] > second)
+                else if (fn::ranks_above(c[k], second))
                     second = c[k];
             }
         }
-        for (int off = 16; off > 0; off /= 2) {  // merge two lanes' top-2 (equal values count twice)
+        // Merge two lanes' top-2 (equal values count twice) in the portable order: fmaxf would drop a NaN.
+        for (int off = 16; off > 0; off /= 2) {
             const float f = __shfl_xor_sync(full_warp, first, off), s = __shfl_xor_sync(full_warp, second, off);
-            second = fmaxf(fminf(first, f), fmaxf(second, s));
-            first = fmaxf(first, f);
+            second = higher(lower(first, f), higher(second, s));
+            first = higher(first, f);
         }
         if (lane == g % 32) (g < 32 ? mine0 : mine1) = a.group_max ? first : first + second;
     }
@@ -83,7 +90,7 @@ __device__ std::uint64_t kept_groups(const RouterArgs& a, const float (&c)[PerLa
         index_t rank = 0;  // groups ahead of g
         for (index_t other = 0; other < a.groups; ++other) {
             const float so = __shfl_sync(full_warp, other < 32 ? mine0 : mine1, int(other % 32));
-            rank += so > score || (so == score && other < g);
+            rank += fn::ranks_before(so, other, score, g);
         }
         keep |= std::uint64_t(__ballot_sync(full_warp, g < a.groups && rank < a.top_groups)) << (32 * half);
     }

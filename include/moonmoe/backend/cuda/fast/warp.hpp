@@ -31,14 +31,20 @@ __device__ __forceinline__ float group_max(float v) {
     return v;
 }
 
-/// *address = max(*address, v) for floats that are not NaN: the IEEE order of non-negative floats is their order as
-/// signed integers, that of negative floats the reverse of their order as unsigned integers. A maximum does not
-/// depend on the order of the updates, so the result is deterministic.
+/// *address = max(*address, v) as the portable path's `if (v > m) m = v` takes it: a NaN v is never stored and a NaN
+/// already at *address (of either sign) stays; at a tie of zeros +0 wins, so the order of the updates cannot choose
+/// the sign. A compare-and-swap loop, deterministic: the integer atomicMax / atomicMin trick let v replace a NaN
+/// whose sign bit is set.
 __device__ __forceinline__ void atomic_max(float* address, float v) {
-    if (v >= 0.0f)
-        atomicMax(reinterpret_cast<int*>(address), __float_as_int(v));
-    else
-        atomicMin(reinterpret_cast<unsigned*>(address), __float_as_uint(v));
+    unsigned* bits = reinterpret_cast<unsigned*>(address);
+    unsigned old = *reinterpret_cast<volatile unsigned*>(bits);
+    for (;;) {
+        const float m = __uint_as_float(old);
+        if (!(v > m || (v == m && __float_as_uint(v) < old))) return;  // at zero, +0's bits are the smaller
+        const unsigned seen = atomicCAS(bits, old, __float_as_uint(v));
+        if (seen == old) return;
+        old = seen;
+    }
 }
 
 /// Throws cuda_error when the kernel launch just made failed (bad configuration, too much shared memory).
