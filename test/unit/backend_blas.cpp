@@ -184,6 +184,26 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_strided_batched: one product per matrix, a zer
     }
 }
 
+TEST_CASE_TEMPLATE("BlasOps::gemm_strided_batched: refuses a zero C stride for more than one product, and negative "
+                   "counts or strides", B, MOONMOE_TEST_BACKENDS) {
+    // Every product would write the same C: a race on a GPU, the last product's result on the CPU.
+    auto A = on<B>(random_host(3, 4, 28)), Bm = on<B>(random_host(4, 2, 29)), C = on<B>(random_host(3, 2, 30));
+    const auto before = host(C);
+    CHECK_THROWS_WITH_AS(backend::BlasOps<B>::gemm_strided_batched(2, Trans::no, Trans::no, 1.0f, A.view(), 0,
+                                                                   Bm.view(), 0, 1.0f, C.view(), 0),
+                         "gemm_strided_batched: C's stride is 0 for 2 products (each would overwrite the others)",
+                         shape_error);
+    CHECK(to_host(C) == std::vector<float>(before.data(), before.data() + before.numel()));  // refused before any work
+    CHECK_THROWS_WITH_AS(backend::BlasOps<B>::gemm_strided_batched(-1, Trans::no, Trans::no, 1.0f, A.view(), 0,
+                                                                   Bm.view(), 0, 1.0f, C.view(), 6),
+                         doctest::Contains("gemm_strided_batched: negative count or stride"), shape_error);
+    // One product may keep C where it is (stride 0), as may a batch of none.
+    backend::BlasOps<B>::gemm_strided_batched(1, Trans::no, Trans::no, 1.0f, A.view(), 0, Bm.view(), 0, 0.0f,
+                                              C.view(), 0);
+    backend::BlasOps<B>::gemm_strided_batched(0, Trans::no, Trans::no, 1.0f, A.view(), 0, Bm.view(), 0, 0.0f,
+                                              C.view(), 0);
+}
+
 TEST_CASE_TEMPLATE("BlasOps::gemm_grouped: one product per segment of rows, empty groups skipped, W used as stored "
                    "or transposed", B, MOONMOE_TEST_BACKENDS) {
     const std::vector<index_t> offsets{0, 3, 3, 10};  // group 1 has no rows

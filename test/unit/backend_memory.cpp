@@ -1,10 +1,13 @@
 // Memory<B> on every backend of the build (MOONMOE_TEST_BACKENDS): zeroed allocations, copies, the host crossings
-// and the byte counts; on CUDA also the per-thread current stream, the errors of failed calls and the activation
+// and the byte counts; on CUDA also the per-thread current stream, the errors of failed calls (the first failure
+// named, none thrown from a destructor), the retry of an allocation after trimming the pool, and the activation
 // offload to pinned host memory.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -104,6 +107,131 @@ TEST_CASE_TEMPLATE("cuda_error messages name the call, the error and where the c
           "moonmoe: cudaMallocAsync(&p, bytes, current_stream()) failed with cudaErrorMemoryAllocation (out of "
           "memory) at memory.hpp:12");
     static_assert(!backend::host_visible<B>, "module code must not index CUDA tensor data, emulated or not");
+}
+
+TEST_CASE_TEMPLATE("A failure where nothing may throw is thrown by the next checked call, and later errors name the "
+                   "first failing call", B, moonmoe::cuda) {
+    using namespace backend::cuda_detail;
+    failure_record().forget();
+    const CallStatus ok{}, invalid{"cudaErrorInvalidResourceHandle", "invalid resource handle"},
+        fault{"cudaErrorIllegalAddress", "an illegal memory access was encountered"};
+    CHECK_NOTHROW(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7));
+    note(ok, "cudaEventDestroy(event_)", "offload.hpp", 50);
+    CHECK(failure_record().first().empty());
+
+    // A destructor's failure, then a call that succeeds: that call throws the destructor's failure, once.
+    note(invalid, "cudaEventDestroy(event_)", "offload.hpp", 50);
+    const std::string destroy = "cudaEventDestroy(event_) failed with cudaErrorInvalidResourceHandle (invalid "
+                                "resource handle) at offload.hpp:50 where nothing may throw (a destructor or release)";
+    CHECK(failure_record().first() == destroy);
+    CHECK_THROWS_WITH_AS(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7),
+                         ("moonmoe: " + destroy + "; thrown at the next checked call, cudaStreamSynchronize(s) at "
+                          "memory.hpp:7").c_str(),
+                         backend::cuda_error);
+    CHECK_NOTHROW(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7));
+
+    // Every later failure names the first one, and a destructor's failure since the last throw.
+    note(fault, "cudaFreeAsync(p, current_stream())", "memory.hpp", 20);
+    CHECK_THROWS_WITH_AS(check(fault, "cudaMemcpyAsync(d, s, n, k, stream)", "memory.hpp", 9),
+                         ("moonmoe: cudaMemcpyAsync(d, s, n, k, stream) failed with cudaErrorIllegalAddress (an "
+                          "illegal memory access was encountered) at memory.hpp:9; the first CUDA call to fail in this "
+                          "process: " + destroy + "; since then, where it could not throw: cudaFreeAsync(p, "
+                          "current_stream()) failed with cudaErrorIllegalAddress (an illegal memory access was "
+                          "encountered) at memory.hpp:20 where nothing may throw (a destructor or release)")
+                             .c_str(),
+                         backend::cuda_error);
+    CHECK_THROWS_WITH_AS(check(fault, "cudaMallocAsync(&p, bytes, current_stream())", "memory.hpp", 11),
+                         doctest::Contains(("at memory.hpp:11; the first CUDA call to fail in this process: " + destroy)
+                                               .c_str()),
+                         backend::cuda_error);
+    failure_record().forget();
+    CHECK(failure_record().first().empty());
+    CHECK_NOTHROW(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7));
+}
+
+#if MOONMOE_CUDA_EMULATED
+TEST_CASE_TEMPLATE("After a device fault, tensors released while an exception unwinds do not throw, and the next "
+                   "crossing names the first failing call", B, moonmoe::cuda) {
+    using namespace backend::cuda_detail;
+    failure_record().forget();
+    auto& stats = backend::Memory<B>::stats();
+    const std::size_t before = stats.current.load();
+    Tensor<float, 1, B> outer({4});
+    // A kernel queued in the inner scope faults; the scopes' tensors die while its exception unwinds. Had release
+    // thrown there, this would end in std::terminate.
+    auto work = [] {
+        Tensor<float, 2, B> a({3, 5});
+        {
+            Tensor<bf16, 1, B> b({7});
+            backend::HostOffload off;
+            auto ticket = off.offload(Tensor<float, 1, B>({9}));
+            emulated_device_fault = true;
+            throw std::runtime_error("unwinding");
+        }
+    };
+    CHECK_THROWS_WITH_AS(work(), "unwinding", std::runtime_error);
+    CHECK(stats.current.load() == before + 4 * sizeof(float));  // a's and b's bytes are no longer counted
+    const std::string first = failure_record().first();
+    CHECK(first.rfind("cudaFreeAsync(p, current_stream()) failed with cudaErrorIllegalAddress (an illegal memory "
+                      "access was encountered) at ", 0) == 0);
+    CHECK(first.find("memory.hpp:") != std::string::npos);
+    CHECK_THROWS_WITH_AS(to_host(outer),
+                         doctest::Contains(("; the first CUDA call to fail in this process: " + first).c_str()),
+                         backend::cuda_error);
+    CHECK_THROWS_WITH_AS(outer.zero(), doctest::Contains(first.c_str()), backend::cuda_error);
+    CHECK_THROWS_WITH_AS(backend::Memory<B>::allocate(32), doctest::Contains(first.c_str()), backend::cuda_error);
+    // On a GPU only a new process clears a sticky fault; here, the emulation's flag and the record.
+    emulated_device_fault = false;
+    failure_record().forget();
+    CHECK(to_host(outer) == std::vector<float>(4, 0.0f));
+}
+#endif
+
+TEST_CASE_TEMPLATE("allocate_or_reclaim: out of memory, the pool's unused memory goes back to the driver and the "
+                   "request is tried once more, then refused with the pool's numbers", B, moonmoe::cuda) {
+    using backend::cuda_detail::allocate_or_reclaim;
+    // A device with `device_free` bytes and a pool holding `chunks` unused blocks of `chunk` bytes: a request fits
+    // one of them or the device's free memory; reclaim (trim) gives the blocks back to the device.
+    struct FakeDevice {
+        std::size_t device_free, chunks, chunk;
+        int tries = 0, reclaims = 0;
+        bool try_allocate(std::size_t n) {
+            ++tries;
+            if (chunks > 0 && n <= chunk) return --chunks, true;
+            if (n <= device_free) return device_free -= n, true;
+            return false;
+        }
+        void reclaim() {
+            ++reclaims;
+            device_free += chunks * chunk;
+            chunks = 0;
+        }
+        void allocate(std::size_t n) {
+            allocate_or_reclaim([&] { return try_allocate(n); }, [&] { reclaim(); },
+                                [&] { return "out of memory: " + std::to_string(n) + " bytes"; });
+        }
+    };
+    FakeDevice fits{100, 3, 30};
+    fits.allocate(80);
+    CHECK((fits.tries == 1 && fits.reclaims == 0 && fits.device_free == 20));
+    FakeDevice held{40, 3, 30};  // 130 bytes free, 90 of them in the pool's 30-byte blocks
+    held.allocate(100);
+    CHECK((held.tries == 2 && held.reclaims == 1 && held.device_free == 30 && held.chunks == 0));
+    FakeDevice full{40, 3, 30};
+    CHECK_THROWS_WITH_AS(full.allocate(200), "out of memory: 200 bytes", backend::cuda_error);
+    CHECK((full.tries == 2 && full.reclaims == 1));
+    // Any other error is thrown as it is, with nothing trimmed.
+    int reclaims = 0;
+    CHECK_THROWS_WITH_AS(allocate_or_reclaim([]() -> bool { throw backend::cuda_error("invalid value"); },
+                                             [&] { ++reclaims; }, [] { return std::string("unused"); }),
+                         "invalid value", backend::cuda_error);
+    CHECK(reclaims == 0);
+
+    CHECK(backend::cuda_detail::out_of_memory_message(std::uint64_t(1) << 30, std::uint64_t(70) << 30,
+                                                      (std::uint64_t(137) << 30) / 2) ==
+          "moonmoe: out of device memory: cudaMallocAsync of 1073741824 bytes (1.00 GiB) failed, also after the "
+          "pool's unused memory went back to the driver (cudaMemPoolTrimTo); the pool reserves 75161927680 bytes "
+          "(70.00 GiB), 73551314944 bytes (68.50 GiB) of it in use");
 }
 
 TEST_CASE_TEMPLATE("HostOffload: tensors to pinned host memory and back, bit for bit, device memory released while "

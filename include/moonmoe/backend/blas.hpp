@@ -9,7 +9,8 @@
 //   syrk<T>(alpha, A, beta, C)                  C = alpha A A^T + beta C, C symmetric [n, n]
 //   gemm_strided_batched(count, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c)
 //                                               C_i = alpha op(A_i) op(B_i) + beta C_i, operand i at data + i *
-//                                               stride; a stride of 0 reuses one operand (MLA's shared rope key)
+//                                               stride; a stride of 0 reuses A or B (MLA's shared rope key), C's
+//                                               is refused for more than one product (they would race on C)
 //   gemm_grouped(tw, alpha, X, W, beta, Y, offsets)
 //                                               Y[o_g : o_g+1] = alpha X[o_g : o_g+1] op(W_g) + beta Y[...] for
 //                                               every group g: the expert GEMMs over the segments of a dispatch
@@ -92,7 +93,7 @@ GemmShape check_gemm(const char* op, Trans ta, Trans tb, const View<const T, 2, 
 template <class TC>
 inline constexpr bool bf16_gemm_output = std::is_same_v<TC, float> || std::is_same_v<TC, bf16>;
 
-/// A strided batch: a non-negative count and strides (a zero stride reuses one operand).
+/// A strided batch: a non-negative count and strides (a zero stride reuses A or B; C's, only for one product).
 inline void check_batch(const char* op, index_t count, index_t stride_a, index_t stride_b, index_t stride_c) {
     if (count < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
         throw shape_error(std::string(op) + ": negative count or stride (count " + std::to_string(count) +

@@ -2,7 +2,8 @@
 //
 // Memory<B> (one specialisation per backend, backend/<name>/memory.hpp):
 //   allocate(bytes) -> void*     zeroed, 64-byte aligned; null for 0 bytes
-//   release(void*)               null is a no-op
+//   release(void*)               null is a no-op; never throws (Tensor's destructor calls it): the CUDA backend
+//                                records a failure for its next checked call to throw (cuda/error.hpp)
 //   copy(dst, src, bytes)        within the backend's memory
 //   fill_zero(p, bytes)
 //   to_host(host_dst, src, bytes), to_device(dst, host_src, bytes)

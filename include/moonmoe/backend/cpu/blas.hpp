@@ -174,9 +174,12 @@ struct BlasOps<cpu> {
     }
 
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
-    /// between matrices; the batch runs in parallel, each GEMM on one thread.
+    /// between matrices (0 reuses A or B; C's only for one product); the batch runs in parallel, each GEMM on one
+    /// thread.
     static void gemm_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2> A, index_t stride_a,
                              View<const float, 2> B, index_t stride_b, float beta, View<float, 2> C, index_t stride_c) {
+        contract::check_gemm<float>("gemm_strided_batched", ta, tb, A, B, C);
+        contract::check_batch("gemm_strided_batched", count, stride_a, stride_b, stride_c);
         cpu_detail::parallel_for(count, [&](index_t i) {
             View<const float, 2> a(A.data + i * stride_a, A.shape, A.strides), b(B.data + i * stride_b, B.shape, B.strides);
             gemm<float>(ta, tb, alpha, a, b, beta, View<float, 2>(C.data + i * stride_c, C.shape, C.strides));

@@ -197,12 +197,14 @@ struct BlasOps<cuda> {
     }
 
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
-    /// between matrices (0 reuses one operand): one cublasGemmStridedBatchedEx.
+    /// between matrices (0 reuses A or B; C's only for one product: cuBLAS would race on it): one
+    /// cublasGemmStridedBatchedEx.
     static void gemm_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2, cuda> A,
                                      index_t stride_a, View<const float, 2, cuda> B, index_t stride_b, float beta,
                                      View<float, 2, cuda> C, index_t stride_c) {
         const cuda_detail::RowMajorGemm g = cuda_detail::checked_gemm<float>("gemm_strided_batched", ta, tb, A, B, C);
-        if (count <= 0 || g.m == 0 || g.n == 0) return;
+        contract::check_batch("gemm_strided_batched", count, stride_a, stride_b, stride_c);
+        if (count == 0 || g.m == 0 || g.n == 0) return;
         if (g.k == 0) {
             for (index_t i = 0; i < count; ++i)  // no terms: each C_i is only scaled (a corner case, not a hot path)
                 cuda_detail::scale_or_zero<float>(View<float, 2, cuda>(C.data + i * stride_c, C.shape, C.strides), beta);

@@ -14,7 +14,9 @@
 //
 // Streams: each thread has a current stream (cudaStreamPerThread until a StreamGuard switches it) and its own cuBLAS
 // handle, bound to the current stream whenever it is handed out. Every CUDA and cuBLAS call goes through
-// MOONMOE_CUDA_CHECK / MOONMOE_CUBLAS_CHECK, which throw cuda_error naming the call, the error and the place.
+// MOONMOE_CUDA_CHECK / MOONMOE_CUBLAS_CHECK, which throw cuda_error naming the call, the error and the place, or,
+// where nothing may throw (release, destructors), through MOONMOE_CUDA_NOTE, which leaves the failure for the next
+// checked call to throw (cuda/error.hpp: after a kernel's sticky fault, the error names the first failing call).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -38,6 +40,7 @@
 // Without a mode (the #error above) nothing below is compiled, so that error is the only one.
 #if defined(MOONMOE_CUDA_EMULATED)
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -51,39 +54,31 @@
 
 #include "../cpu/memory.hpp"  // MemoryStats, shared with the CPU backend
 #include "../memory.hpp"
+#include "error.hpp"
 
 namespace moonmoe::backend {
 
-/// A CUDA runtime or cuBLAS call failed; what() names the call, the error and where it was made.
-struct cuda_error : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
 namespace cuda_detail {
 
-/// "moonmoe: cudaMallocAsync(&p, bytes, stream) failed with cudaErrorMemoryAllocation (out of memory) at f.hpp:12"
-inline std::string call_error_message(const char* call, const char* error_name, const char* error_text,
-                                      const char* file, int line) {
-    return std::string("moonmoe: ") + call + " failed with " + error_name + " (" + error_text + ") at " + file + ":" +
-           std::to_string(line);
-}
-
 #if !MOONMOE_CUDA_EMULATED
-inline void check(cudaError_t e, const char* call, const char* file, int line) {
-    if (e != cudaSuccess) throw cuda_error(call_error_message(call, cudaGetErrorName(e), cudaGetErrorString(e), file, line));
+inline CallStatus status(cudaError_t e) {
+    return e == cudaSuccess ? CallStatus{} : CallStatus{cudaGetErrorName(e), cudaGetErrorString(e)};
 }
+inline CallStatus status(cublasStatus_t s) {
+    return s == CUBLAS_STATUS_SUCCESS ? CallStatus{} : CallStatus{cublasGetStatusName(s), cublasGetStatusString(s)};
+}
+inline void check(cudaError_t e, const char* call, const char* file, int line) { check(status(e), call, file, line); }
 inline void check(cublasStatus_t s, const char* call, const char* file, int line) {
-    if (s != CUBLAS_STATUS_SUCCESS)
-        throw cuda_error(call_error_message(call, cublasGetStatusName(s), cublasGetStatusString(s), file, line));
+    check(status(s), call, file, line);
+}
+/// As note(CallStatus): except while the runtime unloads at process exit (a static tensor's release), when there is
+/// nothing left to free and no one left to tell.
+inline void note(cudaError_t e, const char* call, const char* file, int line) noexcept {
+    if (e != cudaSuccess && e != cudaErrorCudartUnloading) note(status(e), call, file, line);
 }
 #endif
 
 }  // namespace cuda_detail
-
-/// Checks a CUDA runtime call: throws cuda_error with the call's text, the error's name and description.
-#define MOONMOE_CUDA_CHECK(call) ::moonmoe::backend::cuda_detail::check((call), #call, __FILE__, __LINE__)
-/// Checks a cuBLAS call the same way.
-#define MOONMOE_CUBLAS_CHECK(call) ::moonmoe::backend::cuda_detail::check((call), #call, __FILE__, __LINE__)
 
 #if MOONMOE_CUDA_EMULATED
 /// The emulation runs everything on the host in order: a stream is only a name (one per Stream object).
@@ -150,7 +145,7 @@ public:
 #if MOONMOE_CUDA_EMULATED
         delete static_cast<const char*>(stream_);
 #else
-        cudaStreamDestroy(stream_);  // not checked: a destructor cannot report, and the work already queued completes
+        MOONMOE_CUDA_NOTE(cudaStreamDestroy(stream_));  // the work already queued completes
 #endif
     }
     Stream(const Stream&) = delete;
@@ -210,6 +205,30 @@ inline void configure_pool() {
     seen[std::size_t(device)] = true;
 }
 
+/// The current device's default pool, the one cudaMallocAsync serves.
+inline cudaMemPool_t default_pool() {
+    int device = 0;
+    MOONMOE_CUDA_CHECK(cudaGetDevice(&device));
+    cudaMemPool_t pool;
+    MOONMOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    return pool;
+}
+
+/// Bytes the current device's pool holds from the driver and hands out, for an out-of-memory message (0 where
+/// the queries fail: that message is already an error).
+struct PoolUsage {
+    std::uint64_t reserved = 0, used = 0;
+};
+inline PoolUsage pool_usage() {
+    PoolUsage u;
+    int device = 0;
+    cudaMemPool_t pool;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return u;
+    if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &u.reserved) != cudaSuccess) u.reserved = 0;
+    if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &u.used) != cudaSuccess) u.used = 0;
+    return u;
+}
+
 /// Requested sizes of live device blocks, for MemoryStats (a device block has no host-readable header).
 class BlockSizes {
 public:
@@ -234,26 +253,46 @@ private:
 
 template <>
 struct Memory<cuda> {
-    /// Zeroed device memory from the pool, ordered on the current stream (cudaMallocAsync aligns to 256 bytes at least).
+    /// Zeroed device memory from the pool, ordered on the current stream (cudaMallocAsync aligns to 256 bytes at
+    /// least). Out of memory, the pool's unused memory goes back to the driver and the request is tried once more
+    /// (cuda_detail::allocate_or_reclaim); then cuda_error gives the request and the pool's reserved and used bytes.
     static void* allocate(std::size_t bytes) {
         if (bytes == 0) return nullptr;
         cuda_detail::configure_pool();
         void* p = nullptr;
-        MOONMOE_CUDA_CHECK(cudaMallocAsync(&p, bytes, current_stream()));
-        MOONMOE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
+        cuda_detail::allocate_or_reclaim(
+            [&] {
+                const cudaError_t e = cudaMallocAsync(&p, bytes, current_stream());
+                if (e == cudaErrorMemoryAllocation) {
+                    (void)cudaGetLastError();  // not sticky: cleared, so no later launch check reads it as its own
+                    return false;
+                }
+                // Only a failure throws here: once p is allocated, a waiting failure is left for the next check.
+                if (e != cudaSuccess)
+                    cuda_detail::check(e, "cudaMallocAsync(&p, bytes, current_stream())", __FILE__, __LINE__);
+                return true;
+            },
+            [] { trim(); },
+            [&] {
+                const cuda_detail::PoolUsage u = cuda_detail::pool_usage();
+                return cuda_detail::out_of_memory_message(bytes, u.reserved, u.used);
+            });
+        if (const cudaError_t e = cudaMemsetAsync(p, 0, bytes, current_stream()); e != cudaSuccess) {
+            (void)cudaFreeAsync(p, current_stream());  // never handed out; its own failure would only repeat e's
+            cuda_detail::check(e, "cudaMemsetAsync(p, 0, bytes, current_stream())", __FILE__, __LINE__);
+        }
         sizes().add(p, bytes);
         stats().add(bytes);
         return p;
     }
     /// Back to the pool, ordered after the work queued so far on the current stream. Work on other streams that
     /// still reads the block must have been ordered before this (an event, or the same stream). Called from
-    /// Tensor's destructor: a failure here (a broken context) ends the program with the cuda_error's message.
-    static void release(void* p) {
+    /// Tensor's destructor, so it never throws: a failure (after a kernel's sticky fault, every call fails) is
+    /// recorded, and the next checked call throws it (cuda/error.hpp).
+    static void release(void* p) noexcept {
         if (!p) return;
         stats().remove(sizes().remove(p));
-        const cudaError_t e = cudaFreeAsync(p, current_stream());
-        // A tensor with static storage may be released after the runtime has shut down: nothing left to free.
-        if (e != cudaErrorCudartUnloading) cuda_detail::check(e, "cudaFreeAsync(p, current_stream())", __FILE__, __LINE__);
+        MOONMOE_CUDA_NOTE(cudaFreeAsync(p, current_stream()));
     }
     static void copy(void* dst, const void* src, std::size_t bytes) {
         if (bytes) MOONMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, current_stream()));
@@ -273,13 +312,12 @@ struct Memory<cuda> {
         MOONMOE_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, current_stream()));
         MOONMOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     }
-    /// Returns the pool's unused memory on the current device to the driver.
+    /// Returns the pool's unused memory on the current device to the driver, for what allocates outside the pool
+    /// (cuBLAS's workspaces, NCCL's buffers). Waits for the whole device first: a block freed with cudaFreeAsync
+    /// stays reserved until the host has seen its stream's work complete, on whichever stream that was.
     static void trim() {
-        int device = 0;
-        MOONMOE_CUDA_CHECK(cudaGetDevice(&device));
-        cudaMemPool_t pool;
-        MOONMOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-        MOONMOE_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+        MOONMOE_CUDA_CHECK(cudaDeviceSynchronize());
+        MOONMOE_CUDA_CHECK(cudaMemPoolTrimTo(cuda_detail::default_pool(), 0));
     }
     /// Bytes held by live CUDA tensors (their requested sizes), current and peak.
     static MemoryStats& stats() {
@@ -296,6 +334,22 @@ private:
 
 #else  // MOONMOE_CUDA_EMULATED
 
+namespace cuda_detail {
+
+/// The emulation's device fault. While set, every call of the emulated runtime (Memory<cuda>'s) fails with
+/// cudaErrorIllegalAddress, as every CUDA call does after a kernel wrote through a bad pointer (a sticky error: on
+/// a GPU only a new process clears it), so the failure paths the two modes share (release in destructors, the
+/// first-failure record of cuda/error.hpp) run without a GPU. Tests set and clear it.
+inline std::atomic<bool> emulated_device_fault{false};
+
+/// One emulated runtime call: a failure only while the fault is set.
+inline CallStatus emulated_call() {
+    if (!emulated_device_fault.load(std::memory_order_relaxed)) return {};
+    return {"cudaErrorIllegalAddress", "an illegal memory access was encountered"};
+}
+
+}  // namespace cuda_detail
+
 template <>
 struct Memory<cuda> {
     static constexpr std::size_t alignment = 64;
@@ -303,6 +357,8 @@ struct Memory<cuda> {
     /// Zeroed, 64-byte aligned host memory, with a header in front recording the requested size (for stats).
     static void* allocate(std::size_t bytes) {
         if (bytes == 0) return nullptr;
+        cuda_detail::check(cuda_detail::emulated_call(), "cudaMallocAsync(&p, bytes, current_stream())", __FILE__,
+                           __LINE__);
         const std::size_t total = alignment + (bytes + alignment - 1) / alignment * alignment;
         auto* base = static_cast<std::byte*>(std::aligned_alloc(alignment, total));
         if (!base) throw std::bad_alloc();
@@ -311,17 +367,25 @@ struct Memory<cuda> {
         stats().add(bytes);
         return base + alignment;
     }
-    static void release(void* p) {
+    /// Never throws, as on a GPU; the host memory is freed even under the fault, so a test of it leaks nothing.
+    static void release(void* p) noexcept {
         if (!p) return;
         std::byte* base = static_cast<std::byte*>(p) - alignment;
         stats().remove(reinterpret_cast<const std::size_t*>(base)[0]);
+        cuda_detail::note(cuda_detail::emulated_call(), "cudaFreeAsync(p, current_stream())", __FILE__, __LINE__);
         std::free(base);
     }
     static void copy(void* dst, const void* src, std::size_t bytes) {
-        if (bytes) std::memcpy(dst, src, bytes);
+        if (!bytes) return;
+        cuda_detail::check(cuda_detail::emulated_call(), "cudaMemcpyAsync(dst, src, bytes, kind, current_stream())",
+                           __FILE__, __LINE__);
+        std::memcpy(dst, src, bytes);
     }
     static void fill_zero(void* p, std::size_t bytes) {
-        if (bytes) std::memset(p, 0, bytes);
+        if (!bytes) return;
+        cuda_detail::check(cuda_detail::emulated_call(), "cudaMemsetAsync(p, 0, bytes, current_stream())", __FILE__,
+                           __LINE__);
+        std::memset(p, 0, bytes);
     }
     static void to_host(void* host_dst, const void* src, std::size_t bytes) { copy(host_dst, src, bytes); }
     static void to_device(void* dst, const void* host_src, std::size_t bytes) { copy(dst, host_src, bytes); }

@@ -28,6 +28,7 @@
 #include <memory>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "../../tensor/tensor.hpp"
 
@@ -45,7 +46,7 @@ public:
     }
     ~Event() {
 #if !MOONMOE_CUDA_EMULATED
-        cudaEventDestroy(event_);  // not checked: a destructor cannot report
+        MOONMOE_CUDA_NOTE(cudaEventDestroy(event_));
 #endif
     }
     Event(const Event&) = delete;
@@ -69,14 +70,15 @@ private:
 #endif
 };
 
-/// Page-locked host buffers, reused by size.
+/// Page-locked host buffers, reused by size. The pool frees every buffer it made, also those of tickets never
+/// taken back (an exception unwinding through a forward): a ticket's buffer is only usable through its HostOffload.
 class PinnedPool {
 public:
     PinnedPool() = default;
     PinnedPool(const PinnedPool&) = delete;
     PinnedPool& operator=(const PinnedPool&) = delete;
     ~PinnedPool() {
-        for (auto& [bytes, p] : free_) release(p);
+        for (void* p : made_) release(p);
     }
     void* take(std::size_t bytes) {
         if (const auto it = free_.find(bytes); it != free_.end()) {
@@ -84,6 +86,7 @@ public:
             free_.erase(it);
             return p;
         }
+        if (made_.size() == made_.capacity()) made_.reserve(2 * made_.size() + 8);
         void* p = nullptr;
 #if MOONMOE_CUDA_EMULATED
         p = std::malloc(bytes);
@@ -91,6 +94,7 @@ public:
 #else
         MOONMOE_CUDA_CHECK(cudaMallocHost(&p, bytes));
 #endif
+        made_.push_back(p);  // room reserved above: cannot throw and lose p
         held_ += bytes;
         return p;
     }
@@ -99,14 +103,15 @@ public:
     std::size_t held() const { return held_; }
 
 private:
-    static void release(void* p) {
+    static void release(void* p) noexcept {
 #if MOONMOE_CUDA_EMULATED
         std::free(p);
 #else
-        cudaFreeHost(p);  // not checked: called from the destructor
+        MOONMOE_CUDA_NOTE(cudaFreeHost(p));  // from the destructor: a failure waits for the next checked call
 #endif
     }
     std::multimap<std::size_t, void*> free_;
+    std::vector<void*> made_;
     std::size_t held_ = 0;
 };
 
@@ -135,12 +140,12 @@ public:
     };
 
     HostOffload() = default;
-    /// Waits for the queued copies before the pinned buffers are freed.
+    /// Waits for the queued copies before the pinned buffers are freed; a failure (a broken context: nothing left
+    /// to wait for) is recorded for the next checked call, as a destructor cannot throw.
     ~HostOffload() {
-        try {
-            copy_.synchronize();
-        } catch (...) {  // a broken context: nothing left to wait for
-        }
+#if !MOONMOE_CUDA_EMULATED
+        MOONMOE_CUDA_NOTE(cudaStreamSynchronize(copy_.get()));
+#endif
     }
     HostOffload(const HostOffload&) = delete;
     HostOffload& operator=(const HostOffload&) = delete;
