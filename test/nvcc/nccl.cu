@@ -7,7 +7,9 @@ using namespace moonmoe;
 using namespace moonmoe::parallel;
 
 void every_operation(Communicator& bootstrap) {
-    const auto c = NcclCommunicator::from(bootstrap, 0);
+    const auto c = NcclCommunicator::from(bootstrap, 0, "world", std::chrono::seconds(30));
+    ncclUniqueId id{};
+    const auto one = NcclCommunicator::init(id, 1, 0);
     Tensor<float, 1, moonmoe::cuda> a({8}), b({8});
     const std::vector<index_t> counts(std::size_t(c->size()), 0);
     c->all_to_all_v(std::span<const float>(a.data(), 0), counts, std::span<float>(b.data(), 0), counts);
@@ -17,6 +19,12 @@ void every_operation(Communicator& bootstrap) {
     c->exchange_counts(counts);
     c->isend(std::span<const float>(a.data(), 8), 0, 0)->wait();
     c->irecv(std::span<float>(b.data(), 8), 0, 0)->wait();
+    c->group_start();
+    const auto send = c->isend(std::span<const float>(a.data(), 8), 0, 0);
+    const auto recv = c->irecv(std::span<float>(b.data(), 8), 0, 0);
+    c->group_end();
+    recv->wait();
+    send->wait();
     c->barrier();
     const auto sub = c->split(0, c->rank(), "sub");
     const std::vector<index_t> offsets(std::size_t(c->size() + 1), 0);

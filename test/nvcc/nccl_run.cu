@@ -1,14 +1,20 @@
 // The NCCL communicator (parallel/nccl.hpp) and the parallel runtime on it, on one GPU: a program of its own that
-// tools/gpu_check.sh builds and runs (CI compiles it only: nvcc.nccl_run). One process, one rank
-// (ncclCommInitRank with a unique id of its own, no MPI): every collective on device buffers against its
-// one-rank meaning, split, and Parallel<1, 1, 1> training on the CUDA backend through ProcessGroups, Pipeline and
-// DistributedOptimizer over NCCL against nn::Transformer's own training step and optim::Optimizer, three MuonClip
-// steps. (Point-to-point needs two ranks: NCCL's send and receive to oneself only complete in one group, which the
-// pipeline's one-rank schedule with V = 1 never issues.) Exit status: the number of failed checks.
+// tools/gpu_check.sh builds and runs (CI compiles it only: nvcc.nccl_run). One process, one rank, no MPI
+// (NcclCommunicator::from over a host world of one, test/support/self_world.hpp): every collective on device
+// buffers against its one-rank meaning, split, and Parallel<1, 1, 1> training on the CUDA backend through
+// ProcessGroups, Pipeline and DistributedOptimizer over NCCL against nn::Transformer's own training step and
+// optim::Optimizer, three MuonClip steps. Then the requests' streams: sends and receives to this rank itself (which
+// complete only in one group) behind a kernel that is still writing their data when they are posted, waited on
+// under another StreamGuard and from another thread, and read back on streams nothing orders after the posting one,
+// so a wait() that waited for the wrong work reads stale data. Last, initialisation with a deadline: a 2-rank
+// communicator whose second rank never joins must throw comm_error once its 2 s timeout has passed, not hang.
+// Exit status: the number of failed checks.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
+#include <thread>
 
 #include <moonmoe/config.hpp>
 #include <moonmoe/nn/init.hpp>
@@ -16,18 +22,17 @@
 #include <moonmoe/parallel/pipeline.hpp>
 #include <moonmoe/parallel/zero.hpp>
 
+#include "../support/self_world.hpp"
+#include "../support/expect.hpp"
+
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using Dev = moonmoe::cuda;
 
 namespace {
 
-int failures = 0;
-
-void expect(bool ok, const std::string& what) {
-    std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
-    failures += ok ? 0 : 1;
-}
+using test_support::expect;
+using test_support::failures;
 
 Tensor<float, 1, Dev> device(const std::vector<float>& v) { return to_device<Dev>(std::span<const float>(v)); }
 
@@ -110,20 +115,180 @@ void runtime(Communicator& world) {
     expect(worst <= 1e-5, "ZeRO-1 over NCCL: the weights after three MuonClip steps equal the one-process run's");
 }
 
+// The GPU's nanosecond clock.
+__device__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/// Waits `delay_ns`, then writes `value` everywhere: work still running when the host posts what follows it.
+__global__ void late_fill(float* data, int n, float value, unsigned long long delay_ns) {
+    const unsigned long long start = now_ns();
+    while (now_ns() - start < delay_ns) {
+    }
+    for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) data[i] = value;
+}
+
+constexpr int n_values = 1 << 16;
+
+void fill_late(Tensor<float, 1, Dev>& t, float value, std::chrono::milliseconds delay) {
+    late_fill<<<1, 256, 0, backend::current_stream()>>>(t.data(), int(t.numel()), value,
+                                                          (unsigned long long)(delay.count()) * 1000000ull);
+    MOONMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+bool all_equal(const std::vector<float>& v, float value) {
+    for (float x : v)
+        if (x != value) return false;
+    return true;
+}
+
+/// A send and a receive to this rank itself, posted as one group on the current stream after a late fill of the
+/// sent data.
+struct Exchange {
+    Tensor<float, 1, Dev> sent{{n_values}}, received{{n_values}};
+    std::unique_ptr<Request> send, recv;
+
+    void post(Communicator& c, float value, std::chrono::milliseconds delay) {
+        fill_late(sent, value, delay);
+        c.group_start();
+        send = c.isend(std::span<const float>(sent.data(), n_values), 0, 0);
+        recv = c.irecv(std::span<float>(received.data(), n_values), 0, 0);
+        c.group_end();
+    }
+    void wait() {
+        recv->wait();
+        send->wait();
+    }
+};
+
+void streams(Communicator& c) {
+    backend::Stream s1, s2;
+    using std::chrono::milliseconds;
+
+    {  // a request waited on under another StreamGuard waits for the work of the stream it was posted on
+        Exchange x;
+        MOONMOE_CUDA_CHECK(cudaDeviceSynchronize());  // the tensors' zeroing, on this thread's stream
+        {
+            backend::StreamGuard on(s1.get());
+            x.post(c, 7.0f, milliseconds(300));
+        }
+        backend::StreamGuard on(s2.get());  // nothing orders s2 after s1: only wait() can make the read right
+        x.wait();
+        expect(all_equal(to_host(x.received), 7.0f),
+               "a request waited on under another StreamGuard waits for the work it was posted behind");
+    }
+
+    {  // two outstanding requests from two streams, waited on from two threads: each waits for its own work
+        Exchange x1, x2;
+        MOONMOE_CUDA_CHECK(cudaDeviceSynchronize());
+        {
+            backend::StreamGuard on(s1.get());
+            x1.post(c, 1.0f, milliseconds(400));
+        }
+        {
+            backend::StreamGuard on(s2.get());
+            x2.post(c, 2.0f, milliseconds(100));
+        }
+        std::vector<float> got1;
+        std::string thread_error;
+        std::thread other([&] {  // on this thread's own per-thread default stream
+            try {
+                x1.wait();
+                got1 = to_host(x1.received);
+            } catch (const std::exception& e) {
+                thread_error = e.what();
+            }
+        });
+        std::vector<float> got2;
+        {
+            backend::StreamGuard on(s1.get());  // the other request's stream
+            x2.wait();
+            got2 = to_host(x2.received);
+        }
+        other.join();
+        if (!thread_error.empty()) std::printf("     the other thread: %s\n", thread_error.c_str());
+        expect(thread_error.empty() && all_equal(got1, 1.0f),
+               "two outstanding requests: the one waited on from another thread waits for its own work");
+        expect(all_equal(got2, 2.0f),
+               "two outstanding requests: the one waited on under the other's stream waits for its own work");
+    }
+
+    {  // a collective issued under a StreamGuard runs after that stream's work and is complete when it returns
+        Tensor<float, 1, Dev> a({n_values}), out({n_values});
+        MOONMOE_CUDA_CHECK(cudaDeviceSynchronize());
+        {
+            backend::StreamGuard on(s1.get());
+            fill_late(a, 3.0f, milliseconds(300));
+            c.all_gather(std::span<const float>(a.data(), n_values), std::span<float>(out.data(), n_values));
+        }
+        backend::StreamGuard on(s2.get());
+        expect(all_equal(to_host(out), 3.0f), "all_gather under a StreamGuard gathers what that stream wrote before it");
+    }
+
+    {  // waiting inside the request's own group can never complete: refused at once
+        Exchange x;
+        MOONMOE_CUDA_CHECK(cudaDeviceSynchronize());
+        c.group_start();
+        x.send = c.isend(std::span<const float>(x.sent.data(), n_values), 0, 0);
+        std::string message;
+        try {
+            x.send->wait();
+        } catch (const comm_error& e) {
+            message = e.what();
+        }
+        x.recv = c.irecv(std::span<float>(x.received.data(), n_values), 0, 0);
+        c.group_end();
+        x.wait();
+        expect(message.find("call group_end() first") != std::string::npos,
+               "a request waited on inside its own group is refused (" + message + ")");
+    }
+}
+
+/// Rank 0 of a 2-rank communicator whose rank 1 never joins: comm_error naming the rank, the operation and the
+/// timeout once 2 s have passed, the communicator aborted.
+void initialisation_deadline() {
+    ncclUniqueId id{};
+    if (ncclGetUniqueId(&id) != ncclSuccess) {
+        expect(false, "ncclGetUniqueId for the 2-rank communicator");
+        return;
+    }
+    std::printf("     initialising a 2-rank communicator alone (must give up after 2 s)\n");
+    std::fflush(stdout);
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+        NcclCommunicator::init(id, 2, 0, "pair", std::chrono::seconds(2));
+    } catch (const comm_error& e) {
+        message = e.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("     gave up after %.1f s: %s\n", seconds, message.c_str());
+    expect(message.find("ncclCommInitRankConfig on pair (rank 0 of 2): not complete after 2000 ms") == 0 &&
+               message.find("aborted") != std::string::npos,
+           "initialisation with a rank missing throws comm_error naming the rank, the operation and the timeout");
+    // Not a timing assertion: a bound on "does not hang" (the abort itself may take a few seconds).
+    expect(seconds >= 2.0 && seconds < 60.0, "initialisation with a rank missing gives up after its timeout");
+}
+
 }  // namespace
 
 int main() {
-    MOONMOE_CUDA_CHECK(cudaSetDevice(0));
-    ncclUniqueId id{};
-    ncclComm_t comm = nullptr;
-    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess) {
-        std::printf("FAIL NCCL: cannot create a one-rank communicator\n");
-        return 1;
-    }
-    NcclCommunicator world(comm, "world");
     try {
-        collectives(world);
-        runtime(world);
+        testing::SelfWorld host;
+        // One rank: initialisation completes well within the deadline.
+        const auto world = NcclCommunicator::from(host, 0, "world", std::chrono::seconds(60));
+        expect(world->size() == 1 && world->rank() == 0, "from() with a deadline makes a one-rank communicator");
+        collectives(*world);
+        streams(*world);
+        runtime(*world);
+    } catch (const std::exception& e) {
+        std::printf("FAIL %s\n", e.what());
+        ++failures;
+    }
+    try {
+        initialisation_deadline();  // last: NCCL's bootstrap thread for the missing rank stays behind
     } catch (const std::exception& e) {
         std::printf("FAIL %s\n", e.what());
         ++failures;
