@@ -25,13 +25,13 @@ mkdir -p "$bin/lib" "$tmp/build-gpu" "$tmp/deps-root/deps"
 stub() { printf '#!/usr/bin/env bash\n%s\n' "$2" > "$bin/$1"; chmod +x "$bin/$1"; }
 stub fast_kernels 'echo "[doctest] test cases: 3 | 3 passed | 0 failed"; exit 0'
 if [ -n "$emulated" ]; then
-    stub tests_pass "exec \"$emulated\" --test-case='*random*<cuda>*' \"\$@\""
+    stub tests_model_pass "exec \"$emulated\" --test-case='*random*<cuda>*' \"\$@\""
 else
-    stub tests_pass 'echo "[doctest] test cases: 2 | 2 passed | 0 failed"; exit 0'
+    stub tests_model_pass 'echo "[doctest] test cases: 2 | 2 passed | 0 failed"; exit 0'
 fi
-stub tests_fail 'echo "fast kernels: ${MOONMOE_CUDA_FAST_KERNELS:-off}"; printf "===\nplanted.cpp:1:\nTEST CASE:  planted failure, with a comma<cuda>\n\nplanted.cpp:2: ERROR: CHECK( 1 == 2 ) is NOT correct!\n"; echo "[doctest] test cases: 2 | 1 passed | 1 failed"; exit 1'
-stub tests_crash 'printf "TEST CASE:  planted crash<cuda>\n"; kill -SEGV $$'
-stub tests_hang 'echo "planted hang"; exec sleep 600'
+stub tests_model_fail 'echo "fast kernels: ${MOONMOE_CUDA_FAST_KERNELS:-off}"; printf "===\nplanted.cpp:1:\nTEST CASE:  planted failure, with a comma<cuda>\n\nplanted.cpp:2: ERROR: CHECK( 1 == 2 ) is NOT correct!\n"; echo "[doctest] test cases: 2 | 1 passed | 1 failed"; exit 1'
+stub tests_kernels_crash 'printf "TEST CASE:  planted crash<cuda>\n"; kill -SEGV $$'
+stub tests_model_hang 'echo "planted hang"; exec sleep 600'
 stub sticky_fault 'echo "ok   planted sticky fault"; exit 0'
 stub kimi_k2_1t_cuda 'echo "planted example $*"; exit 0'
 stub moonmoe_cuda_bench 'for a; do case $a in --benchmark_out=*) echo "{\"context\": {}, \"benchmarks\": []}" > "${a#--benchmark_out=}";; esac; done; echo "planted bench"; exit 0'
@@ -46,7 +46,7 @@ tar -C "$tmp/deps-root" -cJf "$tmp/build-gpu/deps.tar.xz" deps
 {
     printf '# planted by test/gpu_check/self_test.sh\n# commit planted\n'
     printf 'fast_kernels\tprogram\ttest/nvcc/fast_kernels.cu\t-lcublas\t\n'
-    for g in tests_pass tests_fail tests_crash tests_hang; do printf '%s\ttests\tnone.cu\t-lcublas\t\n' "$g"; done
+    for g in tests_model_pass tests_model_fail tests_kernels_crash tests_model_hang; do printf '%s\ttests\tnone.cu\t-lcublas\t\n' "$g"; done
     printf 'sticky_fault\tprogram\tnone.cu\t-lcublas\t\n'
     printf 'nccl_run\tprogram\ttest/gpu_check/planted_program.cu\t\t\n'
     printf 'kimi_k2_1t_cuda\texample\tnone.cu\t-lcublas\t--tokens 4\n'
@@ -72,19 +72,20 @@ row() { grep -qF "| $1 | $2 |" "$s"; }
 expect "the exit status says something failed" test "$rc" -ne 0
 expect "summary.md names the device" grep -q '^- device: no GPU' "$s"
 expect "fast kernels: pass" row "fast kernels vs portable" pass
-expect "the passing group passes" row "tests: tests_pass" pass
-expect "the failing group fails with its exit status" row "tests: tests_fail" "fail (exit 1)"
-expect "the crashing group is reported as a crash" row "tests: tests_crash" "crash (signal 11)"
-expect "the hung group is stopped by its timeout" row "tests: tests_hang" timeout
+expect "the passing group passes" row "tests: tests_model_pass" pass
+expect "the failing group fails with its exit status" row "tests: tests_model_fail" "fail (exit 1)"
+expect "the crashing group is reported as a crash" row "tests: tests_kernels_crash" "crash (signal 11)"
+expect "the hung group is stopped by its timeout" row "tests: tests_model_hang" timeout
 expect "the failing group's row names its failed case" \
-    grep -qF "| tests: tests_fail | fail (exit 1) | 0 | 1 passed, 1 failed; failed: planted failure? with a comma<cuda> |" "$s"
-expect "its memcheck rerun is skipped here (no sanitizer)" row "memcheck: tests_fail" "skipped: no sanitizer"
+    grep -qF "| tests: tests_model_fail | fail (exit 1) | 0 | 1 passed, 1 failed; failed: planted failure? with a comma<cuda> |" "$s"
+expect "its memcheck rerun is skipped here (no sanitizer)" row "memcheck: tests_model_fail" "skipped: no sanitizer"
 expect "the crashed group's failed case is named too" grep -qF "failed: planted crash<cuda>" "$s"
 expect "the unloadable program was rebuilt with nvcc" row "rebuild nccl_run" pass
 expect "and then run" row "nccl, one rank" pass
 expect "the program's output is in programs.log" grep -q 'planted program rebuilt and run' "$out/programs.log"
 expect "the step after the hang ran (sticky fault)" row "sticky fault" pass
-expect "the fast-kernel reruns ran for every model-level group" row "tests, fast kernels on: tests_pass" pass
+expect "the fast-kernel reruns ran for the model-level groups" row "tests, fast kernels on: tests_model_pass" pass
+expect "and not for the kernels' groups" bash -c "! grep -q 'fast kernels on: tests_kernels' '$s'"
 expect "the test groups ran without the fast kernels" grep -q 'fast kernels: off' "$out/tests.log"
 expect "and again with every fast kernel on" grep -q 'fast kernels: all' "$out/kernels.log"
 expect "the example ran with its arguments" grep -q 'planted example --tokens 4' "$out/programs.log"
@@ -102,7 +103,7 @@ expect "summary.md is first and fits a screen (at most 40 lines)" test "$(wc -l 
 # A budget too small for the optional steps: they are skipped, the summary is still written.
 out2="$tmp/out2"
 run_device "$out2" BUDGET_S=15
-expect "with a 15 s budget the test groups are skipped" grep -qF "| tests: tests_pass | skipped: budget |" "$out2/summary.md"
+expect "with a 15 s budget the test groups are skipped" grep -qF "| tests: tests_model_pass | skipped: budget |" "$out2/summary.md"
 expect "and the summary is complete" grep -q '^Total ' "$out2/summary.md"
 
 echo "gpu_check self test: $failures failure(s)"
