@@ -11,9 +11,10 @@
 //                                scores [T, E] holds the router logits and becomes s = sigmoid or softmax of them;
 //                                selects with s + bias (bias [E], used when cfg.correction_bias), limited to the
 //                                cfg.top_groups best of cfg.groups groups (GroupSum-of-top-2 or GroupMax), top-k with
-//                                ties to the lower index, largest first; or takes the experts of `fixed` [T, K]
-//                                when it has data. weight [T, K] = s[idx], normalised by sum + 1e-20 (NormTopK),
-//                                times cfg.routed_scale
+//                                ties to the lower index, largest first, in torch.topk's order (fn::ranks_before: a
+//                                NaN above every number, a group holding one first); or takes the experts of
+//                                `fixed` [T, K] when it has data. weight [T, K] = s[idx], normalised by sum + 1e-20
+//                                (NormTopK), times cfg.routed_scale
 //   route_backward(cfg, scores, idx, dweight, aux_grad, dlogits)
 //                                dlogits [T, E] = d loss / d logits from dweight [T, K] (through NormTopK and the
 //                                routed scale) plus aux_grad [T, E] (d balance loss / ds; no data = none), through
