@@ -402,11 +402,8 @@ device() {
             echo "- device: no GPU (nvidia-smi absent or failing): the GPU-only steps are skipped"
         fi
         [ -x "$cuda/bin/nvcc" ] && echo "- nvcc: $("$cuda/bin/nvcc" --version | tail -1)"
-        find_libraries
-    } > "$x/device.tmp"
-    # find_libraries exports LD_LIBRARY_PATH: call it again in this shell (the block above ran in a subshell).
-    find_libraries > /dev/null
-    mv "$x/device.tmp" "$x/device.md"
+        find_libraries  # exports LD_LIBRARY_PATH: a { } group runs in this shell, not a subshell
+    } > "$x/device.md"
     local sanitizer=""
     [ $gpu = yes ] && sanitizer=$(find_sanitizer)
     echo "- compute-sanitizer: ${sanitizer:-not used}" >> "$x/device.md"

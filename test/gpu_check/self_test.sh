@@ -19,22 +19,22 @@ expect() {  # expect <description> <command...>
     if "$@"; then echo "ok   $what"; else echo "FAIL $what"; failures=$((failures + 1)); fi
 }
 
-# The planted binaries.
+# The planted binaries: each a stand-in script that behaves as the case it plants (plant <name> <body>).
 bin="$tmp/bin"
 mkdir -p "$bin/lib" "$tmp/build-gpu" "$tmp/deps-root/deps"
-stub() { printf '#!/usr/bin/env bash\n%s\n' "$2" > "$bin/$1"; chmod +x "$bin/$1"; }
-stub fast_kernels 'echo "[doctest] test cases: 3 | 3 passed | 0 failed"; exit 0'
+plant() { printf '#!/usr/bin/env bash\n%s\n' "$2" > "$bin/$1"; chmod +x "$bin/$1"; }
+plant fast_kernels 'echo "[doctest] test cases: 3 | 3 passed | 0 failed"; exit 0'
 if [ -n "$emulated" ]; then
-    stub tests_model_pass "exec \"$emulated\" --test-case='*random*<cuda>*' \"\$@\""
+    plant tests_model_pass "exec \"$emulated\" --test-case='*random*<cuda>*' \"\$@\""
 else
-    stub tests_model_pass 'echo "[doctest] test cases: 2 | 2 passed | 0 failed"; exit 0'
+    plant tests_model_pass 'echo "[doctest] test cases: 2 | 2 passed | 0 failed"; exit 0'
 fi
-stub tests_model_fail 'echo "fast kernels: ${MOONMOE_CUDA_FAST_KERNELS:-off}"; printf "===\nplanted.cpp:1:\nTEST CASE:  planted failure, with a comma<cuda>\n\nplanted.cpp:2: ERROR: CHECK( 1 == 2 ) is NOT correct!\n"; echo "[doctest] test cases: 2 | 1 passed | 1 failed"; exit 1'
-stub tests_kernels_crash 'printf "TEST CASE:  planted crash<cuda>\n"; kill -SEGV $$'
-stub tests_model_hang 'echo "planted hang"; exec sleep 600'
-stub sticky_fault 'echo "ok   planted sticky fault"; exit 0'
-stub kimi_k2_1t_cuda 'echo "planted example $*"; exit 0'
-stub moonmoe_cuda_bench 'for a; do case $a in --benchmark_out=*) echo "{\"context\": {}, \"benchmarks\": []}" > "${a#--benchmark_out=}";; esac; done; echo "planted bench"; exit 0'
+plant tests_model_fail 'echo "fast kernels: ${MOONMOE_CUDA_FAST_KERNELS:-off}"; printf "===\nplanted.cpp:1:\nTEST CASE:  planted failure, with a comma<cuda>\n\nplanted.cpp:2: ERROR: CHECK( 1 == 2 ) is NOT correct!\n"; echo "[doctest] test cases: 2 | 1 passed | 1 failed"; exit 1'
+plant tests_kernels_crash 'printf "TEST CASE:  planted crash<cuda>\n"; kill -SEGV $$'
+plant tests_model_hang 'echo "planted hang"; exec sleep 600'
+plant sticky_fault 'echo "ok   planted sticky fault"; exit 0'
+plant kimi_k2_1t_cuda 'echo "planted example $*"; exit 0'
+plant moonmoe_cuda_bench 'for a; do case $a in --benchmark_out=*) echo "{\"context\": {}, \"benchmarks\": []}" > "${a#--benchmark_out=}";; esac; done; echo "planted bench"; exit 0'
 # A real executable that needs a library that is gone: the device script must rebuild it.
 printf 'int planted_symbol() { return 0; }\n' > "$tmp/lib.cpp"
 printf 'int planted_symbol();\nint main() { return planted_symbol(); }\n' > "$tmp/main.cpp"
