@@ -27,7 +27,7 @@ void layer(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tok
     const auto layout = moonmoe::nn::TokenLayout::sequences(1, tokens);
     DecoderLayer::Cache cache;
     l.forward(h.view(), layout, out.view(), cache);  // the pair count for the FLOPs, the bytes kept for backward
-    const index_t pairs = tokens * cfg.moe.top_k - l.moe.skipped_assignments;
+    const index_t pairs = l.moe.expert_rows;
     const double kept_mib = double(cache.bytes()) / (1024.0 * 1024.0);
     const double f = flops::mla_forward(cfg, tokens) + flops::moe_forward(cfg, tokens, pairs);
     measure(state, {backward ? 3.0 * f : f}, [&] {

@@ -26,7 +26,7 @@ void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t token
     MoE::Cache cache;
     // The routing depends only on x, so one forward tells the pair count of every iteration.
     block.forward(x.view(), y.view(), cache);
-    const index_t pairs = tokens * cfg.moe.top_k - block.skipped_assignments;
+    const index_t pairs = block.expert_rows;
     block.times = {};
     double total = 0;
     const double f = flops::moe_forward(cfg, tokens, pairs);

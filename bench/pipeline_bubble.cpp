@@ -41,7 +41,7 @@ void PipelineStep(benchmark::State& state, index_t v, index_t m) {
     ModelConfig c = Shape::config;
     c.parallel.pp = pp, c.parallel.virtual_stages = v, c.parallel.micro_batches = m;
     ProcessGroups g(w, c.parallel);
-    nn::Transformer<cpu> part(c, model_part(c, g.at));
+    nn::Transformer<cpu> part(c, model_part(c, g.at), expert_dispatcher<cpu>(g));
     nn::init_weights(part, {.seed = 1});
     Pipeline<cpu> pipeline(part, g, m);
     const auto layout = nn::TokenLayout::sequences(2, 128);

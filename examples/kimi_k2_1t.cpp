@@ -269,7 +269,7 @@ int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h,
     moonmoe::ModelConfig one = cfg;
     one.parallel.ep = 1;
     moonmoe::KeptTensors here = moonmoe::layer_activations(one, false, tokens);
-    const index_t pairs = tokens * cfg.moe.top_k - layer.moe.skipped_assignments;
+    const index_t pairs = layer.moe.expert_rows;
     for (int i = 0; i < here.count; ++i)
         if (std::string_view(here.tensors[i].name).starts_with("experts.")) here.tensors[i].rows = pairs;
     const auto storage = moonmoe::activation_storage_of(cfg.activations);
@@ -400,7 +400,7 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     std::printf("%6.2f s\n", since(t));
 
     const auto& mt = layer.moe.times;
-    const index_t routed_here = tokens * cfg.moe.top_k - layer.moe.skipped_assignments;
+    const index_t routed_here = layer.moe.expert_rows;
     std::printf("\n  time per part            forward   backward\n");
     std::printf("  MLA (64 heads)          %7.2f s %8.2f s\n", fwd_attn, bwd_attn);
     if (gpu) {

@@ -122,15 +122,14 @@ public:
         if (o_.clip_after_update)
             remeasure = [&] {  // forward only: the maxima of the updated weights on this batch
                 typename moonmoe::nn::Transformer<B>::Cache cache;
-                model.forward(ids_.data(), layout, cache);
+                model.forward(ids_.data(), layout, cache, moonmoe::nn::Pass::measurement);
             };
         report = opt.step(remeasure);
         log.heads_clipped = report.clip.total();
         log.clip_exhausted = report.clip_exhausted;
         if (o_.measure_after_step) {
-            const moonmoe::optim::UncountedForwards<B> measuring(model);  // a measurement: the router loads stay as they are
-            typename moonmoe::nn::Transformer<B>::Cache cache;
-            model.forward(ids_.data(), layout, cache);
+            typename moonmoe::nn::Transformer<B>::Cache cache;  // a measurement: the router loads stay as they are
+            model.forward(ids_.data(), layout, cache, moonmoe::nn::Pass::measurement);
             log.max_logit_after = -INFINITY;
             for (auto& layer : model.layers) {
                 const std::vector<float> m = moonmoe::to_host(layer.self_attn.max_logit_per_head);

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 
 #include <moonmoe/backend/cpu.hpp>
@@ -91,7 +92,7 @@ struct Reference {
             const float scale = 1.0f / float(batches[q].size());
             for (const std::vector<index_t>& ids : batches[q]) {
                 nn::Transformer<cpu>::Cache cache;
-                Tensor<float, 2, cpu> logits = model.forward(ids.data(), layout, cache);
+                Tensor<float, 2, cpu> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
                 Tensor<float, 2, cpu> dlogits(logits.shape());
                 const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
                 losses[q].push_back(nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view()));
@@ -114,17 +115,38 @@ struct Reference {
     }
 };
 
-void check_layout(const std::string& model_name, ModelConfig base, const Layout& l) {
+/// Who runs the forwards and backwards: the pipeline executor, or (layouts without pipeline parallelism) the
+/// part itself, as a whole model whose MoE layers exchange over the expert group.
+enum class Driver { pipeline, transformer };
+
+void check_layout(const std::string& model_name, ModelConfig base, const Layout& l, Driver driver = Driver::pipeline) {
     Communicator& w = world();
     const index_t M = std::max<index_t>(2, l.pp);
     const ModelConfig c = configure(base, l, M);
     const bool bitwise = l.ep == 1 && l.ep * l.dp <= 2;
+    const std::string driven = driver == Driver::pipeline ? "Pipeline" : "Transformer";
     INFO(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << ", extra warm-up "
-                    << l.extra_warmup << ", " << M << " micro-batches per replica, rank " << w.rank());
+                    << l.extra_warmup << ", " << M << " micro-batches per replica, run by " << driven << ", rank "
+                    << w.rank());
     ProcessGroups g(w, c.parallel);
-    nn::Transformer<cpu> part(c, model_part(c, g.at));
+    nn::Transformer<cpu> part(c, model_part(c, g.at), expert_dispatcher<cpu>(g));
     nn::init_weights(part, {.seed = 5});
-    Pipeline<cpu> pipeline(part, g, M, l.extra_warmup);
+    std::optional<Pipeline<cpu>> pipeline;
+    if (driver == Driver::pipeline) pipeline.emplace(part, g, M, l.extra_warmup);
+    // the part as the whole model: each micro-batch's loss gradient scaled by 1 / M, as the pipeline does
+    const auto run_part = [&](const std::vector<std::vector<index_t>>& micro_batches, const nn::TokenLayout& layout) {
+        std::vector<float> losses;
+        for (const std::vector<index_t>& ids : micro_batches) {
+            nn::Transformer<cpu>::Cache cache;
+            Tensor<float, 2, cpu> logits = part.forward(ids.data(), layout, cache, nn::Pass::training);
+            Tensor<float, 2, cpu> dlogits(logits.shape());
+            const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
+            losses.push_back(nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view()));
+            for (index_t i = 0; i < dlogits.numel(); ++i) dlogits.data()[i] *= 1.0f / float(micro_batches.size());
+            part.backward(dlogits.view(), cache);
+        }
+        return losses;
+    };
     DistributedOptimizer<Clipped, cpu> opt(part, g);
     Reference ref(c);
     const auto layout = nn::TokenLayout::sequences(2, 8);
@@ -135,13 +157,19 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
         std::vector<std::vector<std::vector<index_t>>> batches(std::size_t(g.replicas()));
         for (index_t q = 0; q < g.replicas(); ++q)
             for (index_t m = 0; m < M; ++m) batches[std::size_t(q)].push_back(batch_of(c.dims.vocab, q, m, step));
-        const auto result = pipeline.run(batches[std::size_t(g.replica())], layout);
         const StepTraffic predicted = step_traffic(c, g.at, layout.tokens());
-        if (l.ep == 1) CHECK(double(result.timing.bytes_sent) == predicted.pipeline);  // exact without EP
+        std::vector<float> losses;
+        if (pipeline) {
+            const auto result = pipeline->run(batches[std::size_t(g.replica())], layout);
+            if (l.ep == 1) CHECK(double(result.timing.bytes_sent) == predicted.pipeline);  // exact without EP
+            losses = result.losses;
+        } else {
+            losses = run_part(batches[std::size_t(g.replica())], layout);
+        }
         ref.accumulate(batches, layout);
         for (index_t m = 0; m < M; ++m) {
             const float expected = ref.losses[std::size_t(g.replica())][std::size_t(m)];
-            const float got = result.losses[std::size_t(m)];
+            const float got = losses[std::size_t(m)];
             worst_loss = std::max(worst_loss, std::abs(double(got) - expected) / std::abs(double(expected)));
             if (bitwise) CHECK(got == expected);
             else CHECK(got == doctest::Approx(expected).epsilon(1e-5));
@@ -185,7 +213,7 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
     std::vector<double> worst = {worst_loss, worst_grad, worst_weight};
     w.all_reduce(std::span<double>(worst), ReduceOp::max);
     if (w.rank() == 0)
-        MESSAGE(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v
+        MESSAGE(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << " by " << driven
                            << std::string(l.extra_warmup ? " + extra warm-up" : "")
                            << std::string(bitwise ? " (bitwise expected)" : "") << ": worst over ranks and 3 steps: loss "
                            << worst[0] << ", gradient " << worst[1] << ", weight " << worst[2]);
@@ -205,6 +233,17 @@ TEST_CASE("Pipeline, expert and ZeRO-1 parallelism equal one process: tiny K2 an
     }
 }
 
+TEST_CASE("Expert parallelism without a pipeline: the part runs as the whole model (EP and EP x DP layouts)") {
+    int ran = 0;
+    for (const Layout& l : layouts_for(world().size())) {
+        if (l.pp != 1 || l.ep == 1) continue;
+        check_layout("TinyK2", TinyK2::config, l, Driver::transformer);
+        check_layout("TinyV3", TinyV3::config, l, Driver::transformer);
+        ++ran;
+    }
+    if (ran == 0) MESSAGE("no layout without a pipeline and with EP > 1 for " << world().size() << " ranks");
+}
+
 TEST_CASE("A part of the model refuses the whole model's forward, naming the fix") {
     ModelConfig c = TinyK2::config;
     nn::ModelPart p = nn::ModelPart::whole(c);
@@ -214,6 +253,12 @@ TEST_CASE("A part of the model refuses the whole model's forward, naming the fix
     const std::vector<index_t> ids(4, 1);
     CHECK_THROWS_WITH_AS(part.forward(ids.data(), nn::TokenLayout::sequences(1, 4), cache),
                          doctest::Contains("parallel::Pipeline"), std::logic_error);
+    // every layer, half the experts and no expert group to reach the others: refused too
+    nn::ModelPart half = nn::ModelPart::whole(c);
+    half.expert_count = c.moe.experts / 2;
+    nn::Transformer<cpu> experts_only(c, half);
+    CHECK_THROWS_WITH_AS(experts_only.forward(ids.data(), nn::TokenLayout::sequences(1, 4), cache),
+                         doctest::Contains("parallel::expert_dispatcher"), std::logic_error);
 }
 
 TEST_CASE("Every rank loads its part of a Hugging Face checkpoint and trains on it as the whole model does") {
@@ -230,7 +275,7 @@ TEST_CASE("Every rank loads its part of a Hugging Face checkpoint and trains on 
         if (c.dims.layers != loaded.dims.layers) continue;
         INFO("Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << ", rank " << w.rank());
         ProcessGroups g(w, c.parallel);
-        nn::Transformer<cpu> part(c, model_part(c, g.at));
+        nn::Transformer<cpu> part(c, model_part(c, g.at), expert_dispatcher<cpu>(g));
         load_weights(part, ck);  // the other parts' tensors stay in the file, not an error
         nn::Transformer<cpu> whole = load_transformer<TinyK2>(dir);
         std::map<std::string, const float*> want;

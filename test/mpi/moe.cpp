@@ -1,5 +1,6 @@
-// An MoE layer with its experts spread over the world as an expert group (parallel/moe.hpp) against the same
-// layer on one process (nn::MoE holding every expert), on every rank's own tokens: the outputs, the input
+// An MoE layer with its experts spread over the world as an expert group (nn::MoE with an
+// ExpertParallelDispatcher, parallel/expert_parallel.hpp) against the same layer on one process (every expert, the
+// local dispatcher), on every rank's own tokens: the outputs, the input
 // gradients, the router's and shared expert's gradients, and each expert's gradient summed over the ranks.
 //
 // Tolerance 1e-5 of each tensor's largest magnitude: the exchange moves rows without touching them, but an
@@ -14,7 +15,8 @@
 
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config.hpp>
-#include <moonmoe/parallel/moe.hpp>
+#include <moonmoe/nn/moe.hpp>
+#include <moonmoe/parallel/expert_parallel.hpp>
 #include <moonmoe/tensor/transfer.hpp>
 
 #include "mpi_support.hpp"
@@ -50,7 +52,7 @@ void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {}
     cfg.experts = 4 * n;
     cfg.routed_scale = 2.5;
     const index_t H = 16, L = 4;
-    nn::MoE<cpu> full(cfg, H), ep(cfg, H, r * L, L);
+    nn::MoE<cpu> full(cfg, H), ep(cfg, H, r * L, L, {}, std::make_shared<ExpertParallelDispatcher<cpu>>(w));
     full.set_activations(a, keep_input);
     ep.set_activations(a, keep_input);
     // the same weights everywhere: the full layer from seeds, the EP layer's share copied from it
@@ -73,11 +75,12 @@ void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {}
     full.forward(u.view(), y_full.view(), c_full);
     const View<const float, 2> given = keep_input ? View<const float, 2>{} : View<const float, 2>(u.view());
     full.backward(dy.view(), c_full, du_full.view(), false, given);
-    typename ExpertParallelMoE<cpu>::Cache c_ep;
-    ExpertParallelMoE<cpu>::forward(ep, w, u.view(), y_ep.view(), c_ep);
+    CHECK(c_full.x.empty());  // the local dispatch re-gathers the experts' rows in backward
+    typename nn::MoE<cpu>::Cache c_ep;
+    ep.forward(u.view(), y_ep.view(), c_ep);
     CHECK(c_ep.router.u.empty() == !keep_input);
     CHECK(c_ep.x.format == (a.fp8_mlp_inputs ? nn::KeptFormat::fp8 : nn::KeptFormat::f32));
-    ExpertParallelMoE<cpu>::backward(ep, w, dy.view(), c_ep, du_ep.view(), given);
+    ep.backward(dy.view(), c_ep, du_ep.view(), false, given);
     CHECK(scaled_error(all(y_ep), all(y_full)) <= 1e-5);
     CHECK(scaled_error(all(du_ep), all(du_full)) <= tol);
 

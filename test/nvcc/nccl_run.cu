@@ -72,7 +72,7 @@ void runtime(Communicator& world) {
     ModelConfig c = TinyK2::config;
     c.parallel.micro_batches = M;
     ProcessGroups g(world, c.parallel);
-    nn::Transformer<Dev> part(c, model_part(c, g.at)), whole(c);
+    nn::Transformer<Dev> part(c, model_part(c, g.at), expert_dispatcher<Dev>(g)), whole(c);
     nn::init_weights(part, {.seed = 9});
     nn::init_weights(whole, {.seed = 9});
     Pipeline<Dev> pipeline(part, g, M);
@@ -86,7 +86,7 @@ void runtime(Communicator& world) {
         const auto r = pipeline.run(batches, layout);
         for (index_t m = 0; m < M; ++m) {  // the one-process step: each micro-batch's loss gradient / M
             typename nn::Transformer<Dev>::Cache cache;
-            Tensor<float, 2, Dev> logits = whole.forward(batches[std::size_t(m)].data(), layout, cache);
+            Tensor<float, 2, Dev> logits = whole.forward(batches[std::size_t(m)].data(), layout, cache, nn::Pass::training);
             Tensor<float, 2, Dev> dlogits(logits.shape());
             const std::vector<index_t> targets = nn::causal_targets(batches[std::size_t(m)].data(), layout);
             const float loss = nn::cross_entropy<Dev>(logits.view(), targets.data(), dlogits.view());

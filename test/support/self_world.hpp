@@ -1,6 +1,6 @@
 // A world of one process for the parallel runtime's code paths without MPI: every group is itself, collectives copy
 // or do nothing, and there is no one to send to (a one-stage pipeline sends nothing; a one-rank expert group runs
-// parallel::ExpertParallelMoE with the caches of EP > 1).
+// an MoE layer through parallel::ExpertParallelDispatcher, with the caches of EP > 1).
 #pragma once
 
 #include <chrono>

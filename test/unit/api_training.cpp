@@ -120,9 +120,16 @@ TEST_CASE("backward twice on one cache, or without a forward, is refused with wh
     Tensor<float, 2> dlogits({32, 256});
     CHECK_THROWS_WITH_AS(model.backward(dlogits.view(), cache),
                          doctest::Contains("the cache holds no forward (or its forward threw); run forward(ids, layout, "
-                                           "cache) before backward"),
+                                           "cache, nn::Pass::training) before backward"),
                          std::logic_error);
-    Tensor<float, 2> logits = model.forward(ids.data(), layout, cache);
+    // an inference forward (the default) fed no training statistics: its backward is refused, naming the mark
+    model.forward(ids.data(), layout, cache);
+    CHECK_THROWS_WITH_AS(model.backward(dlogits.view(), cache),
+                         doctest::Contains("the cache holds an inference forward, which fed no router load and no "
+                                           "QK-Clip maxima; a forward whose backward trains is marked: forward(ids, "
+                                           "layout, cache, nn::Pass::training)"),
+                         std::logic_error);
+    Tensor<float, 2> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
     nn::cross_entropy<cpu>(logits.view(), targets.data(), dlogits.view());
     Tensor<float, 2> wrong({31, 256});
@@ -136,7 +143,7 @@ TEST_CASE("backward twice on one cache, or without a forward, is refused with wh
                                            "forward again"),
                          std::logic_error);
     CHECK(gradients(model) == once);  // nothing was added by the refused call
-    model.forward(ids.data(), layout, cache);  // a new forward makes the cache usable again
+    model.forward(ids.data(), layout, cache, nn::Pass::training);  // a new forward makes the cache usable again
     model.backward(dlogits.view(), cache);
     const std::vector<float> twice = gradients(model);
     for (std::size_t i = 0; i < once.size(); i += 997) CHECK(twice[i] == doctest::Approx(2.0 * once[i]).epsilon(1e-5));

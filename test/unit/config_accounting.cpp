@@ -11,7 +11,7 @@
 #include <utility>
 
 #include <moonmoe/config.hpp>
-#include <moonmoe/parallel/moe.hpp>
+#include <moonmoe/parallel/expert_parallel.hpp>
 #include <moonmoe/parallel/schedule.hpp>
 
 #include "support/nn_testing.hpp"
@@ -387,8 +387,7 @@ Held held(const nn::KeptMatrix<cpu>& m) {
 }
 
 /// The tensors of a decoder layer's caches, in the order of layer_activations.
-std::vector<Held> cache_tensors(const nn::DecoderLayer<cpu>::Cache& c, const parallel::ExpertParallelMoE<cpu>::Cache* ep,
-                                bool latent, bool dense) {
+std::vector<Held> cache_tensors(const nn::DecoderLayer<cpu>::Cache& c, bool expert_group, bool latent, bool dense) {
     std::vector<Held> out = {held(c.h), held(c.rstd1), held(c.h1), held(c.rstd2)};
     if (latent) {
         const auto& a = c.attn;
@@ -407,13 +406,14 @@ std::vector<Held> cache_tensors(const nn::DecoderLayer<cpu>::Cache& c, const par
         for (Held h : {held(c.mlp.x), held(c.mlp.g), held(c.mlp.u)}) out.push_back(h);
         return out;
     }
-    const auto& router = ep ? ep->router : c.moe.router;
+    const auto& router = c.moe.router;
     for (Held h : {held(router.u), held(router.scores), held(router.routing.idx), held(router.routing.weight)})
         out.push_back(h);
-    const auto& shared = ep ? ep->shared : c.moe.shared;
-    if (ep) {
-        for (Held h : {held(ep->row_slot), held(ep->slot_row), held(ep->exchange.to_expert_major),
-                       held(ep->exchange.to_source_major), held(ep->x), held(ep->g), held(ep->u)})
+    const auto& shared = c.moe.shared;
+    if (expert_group) {
+        const auto& m = c.moe;
+        for (Held h : {held(m.plan.row_slot), held(m.plan.slot_row), held(m.plan.exchange.to_expert_major),
+                       held(m.plan.exchange.to_source_major), held(m.x), held(m.g), held(m.u)})
             out.push_back(h);
     } else {
         for (Held h : {held(c.moe.plan.row_slot), held(c.moe.plan.slot_row), held(c.moe.g), held(c.moe.u)})
@@ -449,30 +449,29 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
     CAPTURE(c.activations.fp8_mlp_inputs);
     c.precision.compute = compute;
     const ActivationStorage policy = activation_storage_of(c.activations);
-    nn::DecoderLayer<cpu> layer(c, index);
+    testing::SelfWorld group;
+    nn::DecoderLayer<cpu> layer(c, index, 0, -1,
+                                expert_group ? std::make_shared<parallel::ExpertParallelDispatcher<cpu>>(group) : nullptr);
     testing::randomize(layer, 5);
     layer.refresh_working();
     Tensor<float, 2> x = testing::random_matrix(T, H, 6), y({T, H});
     nn::round_to(compute, x.view());  // a layer's input is a bf16 value under the bf16 policy
     const auto layout = nn::TokenLayout::sequences(2, T / 2);
     nn::DecoderLayer<cpu>::Cache cache;
-    parallel::ExpertParallelMoE<cpu>::Cache ep;
-    testing::SelfWorld group;
+    if (expert_group && !dense) {  // the exchange's staging buffer, kept by the dispatcher for the next steps
+        nn::DecoderLayer<cpu>::Cache warm_up;
+        layer.forward(x.view(), layout, y.view(), warm_up);
+    }
     const auto& memory = backend::Memory<cpu>::stats();
     const std::size_t before = memory.current.load();
-    if (expert_group && !dense)
-        layer.forward_with(x.view(), layout, y.view(), cache, [&](View<const float, 2> in, View<float, 2> out) {
-            parallel::ExpertParallelMoE<cpu>::forward(layer.moe, group, in, out, ep);
-        });
-    else
-        layer.forward(x.view(), layout, y.view(), cache);
+    layer.forward(x.view(), layout, y.view(), cache);
     const index_t allocated = index_t(memory.current.load() - before);
 
     if (expert_group) c.parallel.ep = 2;  // the accounting of EP > 1: all pairs land on this one-rank group
     const KeptTensors expected = layer_activations(c, dense, T);
     CHECK(allocated == expected.bytes(policy));
-    CHECK(index_t(cache.bytes() + (expert_group && !dense ? ep.bytes() : 0)) == allocated);
-    const std::vector<Held> held = cache_tensors(cache, expert_group && !dense ? &ep : nullptr, latent, dense);
+    CHECK(index_t(cache.bytes()) == allocated);
+    const std::vector<Held> held = cache_tensors(cache, expert_group && !dense, latent, dense);
     REQUIRE(index_t(held.size()) == expected.count);
     index_t sum = 0;
     for (int i = 0; i < expected.count; ++i) {

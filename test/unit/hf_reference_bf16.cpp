@@ -57,7 +57,7 @@ Run run(const std::vector<index_t>& ids) {
     nn::Transformer<B> model = load_transformer<Model, B>(data_dir("tiny_k2_bf16"));
     const auto layout = nn::TokenLayout::sequences(2, index_t(ids.size()) / 2);
     typename nn::Transformer<B>::Cache cache;
-    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache);
+    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
     Tensor<float, 2, B> dlogits(logits.shape());
     Run r;

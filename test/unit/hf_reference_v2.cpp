@@ -55,7 +55,7 @@ void check_against_transformers(nn::Transformer<B>& model, const std::string& na
     const auto layout = nn::TokenLayout::sequences(shape[0], shape[1]);
 
     typename nn::Transformer<B>::Cache cache;
-    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache);
+    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     const double logit_error = scaled_error(to_host(logits).data(), ref.f32("logits"));
     MESSAGE(name << " on " << backend << ": logits error " << logit_error);
     CHECK(logit_error < 1e-5);

@@ -81,7 +81,7 @@ Run run(nn::Transformer<B>& model, const ActivationConfig& a) {
     for (index_t i = 0; i < tokens; ++i) ids[std::size_t(i)] = (i * 37 + 11) % model.config.dims.vocab;
     const auto layout = nn::TokenLayout::sequences(sequences, length);
     typename nn::Transformer<B>::Cache cache;
-    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache);
+    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     Run r;
     r.cache_bytes = index_t(cache.bytes());
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);

@@ -200,7 +200,7 @@ TEST_CASE_TEMPLATE("whole model with cross-entropy backward", B, MOONMOE_TEST_BA
     std::vector<index_t> ids = {1, 5, 9, 200, 3, 7, 7, 30, 255, 0};
     const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout);
     typename nn::Transformer<B>::Cache cache;
-    M logits = model.forward(ids.data(), layout, cache);
+    M logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     std::vector<std::vector<index_t>> chosen(model.layers.size());
     for (std::size_t l = 0; l < model.layers.size(); ++l)
         if (!model.layers[l].dense)

@@ -72,10 +72,10 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: the same training step bit for b
         typename nn::Transformer<B>::Cache ca, cb;
         auto& device = backend::Memory<B>::stats();
         const std::size_t before = device.current.load();
-        const std::vector<float> la = to_host(a.forward(ids.data(), layout, ca));
+        const std::vector<float> la = to_host(a.forward(ids.data(), layout, ca, nn::Pass::training));
         const std::size_t with_kept = device.current.load() - before;
         const std::size_t before_b = device.current.load();
-        const std::vector<float> lb = to_host(b.forward(ids.data(), layout, cb));
+        const std::vector<float> lb = to_host(b.forward(ids.data(), layout, cb, nn::Pass::training));
         const std::size_t with_offload = device.current.load() - before_b;
         CHECK(la == lb);
         const std::size_t moved = b.offload()->host().offloaded_bytes();

@@ -57,7 +57,7 @@ void check_packed_against_transformers(const std::string& name) {
     REQUIRE(!layout.uniform());
 
     typename nn::Transformer<B>::Cache cache;
-    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache);
+    Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     const double logit_error = scaled_error(to_host(logits).data(), ref.f32("logits"));
     MESSAGE(name << " on " << backend << " packed " << layout.sequences() << " sequences: logits error " << logit_error);
     CHECK(logit_error < 1e-5);
@@ -249,7 +249,7 @@ TEST_CASE_TEMPLATE("MHA and MLA: a packed batch equals its sequences run one by 
         for (index_t s = 0; s < layout.sequences(); ++s) {
             typename nn::Transformer<B>::Cache c;
             const auto one = nn::TokenLayout::sequences(1, layout.length(s));
-            const M logits = model.forward(ids.data() + layout.begin(s), one, c);
+            const M logits = model.forward(ids.data() + layout.begin(s), one, c, nn::Pass::training);
             const std::vector<float> h = to_host(logits);
             alone_logits.insert(alone_logits.end(), h.begin(), h.end());
             const auto targets = nn::causal_targets(ids.data() + layout.begin(s), one);
@@ -264,7 +264,7 @@ TEST_CASE_TEMPLATE("MHA and MLA: a packed batch equals its sequences run one by 
 
         model.zero_grad();
         typename nn::Transformer<B>::Cache c;
-        const M logits = model.forward(ids.data(), layout, c);
+        const M logits = model.forward(ids.data(), layout, c, nn::Pass::training);
         CHECK(scaled_error(to_host(logits).data(), alone_logits) < 1e-6);
         const auto targets = nn::causal_targets(ids.data(), layout);
         M d(logits.shape());

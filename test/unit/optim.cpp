@@ -227,7 +227,7 @@ TEST_CASE_TEMPLATE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouch
     const Reference hf(data_dir("tiny_k2") + "/reference.safetensors");
     const std::vector<index_t> ids = hf.i64("input_ids");
     typename nn::Transformer<B>::Cache cache;
-    model.forward(ids.data(), nn::TokenLayout::sequences(2, 10), cache);
+    model.forward(ids.data(), nn::TokenLayout::sequences(2, 10), cache, nn::Pass::measurement);
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         const std::vector<float> after = ref.f32("max_logit_after." + std::to_string(l));
         const std::vector<float> ours = to_host(model.layers[l].self_attn.max_logit_per_head);
@@ -247,14 +247,14 @@ TEST_CASE_TEMPLATE("after QK-Clip of one layer, re-running the forward gives S <
         CAPTURE(l);
         nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
         typename nn::Transformer<B>::Cache cache;
-        model.forward(ids.data(), layout, cache);  // our own maxima decide here
+        model.forward(ids.data(), layout, cache, nn::Pass::measurement);  // our own maxima decide here
         auto& a = model.layers[l].self_attn;
         const std::vector<float> before = to_host(a.max_logit_per_head);
         const index_t n = optim::clip_mla_heads<B>(a.q_b_proj.weight.value.data(), a.q_b_proj.in_features(),
                                                 a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
                                                 a.head_layout(), before, clip);
         for (auto& layer : model.layers) layer.self_attn.reset_max_logits();
-        model.forward(ids.data(), layout, cache);
+        model.forward(ids.data(), layout, cache, nn::Pass::measurement);
         const std::vector<float> isolated = ref.f32("max_logit_after_isolated." + std::to_string(l));
         const std::vector<float> after = to_host(a.max_logit_per_head);
         index_t clipped = 0;

@@ -2,12 +2,13 @@
 // (weights, optimizer state, step count, router bias untouched) and says so; with MuonClip's re-measure, the weights a
 // step leaves have every head at or below tau on the step's batch, by an independent forward, on runs this test has
 // not been tuned on (several seeds, taus and learning rates); the router's balancing update counts only the
-// training forward's tokens. Every test runs on every backend of the build.
+// training forward's tokens, and inference (decoding, evaluation) between two steps changes nothing. Every test runs on every backend of the build.
 #include "support/backends.hpp"
 #include "support/nn_testing.hpp"
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <type_traits>
@@ -80,7 +81,7 @@ struct Bench {
         return opt.step([&] {
             ++remeasures;
             typename nn::Transformer<B>::Cache cache;
-            model.forward(ids.data(), layout, cache);
+            model.forward(ids.data(), layout, cache, nn::Pass::measurement);
         });
     }
 };
@@ -178,6 +179,44 @@ TEST_CASE_TEMPLATE("a NaN or an infinity in one gradient element skips the whole
     moonmoe::set_threads(threads);
 }
 
+TEST_CASE_TEMPLATE("inference between two training steps changes nothing: train, decode, evaluate, train equals "
+                   "train, train bit for bit", B, MOONMOE_TEST_BACKENDS) {
+    // Without the remeasure, the step's QK-Clip uses the maxima the forwards since the last step recorded, and the
+    // bias update the loads they counted: a decode or an evaluation forward in between that fed either would move
+    // the next step (a low tau, so the clip acts; other tokens than the training batch's, so their maxima differ).
+    const auto run = [](const std::function<void(Bench<B>&)>& between) {
+        Bench<B> b(57);
+        b.forward_backward(0);
+        b.opt.step();
+        between(b);
+        b.forward_backward(1);
+        const optim::StepReport r = b.opt.step();
+        CHECK(r.clip.total() > 0);
+        return snapshot(b.model, b.opt);
+    };
+    std::vector<index_t> other(24);
+    for (std::size_t i = 0; i < other.size(); ++i) other[i] = index_t((i * 53 + 11) % 256);
+    const std::vector<float> plain = run([](Bench<B>&) {});
+    const std::vector<float> decoded = run([&](Bench<B>& b) {
+        auto state = b.model.start_decoding(32);
+        b.model.decode(other.data(), 16, state);  // a prompt
+        for (index_t t = 16; t < 24; ++t) b.model.decode(other.data() + t, 1, state);  // token by token
+    });
+    const std::vector<float> evaluated = run([&](Bench<B>& b) {
+        typename nn::Transformer<B>::Cache cache;
+        b.model.forward(other.data(), nn::TokenLayout::sequences(2, 12), cache);  // nn::Pass::inference
+    });
+    CHECK(bitwise_equal(decoded, plain));
+    CHECK(bitwise_equal(evaluated, plain));
+    // the same forward marked as training moves the next step: what the check above would see if inference fed
+    // the statistics
+    const std::vector<float> trained = run([&](Bench<B>& b) {
+        typename nn::Transformer<B>::Cache cache;
+        b.model.forward(other.data(), nn::TokenLayout::sequences(2, 12), cache, nn::Pass::training);
+    });
+    CHECK_FALSE(bitwise_equal(trained, plain));
+}
+
 TEST_CASE_TEMPLATE("the router bias moves by the training forward's loads only: QK-Clip's re-measure forwards do not count", B,
                    MOONMOE_TEST_BACKENDS) {
     Bench<B> b(82);
@@ -208,14 +247,12 @@ TEST_CASE_TEMPLATE("the router bias moves by the training forward's loads only: 
         const std::vector<float> bias = to_host(g.bias.value);
         CHECK(std::memcmp(bias.data(), expected[m].data(), expected[m].size() * sizeof(float)) == 0);
         for (index_t l : to_host(g.load)) CHECK(l == 0);  // the re-measure forwards left the counts alone
-        CHECK(g.count_load);                     // and counting is back on for the next training forward
         ++m;
     }
-    // the same guard for the caller's own measurements
-    {
-        const optim::UncountedForwards<B> measuring(b.model);
+    // the caller's own measurements and inference forwards leave them alone too
+    for (const nn::Pass pass : {nn::Pass::measurement, nn::Pass::inference}) {
         typename nn::Transformer<B>::Cache cache;
-        b.model.forward(b.ids.data(), b.layout, cache);
+        b.model.forward(b.ids.data(), b.layout, cache, pass);
     }
     for (auto& layer : b.model.layers)
         if (!layer.dense)
@@ -292,10 +329,9 @@ TEST_CASE_TEMPLATE("MuonClip with re-measure: every head of an independent forwa
             const train_tiny::StepLog log = t.step();
             clips += log.heads_clipped;
             CHECK_FALSE(t.report.clip_exhausted);
-            const optim::UncountedForwards<B> measuring(t.model);
             for (auto& layer : t.model.layers) layer.self_attn.reset_max_logits();
             typename nn::Transformer<B>::Cache cache;
-            t.model.forward(t.batch().data(), t.layout, cache);
+            t.model.forward(t.batch().data(), t.layout, cache, nn::Pass::measurement);
             for (std::size_t l = 0; l < t.model.layers.size(); ++l) {
                 CAPTURE(l);
                 const std::vector<float> m = to_host(t.model.layers[l].self_attn.max_logit_per_head);

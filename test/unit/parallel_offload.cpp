@@ -4,8 +4,8 @@
 // (K2's trick), so micro-batches wait between forward and backward as on an inner stage of a deep pipeline. The
 // same losses and gradients bit for bit as the pipeline that keeps everything on the device, less device memory at
 // the peak, and pinned buffers reused by the next step. The expert-parallel MoE's cache (the rows received from the
-// expert group, kept for the experts' backward) moves too: a layer run through parallel::ExpertParallelMoE on a
-// one-rank expert group leaves on the device exactly what the accounting (config/accounting.hpp) says stays there,
+// expert group, kept for the experts' backward) moves too: a layer whose MoE dispatches over a one-rank expert
+// group (parallel::ExpertParallelDispatcher) leaves on the device exactly what the accounting (config/accounting.hpp) says stays there,
 // the per-token statistics and routing plans, and its backward gives the same bits. The CPU backend refuses it.
 #include "support/backends.hpp"
 #include "support/io_testing.hpp"
@@ -23,7 +23,7 @@
 #include <moonmoe/io/model_io.hpp>
 #include <moonmoe/nn.hpp>
 #include <moonmoe/nn/offload.hpp>
-#include <moonmoe/parallel/moe.hpp>
+#include <moonmoe/parallel/expert_parallel.hpp>
 #include <moonmoe/parallel/pipeline.hpp>
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
@@ -56,17 +56,17 @@ TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: refused on the CPU
     ModelConfig c = TinyK2::config;
     parallel::ProcessGroups g(world, c.parallel);
     if constexpr (!backend::offloads<B>) {
-        nn::Transformer<B> part(c, parallel::model_part(c, g.at));
+        nn::Transformer<B> part(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<B>(g));
         part.config.activations.offload = true;  // past the model's own check: the pipeline checks again
         io_testing::check_error([&] { parallel::Pipeline<B> p(part, g, micro_batches); },
                                 {"Offload<true>", "host memory already", "CUDA backend"});
     } else {
         c.activations.offload = true;
-        nn::Transformer<B> part(c, parallel::model_part(c, g.at));
+        nn::Transformer<B> part(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<B>(g));
         parallel::Pipeline<B> p(part, g, micro_batches);
         CHECK(p.offload() != nullptr);
         c.activations.offload = false;
-        nn::Transformer<B> kept(c, parallel::model_part(c, g.at));
+        nn::Transformer<B> kept(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<B>(g));
         parallel::Pipeline<B> q(kept, g, micro_batches);
         CHECK(q.offload() == nullptr);
     }
@@ -138,28 +138,23 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: an expert-parallel MoE layer's c
         if (k2_policy) c.activations = KimiK2Activations::value;
         c.activations.offload = true;
         const index_t T = 12, H = c.dims.hidden, index = c.dims.dense_layers;  // the first MoE layer
-        nn::DecoderLayer<B> a(c, index), b(c, index);
+        SelfWorld group;
+        const auto dispatcher = std::make_shared<parallel::ExpertParallelDispatcher<B>>(group);
+        nn::DecoderLayer<B> a(c, index, 0, -1, dispatcher), b(c, index, 0, -1, dispatcher);
         randomize(a, 5), randomize(b, 5);
         a.refresh_working(), b.refresh_working();
         Tensor<float, 2, B> x = random_matrix<B>(T, H, 6), ya({T, H}), yb({T, H});
         nn::round_to(c.precision.compute, x.view());
         const auto layout = nn::TokenLayout::sequences(2, T / 2);
         typename nn::DecoderLayer<B>::Cache ca, cb;
-        typename parallel::ExpertParallelMoE<B>::Cache ea, eb;
-        SelfWorld group;
-        const auto run = [&](nn::DecoderLayer<B>& l, Tensor<float, 2, B>& y, auto& cache, auto& ep) {
-            l.forward_with(x.view(), layout, y.view(), cache, [&](View<const float, 2, B> in, View<float, 2, B> out) {
-                parallel::ExpertParallelMoE<B>::forward(l.moe, group, in, out, ep);
-            });
-        };
-        run(a, ya, ca, ea);
-        run(b, yb, cb, eb);
+        a.forward(x.view(), layout, ya.view(), ca);
+        b.forward(x.view(), layout, yb.view(), cb);
         CHECK(to_host(ya) == to_host(yb));
 
-        const std::size_t held = cb.bytes() + eb.bytes();
+        const std::size_t held = cb.bytes();
         nn::KeptOffload<B> off;
-        off.offload(cb), off.offload(eb);
-        const std::size_t resident = cb.bytes() + eb.bytes(), moved = off.host().offloaded_bytes();
+        off.offload(cb);
+        const std::size_t resident = cb.bytes(), moved = off.host().offloaded_bytes();
         CHECK(moved == held - resident);
         ModelConfig accounted = c;
         accounted.parallel.ep = 2;  // the accounting of EP > 1: all pairs land on this one-rank group
@@ -172,19 +167,13 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: an expert-parallel MoE layer's c
         MESSAGE(std::string(k2_policy ? "K2's policy: " : "f32: ") << moved << " of " << held
                                                                  << " bytes offloaded, " << resident << " stay");
 
-        off.prefetch(cb), off.prefetch(eb);
-        off.restore(cb), off.restore(eb);
-        CHECK(cb.bytes() + eb.bytes() == held);
+        off.prefetch(cb);
+        off.restore(cb);
+        CHECK(cb.bytes() == held);
         const Tensor<float, 2, B> dy = random_matrix<B>(T, H, 7);
         Tensor<float, 2, B> dxa({T, H}), dxb({T, H});
-        const auto back = [&](nn::DecoderLayer<B>& l, Tensor<float, 2, B>& dx, auto& cache, auto& ep) {
-            l.backward_with(dy.view(), cache, dx.view(),
-                            [&](View<const float, 2, B> dout, View<float, 2, B> din, View<const float, 2, B> in) {
-                                parallel::ExpertParallelMoE<B>::backward(l.moe, group, dout, ep, din, in);
-                            });
-        };
-        back(a, dxa, ca, ea);
-        back(b, dxb, cb, eb);
+        a.backward(dy.view(), ca, dxa.view());
+        b.backward(dy.view(), cb, dxb.view());
         CHECK(to_host(dxa) == to_host(dxb));
         const auto grads = [](nn::DecoderLayer<B>& l) {
             std::map<std::string, std::vector<float>> out;

@@ -235,8 +235,8 @@ struct KeptTensors {
 };
 
 /// What one decoder layer keeps for backward from a micro-batch of `tokens` tokens, tensor by tensor, as its caches
-/// hold them (nn/decoder_layer.hpp, mla.hpp or mha.hpp, swiglu.hpp, moe.hpp, router.hpp; with EP > 1 the MoE part
-/// is parallel/moe.hpp's). Routed experts count the (token, expert) pairs they receive: tokens x TopK, exact on
+/// hold them (nn/decoder_layer.hpp, mla.hpp or mha.hpp, swiglu.hpp, moe.hpp, router.hpp; with EP > 1 the MoE's
+/// dispatcher exchanges over the expert group and its cache keeps the received rows). Routed experts count the (token, expert) pairs they receive: tokens x TopK, exact on
 /// one rank and, with EP > 1, under balanced routing (each of the EP ranks sends every rank 1/EP of its tokens x
 /// TopK pairs). Host-side bookkeeping (the token layout, segment offsets) and the optional sequence-wise balance
 /// loss's gradient (Router::balance_alpha, off for K2 and V3) are not counted.

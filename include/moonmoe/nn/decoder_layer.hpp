@@ -8,6 +8,7 @@
 // are recomputed here in backward from the kept residual stream (h, h1) and handed to their backwards.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@ struct DecoderLayer {
         typename MHA<B>::Cache mha;
         typename SwiGLU<B>::Cache mlp;
         typename MoE<B>::Cache moe;
-        /// The bytes held for backward (an expert-parallel MoE's cache is its own).
+        /// The bytes held for backward.
         std::size_t bytes() const {
             return h.bytes() + h1.bytes() + rstd1.bytes() + rstd2.bytes() + attn.bytes() + mha.bytes() + mlp.bytes() +
                    moe.bytes();
@@ -58,15 +59,17 @@ struct DecoderLayer {
     };
 
     DecoderLayer() = default;
-    /// Layer `index` of the model; MoE layers hold experts [first_expert, first_expert + expert_count).
-    DecoderLayer(const ModelConfig& c, index_t index, index_t first_expert = 0, index_t expert_count = -1)
+    /// Layer `index` of the model; MoE layers hold experts [first_expert, first_expert + expert_count) and move
+    /// their pairs with `dispatcher` (null: local; nn/dispatch.hpp).
+    DecoderLayer(const ModelConfig& c, index_t index, index_t first_expert = 0, index_t expert_count = -1,
+                 std::shared_ptr<Dispatcher<B>> dispatcher = {})
         : hidden(c.dims.hidden), dense(index < c.dims.dense_layers), latent(c.attention.kind == AttentionKind::mla),
           input_layernorm(c.dims.hidden, c.dims.norm_eps), post_attention_layernorm(c.dims.hidden, c.dims.norm_eps) {
         check_precision(c.precision);
         if (latent) self_attn = MLA<B>(c);
         else mha = MHA<B>(c);
         if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden, ParamKind::matrix, c.precision);
-        else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count, c.precision);
+        else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count, c.precision, std::move(dispatcher));
         set_precision(c.precision);
         set_activations(c.activations);
     }
@@ -107,23 +110,28 @@ struct DecoderLayer {
         else moe.refresh_working();
     }
 
+    // ---- what the optimizer reaches: the attention's per-head maxima (QK-Clip), the router (bias balancing) ----
+
+    /// Calls f(MLA<B>&) or f(MHA<B>&): this layer's attention module.
+    template <class F>
+    decltype(auto) visit_attention(F&& f) {
+        return latent ? f(self_attn) : f(mha);
+    }
+    /// The maximum scaled logit per head of the training and measurement forwards since the last reset.
+    Tensor<float, 1, B>& max_logits() { return latent ? self_attn.max_logit_per_head : mha.max_logit_per_head; }
+    void reset_max_logits() { latent ? self_attn.reset_max_logits() : mha.reset_max_logits(); }
+    /// The MoE layer's router (its load counts and bias), null for a dense layer.
+    Router<B>* router() { return dense ? nullptr : &moe.gate; }
+
     /// out = a + b: a residual add (rounded to bf16 under the bf16 policy).
     void add(View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) const {
         add_rounded(compute, a, b, out);
     }
 
-    void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
-        forward_with(h, layout, out, c, [&](View<const float, 2, B> in, View<float, 2, B> m) {
-            if (dense) mlp.forward(in, m, c.mlp);
-            else moe.forward(in, m, c.moe);
-        });
-    }
-
-    /// forward with the MLP part run by `mlp_forward(in, out)` instead of this layer's own (the expert-parallel
-    /// MoE of parallel/moe.hpp runs there, keeping its own cache); the rest as forward.
-    template <class MlpForward>
-    void forward_with(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c,
-                      MlpForward&& mlp_forward) {
+    /// out = the block applied to h; keeps what backward needs. `pass` says which training statistics it feeds
+    /// (nn/pass.hpp). Collective over the expert group of an MoE layer whose dispatcher exchanges.
+    void forward(View<const float, 2, B> h, const TokenLayout& layout, View<float, 2, B> out, Cache& c,
+                 Pass pass = Pass::training) {
         const index_t T = h.shape[0];
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.h = KeptMatrix<B>::copy(h, kept_value());
@@ -131,14 +139,15 @@ struct DecoderLayer {
         c.rstd1 = Tensor<float, 1, B>({T}), c.rstd2 = Tensor<float, 1, B>({T});
         input_layernorm.forward(h, a_in.view(), c.rstd1.view());
         Mat attn({T, hidden});
-        if (latent) self_attn.forward(a_in.view(), layout, attn.view(), c.attn);
-        else mha.forward(a_in.view(), layout, attn.view(), c.mha);
+        if (latent) self_attn.forward(a_in.view(), layout, attn.view(), c.attn, pass);
+        else mha.forward(a_in.view(), layout, attn.view(), c.mha, pass);
         a_in = Mat{};  // attention keeps its own copy of its input, if any
         add(h, attn.view(), h1.view());
         Mat m_in({T, hidden});
         post_attention_layernorm.forward(h1.view(), m_in.view(), c.rstd2.view());
         Mat m({T, hidden});
-        mlp_forward(View<const float, 2, B>(m_in.view()), m.view());
+        if (dense) mlp.forward(m_in.view(), m.view(), c.mlp);
+        else moe.forward(m_in.view(), m.view(), c.moe, pass);
         m_in = Mat{};  // the MLP / MoE keep their own copy, if any
         add(h1.view(), m.view(), out);
         c.h1 = KeptMatrix<B>(std::move(h1), kept_value());
@@ -146,21 +155,12 @@ struct DecoderLayer {
 
     /// dh = d out / d h applied to dout; accumulates parameter gradients.
     void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh) {
-        backward_with(dout, c, dh, [&](View<const float, 2, B> d, View<float, 2, B> dm, View<const float, 2, B> in) {
-            if (dense) mlp.backward(d, c.mlp, dm, false, in);
-            else moe.backward(d, c.moe, dm, false, in);
-        });
-    }
-
-    /// backward with the MLP part's backward run by `mlp_backward(dout, d_in, in)` (the mirror of forward_with):
-    /// `in` is the MLP's input recomputed under recompute_norms, empty (no data) when the MLP kept it.
-    template <class MlpBackward>
-    void backward_with(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dh, MlpBackward&& mlp_backward) {
         const index_t T = dout.shape[0];
         const Mat h = c.h.take("the layer's input"), h1 = c.h1.take("the layer's h1");
         Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden}), in;
         if (activations.recompute_norms) in = post_attention_layernorm.recompute(h1.view());
-        mlp_backward(dout, dm.view(), View<const float, 2, B>(in.view()));
+        if (dense) mlp.backward(dout, c.mlp, dm.view(), false, in.view());
+        else moe.backward(dout, c.moe, dm.view(), false, in.view());
         in = Mat{};
         Ops::copy(dout, dh1.view());
         post_attention_layernorm.backward(h1.view(), c.rstd2.view(), dm.view(), dh1.view(), true);
@@ -216,7 +216,7 @@ struct DecoderLayer {
             mlp.forward(m_in.view(), m.view(), unused);
         } else {
             typename MoE<B>::Cache unused;
-            moe.forward(m_in.view(), m.view(), unused);
+            moe.forward(m_in.view(), m.view(), unused, Pass::inference);
         }
         add(h1.view(), m.view(), out);
     }

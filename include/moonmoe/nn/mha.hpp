@@ -20,6 +20,7 @@
 #include "kept.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
+#include "pass.hpp"
 #include "rope.hpp"
 
 namespace moonmoe::nn {
@@ -101,6 +102,9 @@ struct MHA {
     index_t d() const { return cfg.nope_dim + cfg.rope_dim; }
     index_t group() const { return cfg.heads / cfg.kv_heads; }
     MHAHeadLayout head_layout() const { return {cfg.heads, cfg.kv_heads, d()}; }
+    /// The projections QK-Clip rescales (optim/qk_clip.hpp).
+    Linear<B>& query_projection() { return q_proj; }
+    Linear<B>& key_projection() { return k_proj; }
     void reset_max_logits() {
         if (!max_logit_per_head.empty()) Ops::fill(max_logit_per_head.template reshape<2>({1, cfg.heads}), -INFINITY);
     }
@@ -133,8 +137,10 @@ struct MHA {
         return {{heads_view(k, 0, cfg.kv_heads, d(), d())}, heads_view(v, 0, cfg.kv_heads, cfg.v_dim, cfg.v_dim)};
     }
 
-    /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward.
-    void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
+    /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward. Training and
+    /// measurement forwards record the per-head maxima (nn/pass.hpp).
+    void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c,
+                 Pass pass = Pass::training) {
         const index_t T = x.shape[0], H = cfg.heads;
         layout.check_rows(T, "MHA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
@@ -144,8 +150,11 @@ struct MHA {
         Mat q, k, v, o({T, H * cfg.v_dim});
         project(x, c.positions.view(), q, k, v);
         c.lse = Tensor<float, 1, B>({T * H});
+        Tensor<float, 1, B> unrecorded;  // an inference forward's maxima, dropped
+        if (!records_max_logits(pass)) unrecorded = Tensor<float, 1, B>({H});
         Ops::attention_forward(queries(q), keys(k, v), layout.offsets(), softmax_scale,
-                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
+                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
+                               records_max_logits(pass) ? max_logit_per_head.view() : unrecorded.view());
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
         c.q = KeptMatrix<B>(std::move(q), kept.value);

@@ -30,6 +30,7 @@
 #include "kept.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
+#include "pass.hpp"
 #include "rmsnorm.hpp"
 #include "rope.hpp"
 
@@ -128,6 +129,10 @@ struct MLA {
     index_t dqk() const { return cfg.nope_dim + cfg.rope_dim; }
     index_t kv_width() const { return cfg.nope_dim + cfg.v_dim; }
     MLAHeadLayout head_layout() const { return {cfg.heads, cfg.nope_dim, cfg.rope_dim, cfg.v_dim}; }
+    /// The projections QK-Clip rescales (optim/qk_clip.hpp): q's (q_b_proj, or q_proj without query
+    /// compression) and the one holding k_nope (kv_b_proj).
+    Linear<B>& query_projection() { return cfg.q_rank > 0 ? q_b_proj : q_proj; }
+    Linear<B>& key_projection() { return kv_b_proj; }
     void reset_max_logits() {
         if (!max_logit_per_head.empty()) Ops::fill(max_logit_per_head.template reshape<2>({1, cfg.heads}), -INFINITY);
     }
@@ -196,8 +201,10 @@ struct MLA {
 
     // ---- naive (training) form ----
 
-    /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward.
-    void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c) {
+    /// out = attention(x), x [T, hidden] with T = layout.tokens(); fills the cache for backward. Training and
+    /// measurement forwards record the per-head maxima (nn/pass.hpp).
+    void forward(View<const float, 2, B> x, const TokenLayout& layout, View<float, 2, B> out, Cache& c,
+                 Pass pass = Pass::training) {
         const index_t T = x.shape[0], H = cfg.heads;
         layout.check_rows(T, "MLA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
@@ -209,8 +216,11 @@ struct MLA {
         project_latent(x, c.positions.view(), cn, kpe, &c);
         kv_b_proj.forward(cn.view(), kv.view());
         c.lse = Tensor<float, 1, B>({T * H});
+        Tensor<float, 1, B> unrecorded;  // an inference forward's maxima, dropped
+        if (!records_max_logits(pass)) unrecorded = Tensor<float, 1, B>({H});
         Ops::attention_forward(queries(q), keys(kv, kpe), layout.offsets(), softmax_scale,
-                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(), max_logit_per_head.view());
+                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
+                               records_max_logits(pass) ? max_logit_per_head.view() : unrecorded.view());
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
         if (!recompute_up_projections) c.q = KeptMatrix<B>(std::move(q), kept.value);

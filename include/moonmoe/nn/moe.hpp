@@ -1,21 +1,26 @@
-// moonmoe/nn/moe.hpp: the Mixture-of-Experts block: router, routed SwiGLU experts computed as grouped GEMMs over
-// the pairs sorted by expert, and the shared expert.
+// moonmoe/nn/moe.hpp: the Mixture-of-Experts block: router -> dispatcher -> routed SwiGLU experts as grouped GEMMs
+// -> combine, plus the shared expert. One implementation for one process and for expert parallelism: the
+// dispatcher (nn/dispatch.hpp), chosen when the layer is built, decides where each pair's row is computed.
 //
-// Forward: permute -> grouped GEMM -> combine. A dispatch plan sorts the (token, expert) pairs stably by expert
-// (RoutingOps::dispatch_plan); each pair's token row is gathered once into one buffer [pairs, hidden]; gate and up
-// run as grouped GEMMs over the experts' segments of that buffer, SwiGLU as a map, down as a grouped GEMM; combine
-// sums each token's expert outputs, weighted by its routing weights, in ascending expert order (no atomics: the
-// same sums on every thread count). The shared expert sees every token and is added last (HF: routed sum, then +
-// shared_experts(u)). Backward mirrors it and keeps the router cache, the plan and the pairs' gate(x) and up(x)
-// (as the activation policy says, nn/kept.hpp: f32, bf16 or FP8 tiles); x is re-gathered from the router's copy of
-// u, or from the u the caller recomputed and hands to backward (keep_input false). The down-projections' outputs
-// are never kept. The routing weight's gradient is dy . y_e = (dy W_down) . a per
-// pair, so expert outputs need not be kept.
+// Forward: the router picks each token's experts; a dispatch plan sorts the (token, expert) pairs stably by expert
+// over the experts the dispatcher plans (RoutingOps::dispatch_plan); each pair's token row is gathered once in plan
+// order and dispatched (locally: handed through; expert-parallel: an all-to-all to the experts' ranks); gate and up
+// run as grouped GEMMs over the local experts' segments, SwiGLU as a map, down as a grouped GEMM; the outputs go back
+// to the plan's order (combine: the reverse exchange) and each token's are summed, weighted by its routing weights,
+// in ascending expert order (no atomics: the same sums on every thread count and every layout). The shared expert
+// sees every token and is added last (HF: routed sum, then + shared_experts(u)).
+// Backward mirrors it: each pair's output gradient and routing weight go to its expert, which computes the weight
+// gradients, the row's input gradient and its routing weight's gradient dy . y_e = (dy W_down) . a (so expert
+// outputs need not be kept); both come back and land where the token lives, where the router's backward runs.
+// Kept for backward (as the activation policy says, nn/kept.hpp: f32, bf16 or FP8 tiles): the router cache, the
+// plan and the rows' gate(x) and up(x); the experts' input rows x are re-gathered from the router's copy of u (or
+// from the u the caller recomputed and hands to backward, keep_input false) when the dispatch is local, and kept
+// when it crossed ranks. The down-projections' outputs are never kept.
 //
 // The experts' weights are stacked, [experts here, I, H] for gate and up and [experts here, H, I] for down;
 // visit_params hands out one matrix per expert with its HF name, so io and the optimizers see HF's layout.
-// An instance may hold a contiguous range of the experts (one expert-parallel rank): the plan then has one segment
-// per local expert, and tokens routed elsewhere contribute nothing here and are counted in `skipped_assignments`.
+// A layer may hold a contiguous range of the experts: with a local dispatcher, tokens routed elsewhere then
+// contribute nothing here (expert_rows counts the rows computed); with an expert group's, they are sent there.
 //
 // Under bf16 compute (nn/precision.hpp) the grouped GEMMs read the stacks' bf16 values (value16) and bf16 copies
 // of the dispatched rows (f32 accumulation), and round gate(x), up(x), the SwiGLU product, the expert outputs and
@@ -23,10 +28,13 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "../tensor/transfer.hpp"
+#include "dispatch.hpp"
 #include "router.hpp"
 #include "swiglu.hpp"
 
@@ -83,36 +91,39 @@ struct MoE {
     Router<B> gate;
     StackedExperts<B> experts;
     SwiGLU<B> shared_experts;
-    index_t skipped_assignments = 0;  ///< (token, expert) pairs of the last forward whose expert lives elsewhere
+    /// Moves the pairs' rows to the experts and back (nn/dispatch.hpp): local, or over an expert group.
+    std::shared_ptr<Dispatcher<B>> dispatcher = local_dispatcher<B>();
+    index_t expert_rows = 0;  ///< rows the experts held here computed in the last forward (pairs routed to them)
     NumberFormat compute = NumberFormat::f32;
-    KeptFormats kept;        ///< g and u of the pairs as MLP inputs
+    KeptFormats kept;        ///< g and u of the pairs (and x, when the dispatcher exchanges) as MLP inputs
     bool keep_input = true;  ///< false: backward is handed u (a recomputed norm output)
 
     /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
-    /// the part of `experts` spent moving rows: the dispatch plan, gathering inputs, combining outputs.
+    /// the part of `experts` spent moving rows: the dispatch plan, gathering inputs, the exchange, combining.
     struct Times {
         double router = 0, experts = 0, shared = 0, dispatch = 0;
     } times;
 
-    /// The pairs of this rank's experts sorted by expert (RoutingOps::dispatch_plan).
+    /// This rank's pairs sorted by expert over the dispatcher's planned experts (RoutingOps::dispatch_plan), and
+    /// the exchange that takes their rows to the experts.
     struct Plan {
-        std::vector<index_t> offsets;   ///< on the host: expert e's rows are [offsets[e], offsets[e + 1])
-        Tensor<index_t, 1, B> row_slot;  ///< [T * K]: the pair (t * K + j) of each row; rows from pairs() on unused
-        Tensor<index_t, 2, B> slot_row;  ///< [T, K]: the row of each pair, -1 when its expert lives elsewhere
-        index_t pairs() const { return offsets.empty() ? 0 : offsets.back(); }
+        Tensor<index_t, 1, B> row_slot;  ///< [T * K]: the pair (t * K + j) of each row; rows from sent() on unused
+        Tensor<index_t, 2, B> slot_row;  ///< [T, K]: the row of each pair, -1 when its expert is not planned here
+        ExpertExchange<B> exchange;
     };
     struct Cache {
         typename Router<B>::Cache router;
         Plan plan;
-        KeptMatrix<B> g, u;  ///< gate(x) and up(x) of every row [pairs, expert_hidden]
+        KeptMatrix<B> x;     ///< at the experts: their input rows, when the dispatcher exchanges (else re-gathered)
+        KeptMatrix<B> g, u;  ///< at the experts: gate(x) and up(x) of every row [rows, expert_hidden]
         typename SwiGLU<B>::Cache shared;
         std::size_t bytes() const {
-            return router.bytes() + plan.row_slot.bytes() + plan.slot_row.bytes() + g.bytes() + u.bytes() +
-                   shared.bytes();
+            return router.bytes() + plan.row_slot.bytes() + plan.slot_row.bytes() + plan.exchange.bytes() + x.bytes() +
+                   g.bytes() + u.bytes() + shared.bytes();
         }
         template <class F>
         void for_each_kept(F&& f) {
-            f(router.u), f(g), f(u);
+            f(router.u), f(x), f(g), f(u);
             shared.for_each_kept(f);
         }
     };
@@ -122,10 +133,24 @@ struct MoE {
     }
 
     MoE() = default;
-    MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1, PrecisionConfig p = {})
+    /// The layer holding experts [first, first + count) (count -1: the rest), their pairs moved by `d` (null:
+    /// local).
+    MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1, PrecisionConfig p = {},
+        std::shared_ptr<Dispatcher<B>> d = {})
         : cfg(c), hidden(hidden_), first_expert(first), gate(c, hidden_),
           experts(count < 0 ? c.experts - first : count, hidden_, c.expert_hidden, p), compute(p.compute) {
         if (c.shared > 0) shared_experts = SwiGLU<B>(hidden_, c.shared * c.expert_hidden, ParamKind::matrix, p);
+        set_dispatcher(d ? std::move(d) : local_dispatcher<B>());
+    }
+
+    /// Moves the pairs with `d` from the next forward on; refused when `d` cannot serve the experts held here.
+    void set_dispatcher(std::shared_ptr<Dispatcher<B>> d) {
+        d->check(cfg.experts, first_expert, experts.size());
+        dispatcher = std::move(d);
+    }
+    /// Whether the forward computes every token's output: all experts held here, or the rest over an exchange.
+    bool covers_all_experts() const {
+        return dispatcher->exchanges() || (first_expert == 0 && experts.size() == cfg.experts);
     }
 
     void set_precision(const PrecisionConfig& p) {
@@ -145,33 +170,39 @@ struct MoE {
         if (cfg.shared > 0) shared_experts.refresh_working();
     }
 
-    /// y = moe(u); keeps what backward needs.
-    void forward(View<const float, 2, B> u, View<float, 2, B> y, Cache& c) {
+    /// y = moe(u); keeps what backward needs; a training forward counts the routers' load (nn/pass.hpp).
+    /// Collective over the expert group when the dispatcher exchanges.
+    void forward(View<const float, 2, B> u, View<float, 2, B> y, Cache& c, Pass pass = Pass::training) {
         using backend::Trans;
         using clock = std::chrono::steady_clock;
-        const index_t K = cfg.top_k, I = cfg.expert_hidden;
+        const index_t T = u.shape[0], K = cfg.top_k, I = cfg.expert_hidden;
         const auto t0 = clock::now();
-        gate.forward(u, c.router);
+        gate.forward(u, c.router, pass);
         times.router += seconds(t0);
         const auto t1 = clock::now();
         c.plan = make_plan(c.router.routing);
-        const Plan& p = c.plan;
-        const index_t P = p.pairs();
-        Mat x({P, hidden});
-        Ops::gather_pairs(u, p.row_slot.view(), K, x.view());
-        times.dispatch += seconds(t1);  // the plan and the gather
-        Mat g({P, I}), up({P, I});
-        expert_product(Trans::yes, x.view(), experts.gate_proj, g.view(), p.offsets);
-        expert_product(Trans::yes, x.view(), experts.up_proj, up.view(), p.offsets);
+        const ExpertExchange<B>& ex = c.plan.exchange;
+        Mat send({ex.sent(), hidden});
+        if (ex.sent() > 0) Ops::gather_pairs(u, c.plan.row_slot.view(), K, send.view());
+        Mat x = dispatcher->dispatch(ex, std::move(send));
+        times.dispatch += seconds(t1);  // the plan, the gather and the exchange
+        const index_t R = ex.received();
+        const std::span<const index_t> seg(ex.expert_offsets);
+        expert_rows = R;
+        Mat g({R, I}), up({R, I});
+        expert_product(Trans::yes, x.view(), experts.gate_proj, g.view(), seg);
+        expert_product(Trans::yes, x.view(), experts.up_proj, up.view(), seg);
+        if (dispatcher->exchanges()) c.x = KeptMatrix<B>(std::move(x), kept.mlp_input);
         x = Mat{};
-        Mat a({P, I}), out({P, hidden});
+        Mat a({R, I}), out({R, hidden});
         SwiGLU<B>::activate(g.view(), up.view(), a.view(), compute);
         c.g = KeptMatrix<B>(std::move(g), kept.mlp_input);
         c.u = KeptMatrix<B>(std::move(up), kept.mlp_input);
-        expert_product(Trans::yes, a.view(), experts.down_proj, out.view(), p.offsets);
+        expert_product(Trans::yes, a.view(), experts.down_proj, out.view(), seg);
         const auto combine_start = clock::now();
+        const Mat back = dispatcher->combine(ex, std::move(out));
         Ops::fill(y, 0.0f);
-        Ops::combine(out.view(), p.slot_row.view(), c.router.routing.weight.view(), y);
+        if (T > 0) Ops::combine(back.view(), c.plan.slot_row.view(), c.router.routing.weight.view(), y);
         round_to(compute, y);
         times.dispatch += seconds(combine_start);
         times.experts += seconds(t1);
@@ -181,20 +212,21 @@ struct MoE {
     }
 
     /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds when accumulate_du).
-    /// `u` is the forward's input, required when keep_input is false (ignored otherwise).
+    /// `u` is the forward's input, required when keep_input is false (ignored otherwise). Collective over the
+    /// expert group when the dispatcher exchanges.
     void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du, bool accumulate_du = false,
                   View<const float, 2, B> u = {}) {
         using clock = std::chrono::steady_clock;
         Mat kept_u;
-        u = input_for_backward(c.router.u, kept_u, u, dy.shape[0], "MoE");
+        u = input_for_backward(c.router.u, kept_u, u, dy.shape[0], dispatcher->where("MoE"));
         if (!accumulate_du) Ops::fill(du, 0.0f);
         const auto t0 = clock::now();
         if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true, u);
         times.shared += seconds(t0);
         const auto t1 = clock::now();
         const Routing<B>& r = c.router.routing;
-        Mat dweight({r.tokens, r.k});  // pairs routed elsewhere get their gradient on their own rank
-        if (c.plan.pairs() > 0) experts_backward(dy, u, c, dweight.view(), du);
+        Mat dweight({r.tokens, r.k});  // pairs computed on other ranks' experts get their gradient from there
+        experts_backward(dy, u, c, dweight.view(), du);
         times.experts += seconds(t1);
         const auto t2 = clock::now();
         gate.backward(dweight.view(), c.router, du, u);
@@ -208,10 +240,9 @@ struct MoE {
         if (cfg.shared > 0) shared_experts.visit_params(name + ".shared_experts", f);
     }
 
-    // ---- the expert computation over given segments (also what expert parallelism runs, parallel/moe.hpp) ----
-
-    /// y[seg e] = a[seg e] op(W_e) over the plan's segments (+= when accumulate): f32, or bf16 operands (the bf16
-    /// copy, a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
+private:
+    /// y[seg e] = a[seg e] op(W_e) over the segments (+= when accumulate): f32, or bf16 operands (the bf16 copy,
+    /// a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
     void expert_product(backend::Trans tw, View<const float, 2, B> a, const Param<3, B>& w, View<float, 2, B> y,
                         std::span<const index_t> offsets, bool accumulate = false) const {
         if (compute == NumberFormat::f32)
@@ -233,53 +264,82 @@ struct MoE {
                                                      w.grad.view(), offsets);
     }
 
-private:
-    /// The dispatch plan of this rank's experts; sets skipped_assignments.
+    /// The plan over the dispatcher's experts and its exchange (collective when the dispatcher exchanges).
     Plan make_plan(const Routing<B>& r) {
         Plan p;
-        Tensor<index_t, 1, B> offsets({experts.size() + 1});
+        const PlannedExperts planned = dispatcher->planned(cfg.experts, first_expert, experts.size());
+        Tensor<index_t, 1, B> offsets({planned.count + 1});
         p.row_slot = Tensor<index_t, 1, B>({r.tokens * r.k});
         p.slot_row = Tensor<index_t, 2, B>({r.tokens, r.k});
-        Ops::dispatch_plan(r.idx.view(), first_expert, offsets.view(), p.row_slot.view(), p.slot_row.view());
+        Ops::dispatch_plan(r.idx.view(), planned.first, offsets.view(), p.row_slot.view(), p.slot_row.view());
         // The segment offsets on the host: the grouped GEMMs run one GEMM per expert of its row count, and the
-        // pair count sizes the dispatch buffers.
-        p.offsets = to_host(offsets);
-        skipped_assignments = r.tokens * r.k - p.pairs();
+        // row counts size the buffers and the exchange.
+        p.exchange = dispatcher->exchange(to_host(offsets));
         return p;
     }
 
-    /// The routed experts' backward over the plan's rows: weight gradients, dweight [T, K] of this rank's pairs,
-    /// du += each token's dx summed in ascending expert order.
+    /// The routed experts' backward: each pair's output gradient and routing weight go to its expert; there the
+    /// weight gradients, each row's input gradient and its dot dy . y_e (the routing weight's gradient) are
+    /// computed and come back; du += each token's input gradients summed in ascending expert order, dweight [T, K]
+    /// of the pairs planned here.
     void experts_backward(View<const float, 2, B> dy, View<const float, 2, B> u, Cache& c, View<float, 2, B> dweight,
                           View<float, 2, B> du) {
         using backend::Trans;
         using clock = std::chrono::steady_clock;
         const Plan& p = c.plan;
-        const index_t P = p.pairs(), K = cfg.top_k, I = cfg.expert_hidden;
-        const auto gather_start = clock::now();
-        Mat x({P, hidden}), dye({P, hidden});
-        Ops::gather_pairs(u, p.row_slot.view(), K, x.view());
-        Ops::gather_pairs(dy, p.row_slot.view(), K, dye.view());
-        times.dispatch += seconds(gather_start);
+        const ExpertExchange<B>& ex = p.exchange;
+        const index_t T = dy.shape[0], K = cfg.top_k, S = ex.sent(), R = ex.received(), I = cfg.expert_hidden;
+        const std::span<const index_t> seg(ex.expert_offsets);
+        const auto dispatch_start = clock::now();
+        Mat send({S, hidden}), send_w({S, 1});
+        if (S > 0) {
+            Ops::gather_pairs(dy, p.row_slot.view(), K, send.view());
+            Ops::gather_pairs(c.router.routing.weight.template reshape<2>({T * K, 1}), p.row_slot.view(), 1,
+                              send_w.view());
+        }
+        Mat dye = dispatcher->dispatch(ex, std::move(send));
+        const Mat w = dispatcher->dispatch(ex, std::move(send_w));
+        Mat x;
+        if (dispatcher->exchanges()) {
+            x = c.x.take("the experts' input rows");
+        } else {
+            x = Mat({R, hidden});
+            if (R > 0) Ops::gather_pairs(u, p.row_slot.view(), K, x.view());
+        }
+        const Tensor<index_t, 1, B> rows = iota(R);
+        times.dispatch += seconds(dispatch_start);
         Mat g = c.g.take("the experts' gate(x)"), up = c.u.take("the experts' up(x)");
-        Mat a({P, I}), da({P, I});
+        Mat a({R, I}), da({R, I}), dots({R, 1});
         SwiGLU<B>::activate(g.view(), up.view(), a.view(), compute);
         // da = w (dy W_down); the unweighted product dotted with a is the routing weight's gradient dy . y_e
-        expert_product(Trans::no, dye.view(), experts.down_proj, da.view(), p.offsets);
-        Ops::pair_dot(da.view(), a.view(), p.row_slot.view(), dweight);
-        const fn::ScaleByPairWeight by_weight{c.router.routing.weight.data(), p.row_slot.data()};
+        expert_product(Trans::no, dye.view(), experts.down_proj, da.view(), seg);
+        if (R > 0) Ops::pair_dot(da.view(), a.view(), rows.view(), dots.view());
+        const fn::ScaleByPairWeight by_weight{w.data(), rows.data()};
         Ops::map_indexed(by_weight, da.view());
         Ops::map(fn::SwiGLUBackward{}, g.view(), up.view(), View<const float, 2, B>(da.view()));  // -> dg, du
         Ops::map_indexed(by_weight, dye.view());
-        expert_weight_grad(dye.view(), a.view(), experts.down_proj, p.offsets);
-        Mat dx({P, hidden});
-        expert_weight_grad(g.view(), x.view(), experts.gate_proj, p.offsets);
-        expert_product(Trans::no, g.view(), experts.gate_proj, dx.view(), p.offsets);
-        expert_weight_grad(up.view(), x.view(), experts.up_proj, p.offsets);
-        expert_product(Trans::no, up.view(), experts.up_proj, dx.view(), p.offsets, true);
-        const auto scatter_start = clock::now();
-        Ops::combine(dx.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
-        times.dispatch += seconds(scatter_start);
+        expert_weight_grad(dye.view(), a.view(), experts.down_proj, seg);
+        Mat dx({R, hidden});
+        expert_weight_grad(g.view(), x.view(), experts.gate_proj, seg);
+        expert_product(Trans::no, g.view(), experts.gate_proj, dx.view(), seg);
+        expert_weight_grad(up.view(), x.view(), experts.up_proj, seg);
+        expert_product(Trans::no, up.view(), experts.up_proj, dx.view(), seg, true);
+        const auto combine_start = clock::now();
+        const Mat dx_back = dispatcher->combine(ex, std::move(dx));
+        const Mat dots_back = dispatcher->combine(ex, std::move(dots));
+        if (T > 0) {
+            Ops::combine(dx_back.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
+            // dweight[pair] = the dot of the pair's row, pairs not planned here left at 0 (a scatter by the plan)
+            Ops::combine(dots_back.view(), p.slot_row.template reshape<2>({T * K, 1}), View<const float, 2, B>{},
+                         dweight.template reshape<2>({T * K, 1}));
+        }
+        times.dispatch += seconds(combine_start);
+    }
+
+    static Tensor<index_t, 1, B> iota(index_t n) {
+        std::vector<index_t> v(static_cast<std::size_t>(n));
+        for (index_t i = 0; i < n; ++i) v[std::size_t(i)] = i;
+        return to_device<B>(std::span<const index_t>(v));
     }
 };
 

@@ -11,8 +11,7 @@
 //   idx = top-k(choice); w = s[idx]; w /= sum(w) + 1e-20 (NormTopK); w *= RoutedScale
 // The gradient reaches W and u through the unbiased scores s of the chosen experts (selection is discrete).
 // The correction bias gets no gradient; update_bias() moves it by gamma * sign(mean load - load), from the tokens
-// that the training forwards routed: forwards run with count_load off (measurements, such as the optimizer's
-// QK-Clip re-measure) leave the counts alone.
+// that the training forwards routed: inference and measurement forwards (nn/pass.hpp) leave the counts alone.
 // The optional sequence-wise balance loss alpha * sum_i f_i P_i adds its gradient through s.
 // Selection, the backward rows, load counting and the bias step are RoutingOps primitives (backend/routing.hpp).
 #pragma once
@@ -26,6 +25,7 @@
 #include "kept.hpp"
 #include "layout.hpp"
 #include "linear.hpp"
+#include "pass.hpp"
 
 namespace moonmoe::nn {
 
@@ -45,8 +45,7 @@ struct Router {
     MoEConfig cfg{};
     Param<2, B> weight;  ///< mlp.gate.weight [experts, hidden]
     Param<1, B> bias;    ///< mlp.gate.e_score_correction_bias [experts]; no gradient
-    Tensor<index_t, 1, B> load;  ///< tokens routed to each expert by counted forwards since the last update_bias()
-    bool count_load = true;      ///< false: forward leaves `load` alone (a measurement, not a training forward)
+    Tensor<index_t, 1, B> load;  ///< tokens routed to each expert by training forwards since the last update_bias()
     float balance_alpha = 0.0f;  ///< weight of the sequence-wise balance loss (0: off)
     /// When set, forward uses these experts (t * K + j) instead of selecting: the routing weights stay smooth
     /// functions of the input, which is what a finite-difference check of the gradient needs. Uploaded each forward.
@@ -72,7 +71,8 @@ struct Router {
 
     index_t experts() const { return cfg.experts; }
 
-    void forward(View<const float, 2, B> u, Cache& c) {
+    /// Routes u's tokens; a training forward adds them to `load` (nn/pass.hpp).
+    void forward(View<const float, 2, B> u, Cache& c, Pass pass = Pass::training) {
         const index_t T = u.shape[0], K = cfg.top_k;
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         if (keep_input) c.u = KeptMatrix<B>::copy(u, kept_input);
@@ -90,7 +90,7 @@ struct Router {
             fixed = to_device<B, 2>(std::span<const index_t>(*fixed_selection), Shape<2>{T, K});
         }
         Ops::route_select(cfg, c.scores.view(), bias.value.view(), fixed.view(), r.idx.view(), r.weight.view());
-        if (count_load) Ops::histogram(r.idx.view(), 0, load.view());
+        if (counts_load(pass)) Ops::histogram(r.idx.view(), 0, load.view());
     }
 
     /// Sequence-wise balance loss alpha * sum_i f_i P_i averaged over the sequences of `layout`; keeps its gradient

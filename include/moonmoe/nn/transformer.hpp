@@ -8,8 +8,10 @@
 //
 // A Transformer can also hold a part of the model (ModelPart): the pieces one process of a parallel run owns
 // (parallel/model.hpp builds them from the rank layout). Its parameters keep their whole-model names, so the
-// optimizer, the initialisation and the checkpoint code work on it unchanged; forward, backward and decoding need
-// the whole model, and the pipeline runtime (parallel/pipeline.hpp) drives a part's pieces instead.
+// optimizer, the initialisation and the checkpoint code work on it unchanged. Forward, backward and decoding need
+// every layer: a part holding all of them whose MoE layers reach the other experts through an expert group's
+// dispatcher (expert parallelism without a pipeline) runs them; the pipeline runtime (parallel/pipeline.hpp)
+// drives a pipeline stage's pieces instead.
 #pragma once
 
 #include <memory>
@@ -66,6 +68,7 @@ struct Transformer {
     struct Cache {
         enum class State { empty, forwarded, consumed };
         State state = State::empty;
+        Pass pass = Pass::inference;  ///< what the forward was for: only a training forward's backward runs
         std::vector<index_t> ids;
         TokenLayout layout;
         std::vector<typename DecoderLayer<B>::Cache> layers;
@@ -89,8 +92,10 @@ struct Transformer {
 
     Transformer() = default;
     explicit Transformer(const ModelConfig& c) : Transformer(c, ModelPart::whole(c)) {}
-    /// The pieces `p` names (parameters named as in the whole model).
-    Transformer(const ModelConfig& c, ModelPart p) : config(c), part(std::move(p)) {
+    /// The pieces `p` names (parameters named as in the whole model); the MoE layers move their pairs with
+    /// `dispatcher` (null: local; an expert group's: parallel::expert_dispatcher).
+    Transformer(const ModelConfig& c, ModelPart p, std::shared_ptr<Dispatcher<B>> dispatcher = {})
+        : config(c), part(std::move(p)) {
         if (!c.is_static()) throw config_error("Transformer: every size must be known (resolve Dynamic sizes first)");
         validate(c);
         for (std::size_t i = 0; i < part.layers.size(); ++i)
@@ -104,13 +109,22 @@ struct Transformer {
             lm_head = Linear<B>(c.dims.hidden, c.dims.vocab, ParamKind::output_head, c.precision);
         }
         layers.reserve(part.layers.size());
-        for (index_t l : part.layers) layers.emplace_back(c, l, part.first_expert, part.expert_count);
+        for (index_t l : part.layers) layers.emplace_back(c, l, part.first_expert, part.expert_count, dispatcher);
         norm.set_precision(c.precision);
         lm_head.set_precision(c.precision);
         set_offload(c.activations.offload);
     }
 
+    /// Whether this object holds every parameter of the model (what a checkpoint of the whole model needs).
     bool is_whole() const { return part.is_whole(config); }
+    /// Whether forward, backward and decoding can run here: every layer, the embedding and the head, and MoE layers
+    /// that hold every expert or reach the others through an expert group's dispatcher (expert parallelism).
+    bool runs_whole_model() const {
+        if (!part.embedding || !part.head || index_t(part.layers.size()) != config.dims.layers) return false;
+        for (const auto& layer : layers)
+            if (!layer.dense && !layer.moe.covers_all_experts()) return false;
+        return true;
+    }
 
     NumberFormat compute() const { return config.precision.compute; }
 
@@ -137,11 +151,15 @@ struct Transformer {
         lm_head.refresh_working();
     }
 
-    /// logits [tokens, vocab] of `ids` laid out as `layout`; keeps what backward needs.
-    Mat forward(const index_t* ids, const TokenLayout& layout, Cache& c) {
+    /// logits [tokens, vocab] of `ids` laid out as `layout`; keeps what backward needs. By default an inference
+    /// forward, which leaves the training statistics alone (nn/pass.hpp): the routers' load counts and the
+    /// attention's maximum logits move only for Pass::training (a forward whose backward trains; the only kind
+    /// backward accepts) and the maxima for Pass::measurement (QK-Clip's re-measure).
+    Mat forward(const index_t* ids, const TokenLayout& layout, Cache& c, Pass pass = Pass::inference) {
         require_whole("forward");
         const index_t T = layout.tokens(), H = config.dims.hidden;
         c.state = Cache::State::empty;  // until this forward completes
+        c.pass = pass;
         c.ids.assign(ids, ids + T);
         c.layout = layout;
         Mat h({T, H}), next({T, H});
@@ -149,7 +167,7 @@ struct Transformer {
         round_to(compute(), h.view());
         c.layers.resize(layers.size());
         for (std::size_t l = 0; l < layers.size(); ++l) {
-            layers[l].forward(h.view(), layout, next.view(), c.layers[l]);
+            layers[l].forward(h.view(), layout, next.view(), c.layers[l], pass);
             if constexpr (backend::offloads<B>)
                 if (offloader_) offloader_->offload(c.layers[l]);  // while the next layers compute
             std::swap(h, next);
@@ -177,7 +195,11 @@ struct Transformer {
                       "the cache before another backward (gradients accumulate, so forward + backward per micro-batch "
                       "sums them)"
                     : "Transformer::backward: the cache holds no forward (or its forward threw); run forward(ids, "
-                      "layout, cache) before backward");
+                      "layout, cache, nn::Pass::training) before backward");
+        if (c.pass != Pass::training)
+            throw std::logic_error(std::string("Transformer::backward: the cache holds an ") + pass_name(c.pass) +
+                                   " forward, which fed no router load and no QK-Clip maxima; a forward whose "
+                                   "backward trains is marked: forward(ids, layout, cache, nn::Pass::training)");
         const index_t T = c.layout.tokens(), H = config.dims.hidden;
         if (dlogits.shape[0] != T || dlogits.shape[1] != config.dims.vocab)
             throw shape_error("Transformer::backward: dlogits is " + shape_string(dlogits.shape) +
@@ -224,7 +246,7 @@ public:
     /// calls zero_grad() between batches.
     float train_step(const index_t* ids, const TokenLayout& layout) {
         Cache c;
-        Mat logits = forward(ids, layout, c);
+        Mat logits = forward(ids, layout, c, Pass::training);
         const std::vector<index_t> targets = causal_targets(ids, layout);
         Mat dlogits(logits.shape());
         const float loss = cross_entropy<B>(logits.view(), targets.data(), dlogits.view());
@@ -308,11 +330,13 @@ public:
 
 private:
     void require_whole(const char* op) const {
-        if (!is_whole())
+        if (!runs_whole_model())
             throw std::logic_error(std::string("Transformer::") + op +
-                                   ": this model holds a part of the model (some layers or experts of a parallel run); "
-                                   "the whole model's forward needs every piece: run a part through "
-                                   "parallel::Pipeline (parallel/pipeline.hpp)");
+                                   ": this model holds a part of the model (some layers of a pipeline stage, or "
+                                   "experts without an expert group's dispatcher); the whole model's forward needs "
+                                   "every layer: run a pipeline stage's part through parallel::Pipeline "
+                                   "(parallel/pipeline.hpp), and build an expert-parallel part with "
+                                   "parallel::expert_dispatcher");
     }
 };
 

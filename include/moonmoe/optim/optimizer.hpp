@@ -7,8 +7,9 @@
 //   1. checks every gradient it will step for NaN / +-Inf; if one has any, the whole step is skipped and reported;
 //   2. applies the learning-rate schedule and updates every parameter (Muon, AdamW);
 //   3. moves the router biases by the balancing rule, from the tokens the training forwards routed;
-//   4. QK-Clip, the last thing that changes a weight: with `remeasure`, measure and clip until a measured forward
-//      of the weights the step leaves has every head at or below tau;
+//   4. QK-Clip, the last thing that changes a weight, by the maxima the training forwards recorded; with
+//      `remeasure`, measure and clip until a measurement forward of the weights the step leaves has every head at or
+//      below tau;
 //   5. sets the gradients it stepped with to zero (zero_grads_after_step), so the next train_step starts afresh.
 //
 // Under Precision<BF16, Weights<BF16>> the model holds its matrices in bf16 alone; the optimizer keeps an f32
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -68,29 +70,6 @@ struct StepReport {
     /// count, no router bias, no QK-Clip); nonfinite_param names the first such parameter in visit order.
     index_t skipped_nonfinite = 0;
     std::string nonfinite_param;
-};
-
-/// While alive, forwards of `model` are measurements: no router counts their tokens toward the balancing update.
-/// The optimizer holds one around QK-Clip's re-measure; hold one around any other forward that is not training
-/// (an evaluation, a log of the maximum logit), or its tokens move the router biases at the next step.
-template <class B = cpu>
-class UncountedForwards {
-public:
-    explicit UncountedForwards(nn::Transformer<B>& model) : model_(model) {
-        for (auto& layer : model_.layers)
-            if (!layer.dense) saved_.push_back(std::exchange(layer.moe.gate.count_load, false));
-    }
-    ~UncountedForwards() {
-        std::size_t i = 0;
-        for (auto& layer : model_.layers)
-            if (!layer.dense) layer.moe.gate.count_load = saved_[i++];
-    }
-    UncountedForwards(const UncountedForwards&) = delete;
-    UncountedForwards& operator=(const UncountedForwards&) = delete;
-
-private:
-    nn::Transformer<B>& model_;
-    std::vector<bool> saved_;
 };
 
 template <class Config = moonmoe::Optimizer<>, class B = cpu>
@@ -172,8 +151,10 @@ public:
     /// inputs can all leave a head above tau. With `remeasure` (re-run the step's forwards, no backward) each round
     /// measures the weights as they now are (updated, biases moved, clipped so far) and clips by those maxima, until
     /// a round clips nothing: that round's forward is one of the exact weights the step leaves, with every head at
-    /// or below tau. At most `rounds` rounds; running out is reported (clip_exhausted). Re-measure forwards do not
-    /// count toward the router loads, and the maxima are reset at the end for the next step's forwards.
+    /// or below tau. At most `rounds` rounds; running out is reported (clip_exhausted). `remeasure` runs its forwards
+    /// as measurements, forward(ids, layout, cache, nn::Pass::measurement): they record the maxima and count no
+    /// router load (nn/pass.hpp); one that records nothing is refused. The maxima are reset at the end for the next
+    /// step's forwards.
     StepReport step(const std::function<void()>& remeasure = {}, int rounds = 10) {
         if (remeasure && rounds < 1)
             throw std::invalid_argument("Optimizer::step: rounds must be at least 1 with remeasure (got " +
@@ -187,7 +168,7 @@ public:
             ++skipped_nonfinite_;
             reset_max_logits();
             for (auto& layer : model_.layers)
-                if (!layer.dense) layer.moe.gate.reset_load();
+                if (nn::Router<B>* router = layer.router()) router->reset_load();
             if (zero_grads_after_step) zero_stepped_gradients();
             return r;
         }
@@ -212,7 +193,7 @@ public:
         model_.refresh_working_weights();  // bf16 compute: the products read the updated masters rounded to bf16
         if (bias_update_rate != 0.0f)  // before QK-Clip: a bias changes the routing, so what later layers see
             for (auto& layer : model_.layers)
-                if (!layer.dense) layer.moe.gate.update_bias(bias_update_rate);
+                if (nn::Router<B>* router = layer.router()) router->update_bias(bias_update_rate);
         if (config.qk_clip.enabled && remeasure) clip_until_at_most_tau(remeasure, rounds, r);
         else if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip, masters());
         else reset_max_logits();
@@ -238,7 +219,7 @@ public:
     }
 
     void reset_max_logits() {
-        for (auto& layer : model_.layers) (layer.latent ? layer.self_attn.reset_max_logits() : layer.mha.reset_max_logits());
+        for (auto& layer : model_.layers) layer.reset_max_logits();
     }
 
 private:
@@ -262,11 +243,11 @@ private:
     void zero_stepped_gradients() { backend::Ops<B>::zero_all(stepped_grads_); }
 
     void clip_until_at_most_tau(const std::function<void()>& remeasure, int rounds, StepReport& r) {
-        const UncountedForwards<B> measuring(model_);
         ClipReport c;
         for (int round = 1; round <= rounds; ++round) {
             reset_max_logits();
             remeasure();
+            require_measured();
             c = apply_qk_clip(model_, config.qk_clip, masters());  // resets the maxima
             if (round == 1) r.clip = c;
             else for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
@@ -276,6 +257,19 @@ private:
         r.max_logit_remeasured = c.max_logit;
         r.clip_exhausted = c.total() != 0;
         if (r.clip_exhausted) ++clip_exhausted_;
+    }
+
+    /// A re-measure whose forwards recorded nothing (inference forwards) would let every head pass unclipped.
+    void require_measured() {
+        for (auto& layer : model_.layers) {
+            // Named host sync: one value per layer, once per re-measure round.
+            const std::vector<float> m = to_host(layer.max_logits());
+            if (std::any_of(m.begin(), m.end(), [](float v) { return v != -INFINITY; })) return;
+        }
+        if (!model_.layers.empty())
+            throw std::logic_error("Optimizer::step: the remeasure callback recorded no attention maxima: run its "
+                                   "forwards as measurements, model.forward(ids, layout, cache, "
+                                   "nn::Pass::measurement) (an inference forward records nothing)");
     }
 
     nn::Transformer<B>& model_;

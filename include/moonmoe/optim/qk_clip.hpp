@@ -117,6 +117,17 @@ index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout
     return clipped;
 }
 
+/// The clip of one attention module, on the projections it names for QK-Clip (query_projection, key_projection).
+template <class B>
+index_t clip_heads(nn::MLA<B>& a, float* q, float* k, const std::vector<float>& maxima, const QKClipConfig& c) {
+    return clip_mla_heads<B>(q, a.query_projection().in_features(), k, a.key_projection().in_features(),
+                             a.head_layout(), maxima, c);
+}
+template <class B>
+index_t clip_heads(nn::MHA<B>& a, float* q, float* k, const std::vector<float>& maxima, const QKClipConfig& c) {
+    return clip_mha_heads<B>(q, k, a.query_projection().in_features(), a.head_layout(), maxima, c);
+}
+
 /// Where a weight's f32 values are: its own, or the master an optimizer keeps of a bf16 weight; null if neither.
 template <class B>
 using MasterOf = std::function<float*(const Param<2, B>&)>;
@@ -139,24 +150,16 @@ ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c, const
     };
     for (auto& layer : model.layers) {
         // Named host sync: QK-Clip's per-head maxima decide on the host which heads' weights to rescale.
-        const std::vector<float> maxima = to_host(layer.latent ? layer.self_attn.max_logit_per_head.view()
-                                                               : layer.mha.max_logit_per_head.view());
+        const std::vector<float> maxima = to_host(layer.max_logits().view());
         report.max_logit.push_back(*std::max_element(maxima.begin(), maxima.end()));
-        if (layer.latent) {
-            auto& a = layer.self_attn;
-            nn::Linear<B>& q = a.cfg.q_rank > 0 ? a.q_b_proj : a.q_proj;
-            report.heads_clipped.push_back(clip_mla_heads<B>(master_of(q.weight), q.in_features(),
-                                                          master_of(a.kv_b_proj.weight), a.kv_b_proj.in_features(),
-                                                          a.head_layout(), maxima, c));
-            a.reset_max_logits();
-            if (report.heads_clipped.back() > 0) clipped(q), clipped(a.kv_b_proj);
-        } else {
-            auto& a = layer.mha;
-            report.heads_clipped.push_back(clip_mha_heads<B>(master_of(a.q_proj.weight), master_of(a.k_proj.weight),
-                                                          a.q_proj.in_features(), a.head_layout(), maxima, c));
-            a.reset_max_logits();
-            if (report.heads_clipped.back() > 0) clipped(a.q_proj), clipped(a.k_proj);
-        }
+        report.heads_clipped.push_back(layer.visit_attention([&](auto& a) {
+            nn::Linear<B>& q = a.query_projection();
+            nn::Linear<B>& k = a.key_projection();
+            const index_t n = clip_heads<B>(a, master_of(q.weight), master_of(k.weight), maxima, c);
+            if (n > 0) clipped(q), clipped(k);
+            return n;
+        }));
+        layer.reset_max_logits();
         if (report.heads_clipped.back() > 0) layer.refresh_working();  // bf16 compute: the products read bf16 values
     }
     return report;

@@ -17,34 +17,21 @@
 // The backward is the mirror: dispatch the output gradients, return the input gradients.
 #pragma once
 
+#include <memory>
 #include <span>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../backend/backend.hpp"
+#include "../nn/dispatch.hpp"
 #include "../tensor/transfer.hpp"
 #include "comm.hpp"
 
 namespace moonmoe::parallel {
 
-/// One forward's exchange between the ranks of an expert group, for one MoE layer on one rank.
-template <class B>
-struct ExpertExchange {
-    index_t experts_per_rank = 0;
-    std::vector<index_t> send_rows;       ///< rows this rank sends each rank (its plan's segments, by rank)
-    std::vector<index_t> recv_rows;       ///< rows each rank sends this one
-    std::vector<index_t> expert_offsets;  ///< [L + 1]: local expert e's received rows, expert-major
-    Tensor<index_t, 1, B> to_expert_major;  ///< expert-major row i = received row to_expert_major[i]
-    Tensor<index_t, 1, B> to_source_major;  ///< received row i = expert-major row to_source_major[i]
-
-    index_t received() const { return expert_offsets.empty() ? 0 : expert_offsets.back(); }
-    index_t sent() const {
-        index_t n = 0;
-        for (index_t r : send_rows) n += r;
-        return n;
-    }
-};
+/// One forward's exchange of one MoE layer on one rank: the plain record nn's dispatcher contract defines.
+using nn::ExpertExchange;
 
 /// The exchange of a rank whose dispatch plan over all E experts has segment offsets `plan_offsets` (E + 1, host).
 /// Collective over `group` (every rank calls it, in the same order).
@@ -56,7 +43,6 @@ ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> pl
                          "evenly over " + std::to_string(ranks) + " expert-parallel ranks");
     const index_t L = experts / ranks;
     ExpertExchange<B> ex;
-    ex.experts_per_rank = L;
     // what this rank sends each rank, per expert there: the plan's segments
     std::vector<index_t> per_expert(static_cast<std::size_t>(experts)), blocks(static_cast<std::size_t>(ranks), L);
     for (index_t e = 0; e < experts; ++e) per_expert[std::size_t(e)] = plan_offsets[std::size_t(e + 1)] - plan_offsets[std::size_t(e)];
@@ -169,5 +155,51 @@ Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex
     return_rows(group, ex, rows, out.view(), buffers);
     return out;
 }
+
+/// The dispatcher of an MoE layer whose experts are spread over an expert group (nn/dispatch.hpp): each rank
+/// holds experts [rank L, (rank + 1) L), L = E / ranks, and the same router and shared expert (replicated; data
+/// parallelism sums their gradients). A rank plans its own tokens' pairs over all E experts, sends each pair's
+/// row to its expert's rank and gets the outputs back; the layer's backward sends the output gradients (and the
+/// routing weights) the same way, so the router's backward runs where the token lives. Every rank issues the same
+/// collectives whatever the routing: per forward the counts and the rows, per backward four row exchanges.
+template <class B>
+class ExpertParallelDispatcher final : public nn::Dispatcher<B> {
+public:
+    using Mat = Tensor<float, 2, B>;
+    explicit ExpertParallelDispatcher(Communicator& group) : group_(group) {}
+
+    void check(index_t experts, index_t first, index_t count) const override {
+        const index_t ranks = group_.size(), L = experts / ranks;
+        if (experts % ranks != 0 || count != L || first != group_.rank() * L)
+            throw std::invalid_argument(
+                group_.where("ExpertParallelDispatcher") + ": the layer holds experts [" + std::to_string(first) +
+                ", " + std::to_string(first + count) + ") of " + std::to_string(experts) + "; over " +
+                std::to_string(ranks) + " expert-parallel ranks " +
+                (experts % ranks != 0 ? std::string("they do not split evenly")
+                                      : "this rank's share is [" + std::to_string(group_.rank() * L) + ", " +
+                                            std::to_string((group_.rank() + 1) * L) + ")"));
+    }
+    nn::PlannedExperts planned(index_t experts, index_t, index_t) const override { return {0, experts}; }
+    ExpertExchange<B> exchange(std::span<const index_t> plan_offsets) override {
+        return plan_exchange<B>(group_, plan_offsets);
+    }
+    Mat dispatch(const ExpertExchange<B>& ex, Mat&& rows) override {
+        Mat out({ex.received(), rows.shape()[1]});
+        dispatch_rows(group_, ex, View<const float, 2, B>(rows.view()), out.view(), buffers_);
+        return out;
+    }
+    Mat combine(const ExpertExchange<B>& ex, Mat&& rows) override {
+        Mat out({ex.sent(), rows.shape()[1]});
+        return_rows(group_, ex, View<const float, 2, B>(rows.view()), out.view(), buffers_);
+        return out;
+    }
+    bool exchanges() const override { return true; }
+    std::string where(const std::string& what) const override { return group_.where(what); }
+    Communicator& group() const { return group_; }
+
+private:
+    Communicator& group_;
+    ExchangeBuffers<B> buffers_;
+};
 
 }  // namespace moonmoe::parallel

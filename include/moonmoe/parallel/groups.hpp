@@ -3,7 +3,7 @@
 //
 //   ProcessGroups g(world, config.parallel);     every rank calls it (collective); a world of the wrong size is
 //                                                refused on every rank, naming both sizes
-//   nn::Transformer<B> part(config, model_part(config, g.at));
+//   nn::Transformer<B> part(config, model_part(config, g.at), expert_dispatcher<B>(g));
 //
 // The pieces: pipeline rank p holds the chunks (virtual stages) p, p + PP, ... with their layers as the
 // configuration's split assigns them (config/parallel.hpp), the embedding if it holds virtual stage 0, the final
@@ -18,6 +18,7 @@
 
 #include "../nn/transformer.hpp"
 #include "comm.hpp"
+#include "expert_parallel.hpp"
 #include "layout.hpp"
 
 namespace moonmoe::parallel {
@@ -87,6 +88,14 @@ inline nn::ModelPart model_part(const ModelConfig& c, Coordinates at) {
     p.expert_count = c.moe.experts / c.parallel.ep;
     p.first_expert = at.ep * p.expert_count;
     return p;
+}
+
+/// The dispatcher of this rank's MoE layers: over its expert group when EP > 1, local otherwise.
+///   nn::Transformer<B> part(config, model_part(config, g.at), expert_dispatcher<B>(g));
+template <class B>
+std::shared_ptr<nn::Dispatcher<B>> expert_dispatcher(ProcessGroups& g) {
+    if (g.layout.ep == 1) return nn::local_dispatcher<B>();
+    return std::make_shared<ExpertParallelDispatcher<B>>(*g.expert);
 }
 
 }  // namespace moonmoe::parallel

@@ -3,7 +3,7 @@
 // micro-batch of a step, accumulating the parameter gradients; DistributedOptimizer (parallel/zero.hpp) then steps.
 //
 //   ProcessGroups g(world, config.parallel);
-//   nn::Transformer<B> part(config, model_part(config, g.at));
+//   nn::Transformer<B> part(config, model_part(config, g.at), expert_dispatcher<B>(g));
 //   Pipeline<B> pipeline(part, g, micro_batches);
 //   DistributedOptimizer<Opt, B> opt(part, g);
 //   loop: pipeline.run(batches_of_my_replica, layout); opt.step();
@@ -22,13 +22,13 @@
 // ranks: on each channel a rank sends in its schedule's order and its neighbour receives in its own, which is the
 // same order of (micro-batch, chunk) (every rank walks the virtual micro-batches in the same sequence), so they
 // agree, interleaved stages included (with one channel, two ranks of an interleaved schedule exchange activations
-// and gradients in orders that differ). MoE layers of an EP > 1 run go through the
-// expert group's all-to-all (parallel/moe.hpp); every EP rank of a stage runs the same schedule, so they issue
-// the same sequence of exchanges.
+// and gradients in orders that differ). MoE layers of an EP > 1 run exchange their rows over the
+// expert group (their dispatcher, parallel/expert_parallel.hpp); every EP rank of a stage runs the same schedule,
+// so they issue the same sequence of exchanges.
 //
 // Activations<Offload<true>> (CUDA backend; Kimi K2 technical report, §2.4.3, nn/offload.hpp): a (micro-batch,
 // chunk) whose backward does not come next leaves for pinned host memory after its forward, every kept matrix of
-// its layers, of its expert-parallel MoE caches and of the head, while the next step computes; before a step
+// its layers (their MoE caches included) and of the head, while the next step computes; before a step
 // whose successor is a backward, that backward's matrices are queued back, so they copy while the step computes.
 // The device holds the micro-batch computing and the one prefetched; the statistics and plans stay (under 10 %).
 //
@@ -49,7 +49,6 @@
 #include "../nn/offload.hpp"
 #include "../nn/transformer.hpp"
 #include "groups.hpp"
-#include "moe.hpp"
 #include "schedule.hpp"
 
 namespace moonmoe::parallel {
@@ -92,6 +91,13 @@ public:
             throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
                                         ": the model part does not hold this rank's layers (build it with "
                                         "model_part(config, groups.at))");
+        for (const auto& layer : part.layers)
+            if (!layer.dense && layer.moe.dispatcher->exchanges() != (groups_.layout.ep > 1))
+                throw std::invalid_argument(groups_.pipeline->where("Pipeline") + ": the part's MoE layers move their "
+                                            "pairs " + (groups_.layout.ep > 1 ? "locally, the layout has EP = " +
+                                            std::to_string(groups_.layout.ep) : std::string("over an expert group, "
+                                            "the layout has EP = 1")) + " (build the part with "
+                                            "expert_dispatcher<B>(groups))");
     }
 
     const std::vector<Step>& schedule() const { return schedule_; }
@@ -161,7 +167,6 @@ private:
     /// What the backward of one (micro-batch, chunk) needs from its forward.
     struct Slot {
         std::vector<typename nn::DecoderLayer<B>::Cache> layers;
-        std::vector<typename ExpertParallelMoE<B>::Cache> experts;
         nn::KeptMatrix<B> h_last, h_normed;  ///< last stage: the final norm's input and output (unless recomputed)
         nn::KeptMatrix<B> dlogits;           ///< last stage: the loss's gradient (f32)
         Tensor<float, 1, B> rstd;
@@ -169,7 +174,6 @@ private:
         template <class F>
         void for_each_kept(F&& f) {
             for (auto& l : layers) l.for_each_kept(f);
-            for (auto& e : experts) e.for_each_kept(f);
             f(h_last), f(h_normed), f(dlogits);
         }
     };
@@ -206,7 +210,6 @@ private:
         return int((micro_batch * stages() + stage) * 2 + (pass == Pass::forward ? 0 : 1));
     }
     Slot& slot(index_t micro_batch, index_t chunk) { return slots_[std::size_t(micro_batch * shape_.v + chunk)]; }
-    bool uses_expert_group(const nn::DecoderLayer<B>& layer) const { return !layer.dense && groups_.layout.ep > 1; }
 
     /// Whether step `s` starts by receiving (its input from the previous stage, or its output's gradient).
     bool receives(const Step& s) const {
@@ -260,18 +263,9 @@ private:
         }
         const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
         c.layers.resize(std::size_t(count));
-        c.experts.resize(std::size_t(count));
         for (index_t k = 0; k < count; ++k) {
-            auto& layer = part_.layers[std::size_t(first + k)];
-            auto& cache = c.layers[std::size_t(k)];
-            if (uses_expert_group(layer))
-                layer.forward_with(h.view(), layout_, next.view(), cache,
-                                   [&](View<const float, 2, B> in, View<float, 2, B> out) {
-                                       ExpertParallelMoE<B>::forward(layer.moe, *groups_.expert, in, out,
-                                                                     c.experts[std::size_t(k)]);
-                                   });
-            else
-                layer.forward(h.view(), layout_, next.view(), cache);
+            part_.layers[std::size_t(first + k)].forward(h.view(), layout_, next.view(), c.layers[std::size_t(k)],
+                                                         nn::Pass::training);
             std::swap(h, next);
         }
         if (s + 1 < stages()) {
@@ -312,17 +306,7 @@ private:
         }
         const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
         for (index_t k = count; k-- > 0;) {
-            auto& layer = part_.layers[std::size_t(first + k)];
-            auto& cache = c.layers[std::size_t(k)];
-            if (uses_expert_group(layer))
-                layer.backward_with(dh.view(), cache, dprev.view(),
-                                    [&](View<const float, 2, B> dout, View<float, 2, B> din,
-                                        View<const float, 2, B> in) {
-                                        ExpertParallelMoE<B>::backward(layer.moe, *groups_.expert, dout,
-                                                                       c.experts[std::size_t(k)], din, in);
-                                    });
-            else
-                layer.backward(dh.view(), cache, dprev.view());
+            part_.layers[std::size_t(first + k)].backward(dh.view(), c.layers[std::size_t(k)], dprev.view());
             std::swap(dh, dprev);
         }
         if (s == 0) part_.embed_tokens.backward(batches_[std::size_t(mb)].data(), dh.view());

@@ -106,11 +106,10 @@ public:
                 if (owner_[i] == s.group->rank()) copy(s.mine.data() + offset_[i], params[i].grad, params[i].numel());
         }
         for (auto& layer : model_.layers) {
-            auto& maxima = layer.latent ? layer.self_attn.max_logit_per_head : layer.mha.max_logit_per_head;
+            Tensor<float, 1, B>& maxima = layer.max_logits();
             dense_.all_reduce(std::span(maxima.data(), std::size_t(maxima.numel())), ReduceOp::max);
-            if (!layer.dense)
-                dense_.all_reduce(std::span(layer.moe.gate.load.data(), std::size_t(layer.moe.gate.load.numel())),
-                                  ReduceOp::sum);
+            if (nn::Router<B>* router = layer.router())
+                dense_.all_reduce(std::span(router->load.data(), std::size_t(router->load.numel())), ReduceOp::sum);
         }
         return any_nonfinite(params);
     }
@@ -143,7 +142,7 @@ public:
             r.skipped_nonfinite = 1;
             inner_.reset_max_logits();
             for (auto& layer : model_.layers)
-                if (!layer.dense) layer.moe.gate.reset_load();
+                if (nn::Router<B>* router = layer.router()) router->reset_load();
             model_.zero_grad();
             return r;
         }
