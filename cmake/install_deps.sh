@@ -13,6 +13,7 @@ packages=(
   doctest-dev libbenchmark-dev
   libopenblas-dev libopenmpi-dev openmpi-bin
   libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package finds OpenCL (its GPU runtime) as it loads
+  libcairo2-dev pkgconf           # the examples' plots (examples/support/plot.hpp), found through pkg-config
   time
 )
 case "${1:-}" in

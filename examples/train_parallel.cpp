@@ -10,7 +10,8 @@
 // progress, then prints per rank the time in compute, communication and pipeline bubble and the bytes sent, and
 // the bubble against the interleaved 1F1B formula (PP - 1) / (V M), and the bytes per step against
 // parallel/traffic.hpp's formula. Writes DIR/train_parallel.csv (step, the loss
-// of the parallel run and of the one-process run), DIR/train_parallel.png (both curves), and
+// of the parallel run and of the one-process run), DIR/train_parallel.png (both curves; drawn with cairo,
+// support/plot.hpp, the plotted points in DIR/train_parallel.plot.csv), and
 // DIR/train_parallel_ranks.csv (the per-rank figures).
 #include <algorithm>
 #include <chrono>
@@ -26,7 +27,7 @@
 #include <moonmoe/parallel/traffic.hpp>
 #include <moonmoe/parallel/zero.hpp>
 
-#include "support/plot_png.hpp"
+#include "support/plot.hpp"
 #include "train_tiny.hpp"
 
 namespace {
@@ -150,7 +151,7 @@ struct Totals {
 std::vector<float> train(const moonmoe::ModelConfig& c, const Options& o, Communicator& world, Totals& totals,
                          bool show_progress, const char* label) {
     ProcessGroups g(world, c.parallel);
-    moonmoe::nn::Transformer<moonmoe::cpu> part(c, model_part(c, g.at));
+    moonmoe::nn::Transformer<moonmoe::cpu> part(c, model_part(c, g.at), expert_dispatcher<moonmoe::cpu>(g));
     moonmoe::nn::init_weights(part, {.seed = o.seed});
     part.visit_params([&](const moonmoe::ParamRef& p) { totals.parameters += double(p.numel()); });
     Pipeline<moonmoe::cpu> pipeline(part, g, c.parallel.micro_batches);

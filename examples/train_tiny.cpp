@@ -7,7 +7,8 @@
 // --seed N (default 7) picks the initial weights and the batches (the same for both runs).
 // --threads N (default: moonmoe::default_threads(), the CPUs this process may use after its affinity mask and cgroup
 // CPU quota, or OMP_NUM_THREADS); a run is bitwise repeatable for a fixed thread count.
-// Writes DIR/train_tiny.csv (step, loss, max logit per layer, heads clipped, for both runs) and DIR/train_tiny.png.
+// Writes DIR/train_tiny.csv (step, loss, max logit per layer, heads clipped, for both runs) and DIR/train_tiny.png
+// (drawn with cairo: support/plot.hpp), with the plotted points beside it in DIR/train_tiny.plot.csv.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,7 +16,7 @@
 #include <fstream>
 
 #include "example_support.hpp"
-#include "support/plot_png.hpp"
+#include "support/plot.hpp"
 #include "train_tiny.hpp"
 
 namespace {
