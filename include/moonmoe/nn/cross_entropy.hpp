@@ -48,4 +48,15 @@ float cross_entropy(View<const float, 2, B> logits, const index_t* targets, View
     return to_host(loss)[0];
 }
 
+/// HF's causal-LM loss of `ids` laid out as `layout` (labels = input_ids): the mean cross-entropy of each token's
+/// next token, its gradient written into dlogits scaled by `scale` (a pipeline's 1 / micro-batches).
+template <class B = cpu>
+float causal_lm_loss(View<const float, 2, B> logits, const index_t* ids, const TokenLayout& layout,
+                     View<float, 2, B> dlogits, float scale = 1.0f) {
+    const std::vector<index_t> targets = causal_targets(ids, layout);
+    const float loss = cross_entropy<B>(logits, targets.data(), dlogits);
+    if (scale != 1.0f) backend::Ops<B>::map(fn::ScaleBy<float>{scale}, dlogits);
+    return loss;
+}
+
 }  // namespace moonmoe::nn

@@ -63,6 +63,18 @@ struct Transformer {
     Linear<B> lm_head;
     ModelPart part;  ///< what this object holds (the whole model unless built from a part)
 
+    /// What the head (final norm and lm_head) keeps for backward.
+    struct HeadCache {
+        KeptMatrix<B> h_last;    ///< input of the final norm
+        KeptMatrix<B> h_normed;  ///< input of lm_head, unless recomputed (ActivationConfig::recompute_norms)
+        Tensor<float, 1, B> rstd;
+        std::size_t bytes() const { return h_last.bytes() + h_normed.bytes() + rstd.bytes(); }
+        template <class F>
+        void for_each_kept(F&& f) {
+            f(h_last), f(h_normed);
+        }
+    };
+
     /// What backward needs of one forward. backward consumes it (frees the activations and marks it consumed), so
     /// each forward allows one backward; a second backward on the same cache is refused, naming the fix.
     struct Cache {
@@ -72,12 +84,10 @@ struct Transformer {
         std::vector<index_t> ids;
         TokenLayout layout;
         std::vector<typename DecoderLayer<B>::Cache> layers;
-        KeptMatrix<B> h_last;    ///< input of the final norm
-        KeptMatrix<B> h_normed;  ///< input of lm_head, unless recomputed (ActivationConfig::recompute_norms)
-        Tensor<float, 1, B> rstd;
+        HeadCache head;
         /// The bytes held for backward (the token ids and layout, on the host, aside).
         std::size_t bytes() const {
-            std::size_t n = h_last.bytes() + h_normed.bytes() + rstd.bytes();
+            std::size_t n = head.bytes();
             for (const auto& l : layers) n += l.bytes();
             return n;
         }
@@ -162,24 +172,14 @@ struct Transformer {
         c.pass = pass;
         c.ids.assign(ids, ids + T);
         c.layout = layout;
-        Mat h({T, H}), next({T, H});
-        embed_tokens.forward(ids, h.view());
-        round_to(compute(), h.view());
+        Mat h({T, H});
+        embed(ids, h.view());
         c.layers.resize(layers.size());
-        for (std::size_t l = 0; l < layers.size(); ++l) {
-            layers[l].forward(h.view(), layout, next.view(), c.layers[l], pass);
+        forward_layers(0, layers.size(), h, layout, c.layers, pass, [&](std::size_t l) {
             if constexpr (backend::offloads<B>)
                 if (offloader_) offloader_->offload(c.layers[l]);  // while the next layers compute
-            std::swap(h, next);
-        }
-        c.rstd = Tensor<float, 1, B>({T});
-        Mat h_normed({T, H});
-        norm.forward(h.view(), h_normed.view(), c.rstd.view());
-        Mat logits({T, config.dims.vocab});
-        lm_head.forward(h_normed.view(), logits.view());
-        const KeptFormat kept = KeptFormats(config.activations).value;
-        c.h_last = KeptMatrix<B>(std::move(h), kept);
-        if (!config.activations.recompute_norms) c.h_normed = KeptMatrix<B>(std::move(h_normed), kept);
+        });
+        Mat logits = head_forward(std::move(h), c.head);
         c.state = Cache::State::forwarded;
         return logits;
     }
@@ -205,23 +205,17 @@ struct Transformer {
             throw shape_error("Transformer::backward: dlogits is " + shape_string(dlogits.shape) +
                               ", the forward's logits are [" + std::to_string(T) + ", " +
                               std::to_string(config.dims.vocab) + "]");
-        Mat dn({T, H}), dh({T, H}), dprev({T, H});
-        const Mat h_last = c.h_last.take("the final norm's input");
-        const Mat h_normed = config.activations.recompute_norms ? norm.recompute(h_last.view())
-                                                                : c.h_normed.take("lm_head's input");
-        lm_head.backward(h_normed.view(), dlogits, dn.view());
-        norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh.view());
-        for (std::size_t l = layers.size(); l-- > 0;) {
+        Mat dh({T, H});
+        head_backward(dlogits, c.head, dh.view());
+        backward_layers(0, layers.size(), dh, c.layers, [&](std::size_t l) {
             if constexpr (backend::offloads<B>) {
                 if (offloader_) {
                     offloader_->restore(c.layers[l]);
                     if (l > 0) offloader_->prefetch(c.layers[l - 1]);  // copied while layer l's backward computes
                 }
             }
-            layers[l].backward(dh.view(), c.layers[l], dprev.view());
-            std::swap(dh, dprev);
-        }
-        embed_tokens.backward(c.ids.data(), dh.view());
+        });
+        embed_backward(c.ids.data(), dh.view());
         c = Cache{};
         c.state = Cache::State::consumed;
     }
@@ -247,11 +241,79 @@ public:
     float train_step(const index_t* ids, const TokenLayout& layout) {
         Cache c;
         Mat logits = forward(ids, layout, c, Pass::training);
-        const std::vector<index_t> targets = causal_targets(ids, layout);
         Mat dlogits(logits.shape());
-        const float loss = cross_entropy<B>(logits.view(), targets.data(), dlogits.view());
+        const float loss = causal_lm_loss<B>(logits.view(), ids, layout, dlogits.view());
         backward(dlogits.view(), c);
         return loss;
+    }
+
+    // ---- the model's pieces in order: what forward, backward and train_step run, and what the pipeline runtime
+    //      (parallel/pipeline.hpp) runs of them on each stage (embedding on the first, head and loss on the last) --
+
+    /// h = embed_tokens(ids), rounded to the compute format.
+    void embed(const index_t* ids, View<float, 2, B> h) {
+        embed_tokens.forward(ids, h);
+        round_to(compute(), h);
+    }
+    /// Accumulates the embedding's gradient from dh, the gradient of the first layer's input.
+    void embed_backward(const index_t* ids, View<const float, 2, B> dh) { embed_tokens.backward(ids, dh); }
+
+    /// h <- the output of layers [first, last) of this object (positions in `layers`) applied to h; caches[k] is
+    /// layer first + k's. after(l) runs once layer l's forward is done (the owner's activation offload).
+    template <class After>
+    void forward_layers(std::size_t first, std::size_t last, Mat& h, const TokenLayout& layout,
+                        std::span<typename DecoderLayer<B>::Cache> caches, Pass pass, After&& after) {
+        Mat next(h.shape());
+        for (std::size_t l = first; l < last; ++l) {
+            layers[l].forward(h.view(), layout, next.view(), caches[l - first], pass);
+            after(l);
+            std::swap(h, next);
+        }
+    }
+    void forward_layers(std::size_t first, std::size_t last, Mat& h, const TokenLayout& layout,
+                        std::span<typename DecoderLayer<B>::Cache> caches, Pass pass) {
+        forward_layers(first, last, h, layout, caches, pass, [](std::size_t) {});
+    }
+    /// dh <- the gradient of the input of layers [first, last) from dh, the gradient of their output (mirrors
+    /// forward_layers; each cache is consumed). before(l) runs before layer l's backward (the owner's restore).
+    template <class Before>
+    void backward_layers(std::size_t first, std::size_t last, Mat& dh,
+                         std::span<typename DecoderLayer<B>::Cache> caches, Before&& before) {
+        Mat prev(dh.shape());
+        for (std::size_t l = last; l-- > first;) {
+            before(l);
+            layers[l].backward(dh.view(), caches[l - first], prev.view());
+            std::swap(dh, prev);
+        }
+    }
+    void backward_layers(std::size_t first, std::size_t last, Mat& dh,
+                         std::span<typename DecoderLayer<B>::Cache> caches) {
+        backward_layers(first, last, dh, caches, [](std::size_t) {});
+    }
+
+    /// logits = lm_head(norm(h)) [tokens, vocab]; keeps the final norm's input (taken from h) and its output
+    /// unless recompute_norms.
+    Mat head_forward(Mat&& h, HeadCache& c) {
+        const index_t T = h.shape()[0];
+        c.rstd = Tensor<float, 1, B>({T});
+        Mat h_normed({T, config.dims.hidden});
+        norm.forward(h.view(), h_normed.view(), c.rstd.view());
+        Mat logits({T, config.dims.vocab});
+        lm_head.forward(h_normed.view(), logits.view());
+        const KeptFormat kept = KeptFormats(config.activations).value;
+        c.h_last = KeptMatrix<B>(std::move(h), kept);
+        if (!config.activations.recompute_norms) c.h_normed = KeptMatrix<B>(std::move(h_normed), kept);
+        return logits;
+    }
+    /// dh = the gradient of the final norm's input, from dlogits; accumulates lm_head's and the norm's gradients.
+    void head_backward(View<const float, 2, B> dlogits, HeadCache& c, View<float, 2, B> dh) {
+        const Mat h_last = c.h_last.take("the final norm's input");
+        const Mat h_normed = config.activations.recompute_norms ? norm.recompute(h_last.view())
+                                                                : c.h_normed.take("lm_head's input");
+        Mat dn(dh.shape);
+        lm_head.backward(h_normed.view(), dlogits, dn.view());
+        norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh);
+        c = HeadCache{};
     }
 
     DecodeState start_decoding(index_t capacity) const {

@@ -167,14 +167,14 @@ private:
     /// What the backward of one (micro-batch, chunk) needs from its forward.
     struct Slot {
         std::vector<typename nn::DecoderLayer<B>::Cache> layers;
-        nn::KeptMatrix<B> h_last, h_normed;  ///< last stage: the final norm's input and output (unless recomputed)
-        nn::KeptMatrix<B> dlogits;           ///< last stage: the loss's gradient (f32)
-        Tensor<float, 1, B> rstd;
+        typename nn::Transformer<B>::HeadCache head;  ///< last stage: the final norm and lm_head
+        nn::KeptMatrix<B> dlogits;                    ///< last stage: the loss's gradient (f32)
         /// Calls f(KeptMatrix<B>&) on every kept matrix (what activation offload moves).
         template <class F>
         void for_each_kept(F&& f) {
             for (auto& l : layers) l.for_each_kept(f);
-            f(h_last), f(h_normed), f(dlogits);
+            head.for_each_kept(f);
+            f(dlogits);
         }
     };
     struct Pending {
@@ -254,37 +254,21 @@ private:
                       H = part_.config.dims.hidden;
         const std::vector<index_t>& ids = batches_[std::size_t(mb)];
         Slot& c = slot(mb, chunk);
-        Mat h({T, H}), next({T, H});
-        if (s == 0) {
-            part_.embed_tokens.forward(ids.data(), h.view());
-            nn::round_to(part_.compute(), h.view());
-        } else {
-            receive(h, s - 1, Pass::forward, tag(mb, s - 1, Pass::forward));
-        }
-        const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
-        c.layers.resize(std::size_t(count));
-        for (index_t k = 0; k < count; ++k) {
-            part_.layers[std::size_t(first + k)].forward(h.view(), layout_, next.view(), c.layers[std::size_t(k)],
-                                                         nn::Pass::training);
-            std::swap(h, next);
-        }
+        Mat h({T, H});
+        if (s == 0) part_.embed(ids.data(), h.view());
+        else receive(h, s - 1, Pass::forward, tag(mb, s - 1, Pass::forward));
+        const index_t first = chunk_begin_[std::size_t(chunk)], last = chunk_begin_[std::size_t(chunk) + 1];
+        c.layers.resize(std::size_t(last - first));
+        part_.forward_layers(std::size_t(first), std::size_t(last), h, layout_, c.layers, nn::Pass::training);
         if (s + 1 < stages()) {
             send(std::move(h), s + 1, Pass::forward, tag(mb, s, Pass::forward));
             return;
         }
-        // the last stage: final norm, lm_head, the loss and its gradient
-        c.rstd = Tensor<float, 1, B>({T});
-        Mat h_normed({T, H});
-        part_.norm.forward(h.view(), h_normed.view(), c.rstd.view());
-        Mat logits({T, part_.config.dims.vocab});
-        part_.lm_head.forward(h_normed.view(), logits.view());
-        const nn::KeptFormat kept = nn::KeptFormats(part_.config.activations).value;
-        c.h_last = nn::KeptMatrix<B>(std::move(h), kept);
-        if (!part_.config.activations.recompute_norms) c.h_normed = nn::KeptMatrix<B>(std::move(h_normed), kept);
-        const std::vector<index_t> targets = nn::causal_targets(ids.data(), layout_);
+        // the last stage: the head, the loss and its gradient (each micro-batch's scaled by 1 / M)
+        const Mat logits = part_.head_forward(std::move(h), c.head);
         Mat dlogits(logits.shape());
-        losses_[std::size_t(mb)] = nn::cross_entropy<B>(logits.view(), targets.data(), dlogits.view());
-        Ops::map(fn::ScaleBy<float>{1.0f / float(shape_.micro_batches)}, dlogits.view());
+        losses_[std::size_t(mb)] = nn::causal_lm_loss<B>(logits.view(), ids.data(), layout_, dlogits.view(),
+                                                          1.0f / float(shape_.micro_batches));
         c.dlogits = nn::KeptMatrix<B>(std::move(dlogits), nn::KeptFormat::f32);
     }
 
@@ -292,24 +276,12 @@ private:
         const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
                       H = part_.config.dims.hidden;
         Slot& c = slot(mb, chunk);
-        Mat dh({T, H}), dprev({T, H});
-        if (s + 1 == stages()) {
-            Mat dn({T, H});
-            const Mat h_last = c.h_last.take("the final norm's input");
-            const Mat h_normed = part_.config.activations.recompute_norms ? part_.norm.recompute(h_last.view())
-                                                                          : c.h_normed.take("lm_head's input");
-            const Mat dlogits = c.dlogits.take("the loss's gradient");
-            part_.lm_head.backward(h_normed.view(), dlogits.view(), dn.view());
-            part_.norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh.view());
-        } else {
-            receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
-        }
-        const index_t first = chunk_begin_[std::size_t(chunk)], count = chunk_begin_[std::size_t(chunk) + 1] - first;
-        for (index_t k = count; k-- > 0;) {
-            part_.layers[std::size_t(first + k)].backward(dh.view(), c.layers[std::size_t(k)], dprev.view());
-            std::swap(dh, dprev);
-        }
-        if (s == 0) part_.embed_tokens.backward(batches_[std::size_t(mb)].data(), dh.view());
+        Mat dh({T, H});
+        if (s + 1 == stages()) part_.head_backward(c.dlogits.take("the loss's gradient").view(), c.head, dh.view());
+        else receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
+        const index_t first = chunk_begin_[std::size_t(chunk)], last = chunk_begin_[std::size_t(chunk) + 1];
+        part_.backward_layers(std::size_t(first), std::size_t(last), dh, c.layers);
+        if (s == 0) part_.embed_backward(batches_[std::size_t(mb)].data(), dh.view());
         else send(std::move(dh), s - 1, Pass::backward, tag(mb, s, Pass::backward));
         c = Slot{};
     }
