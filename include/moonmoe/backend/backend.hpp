@@ -9,6 +9,8 @@
 //   optim.hpp      OptimOps<B>      reductions, finite checks, QK-Clip row scaling
 //   random.hpp     RandomOps<B>     counter-based fills, the same numbers on every backend
 //   fp8.hpp        Fp8Ops<B>        FP8-E4M3 storage in 1 x 128 tiles: quantize, dequantize
+//   offload.hpp    OffloadOps<B>    optional, not in Ops<B>: whether the backend offloads activations to host memory,
+//                                   and its mover (the CUDA backend's HostOffload); the primary definition says no
 //
 // Each family is a class template whose primary definition only fails (a static_assert naming the header to
 // include); backend/cpu/ and backend/cuda/ specialise every family in a file of the same name. Ops<B> gathers the

@@ -9,10 +9,15 @@
 //   to_host(host_dst, src, bytes), to_device(dst, host_src, bytes)
 //                                the explicit crossings; on the CUDA backend they synchronise the current stream,
 //                                and every call site in nn/ and optim/ says why it needs the values on the host
+//   stats() -> MemoryStats&      the bytes of the backend's live tensors (their requested sizes), current and peak:
+//                                one counter per backend, for benchmarks and memory reports
 // host_visible<B> says whether the host may dereference the backend's pointers: View::operator() and Tensor's
 // element access compile only when it holds, so module code that indexes tensor data fails to build for CUDA.
+// MemoryStats, the counter that stats() hands out, is defined here, in the contract, for every backend: neither
+// backend's directory includes the other's (ctest layering.backend_cuda, layering.backend_cpu).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 
 #include "../config/backend.hpp"
@@ -21,6 +26,19 @@ namespace moonmoe::backend {
 
 template <class B>
 inline constexpr bool missing_backend = false;
+
+/// Bytes held by a backend's live tensors (their requested sizes), and the most held at once since reset_peak().
+struct MemoryStats {
+    std::atomic<std::size_t> current{0}, peak{0};
+
+    void add(std::size_t bytes) {
+        const std::size_t now = current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+        std::size_t seen = peak.load(std::memory_order_relaxed);
+        while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
+    }
+    void remove(std::size_t bytes) { current.fetch_sub(bytes, std::memory_order_relaxed); }
+    void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+};
 
 template <class B>
 struct Memory {

@@ -29,7 +29,7 @@ void check_offload(bool offload) {
 template <class B>
 class KeptOffload {
     static_assert(backend::offloads<B>, "KeptOffload<B>: the backend has no activation offload (backend/offload.hpp)");
-    using Host = typename backend::Offload<B>::type;
+    using Host = typename backend::OffloadOps<B>::type;
     template <class T>
     using Ticket = typename Host::template Ticket<T, 2>;
 

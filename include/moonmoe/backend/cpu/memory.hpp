@@ -10,12 +10,12 @@
 // before the cache of large blocks; with medium blocks left to malloc, which returns them to the system, a small
 // layer's forward spent a fifth of its time in page faults, and two threads faulting at once were no faster than
 // one). A 64-byte header in front of each block records its allocated and requested sizes.
-// MemoryStats counts the bytes of live tensors (current and peak), for benchmarks and memory reports.
+// stats() counts the bytes of live tensors (current and peak; MemoryStats, backend/memory.hpp), for benchmarks and
+// memory reports.
 #pragma once
 
 #include <sys/mman.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -27,19 +27,6 @@
 #include "../memory.hpp"
 
 namespace moonmoe::backend {
-
-/// Bytes held by live CPU tensors (their requested sizes), and the most held at once since reset_peak().
-struct MemoryStats {
-    std::atomic<std::size_t> current{0}, peak{0};
-
-    void add(std::size_t bytes) {
-        const std::size_t now = current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-        std::size_t seen = peak.load(std::memory_order_relaxed);
-        while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
-    }
-    void remove(std::size_t bytes) { current.fetch_sub(bytes, std::memory_order_relaxed); }
-    void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
-};
 
 namespace cpu_detail {
 

@@ -52,8 +52,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../cpu/memory.hpp"  // MemoryStats, shared with the CPU backend
-#include "../memory.hpp"
+#include "../memory.hpp"  // Memory<B>, MemoryStats
 #include "error.hpp"
 
 namespace moonmoe::backend {

@@ -14,6 +14,7 @@
 // so a training step that offloads the same activations every time allocates them once. The emulated backend
 // copies synchronously into ordinary host memory: the same results, nothing overlapped. The CPU backend has no
 // offload (its activations already live in host memory): models that ask for it there are refused.
+// OffloadOps<cuda> (backend/offload.hpp) names HostOffload as the backend's mover, for nn/offload.hpp.
 #pragma once
 
 #include "../offload.hpp"
@@ -225,7 +226,7 @@ private:
 };
 
 template <>
-struct Offload<cuda> {
+struct OffloadOps<cuda> {
     static constexpr bool available = true;
     using type = HostOffload;
 };
