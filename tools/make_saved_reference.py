@@ -15,6 +15,19 @@ Regenerate (after a deliberate change of the checkpoint format or the initialise
     MOONMOE_SAVE_TINY_TO=test/data/saved_tiny/checkpoint build/test/moonmoe_unit_tests -tc="*saved_tiny*"
     pip install -r tools/requirements.txt && python tools/make_saved_reference.py
 
+test/data/saved_parallel is the same model saved by a Parallel<2, 2, 2> run on 8 processes with
+parallel::save_checkpoint (four shards written by the ranks that own the tensors; test/mpi/checkpoint.cpp):
+
+    MOONMOE_SAVE_PARALLEL_TO=test/data/saved_parallel mpirun -np 8 build/test/moonmoe_mpi_tests -tc="*saved_parallel*"
+    python tools/make_saved_reference.py --data test/data/saved_parallel
+
+--compare A B loads two checkpoints the same way and prints how far apart transformers' logits on them are (the
+largest difference over the largest logit of B), failing above 1e-5; nothing is written. test/mpi/checkpoint.cpp
+writes a trained Parallel<2, 2, 2> run's checkpoint and the one process's beside it for this:
+
+    MOONMOE_TRAINED_CHECKPOINTS_TO=/tmp/trained mpirun -np 8 build/test/moonmoe_mpi_tests -tc="*saves one checkpoint*"
+    python tools/make_saved_reference.py --compare /tmp/trained/parallel_2_2_2 /tmp/trained/one_process
+
 Deterministic: single-threaded CPU math on fixed inputs; versions.json keeps its date when nothing
 else changed.
 """
@@ -65,8 +78,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=REPO / "test" / "data" / "saved_tiny",
                     help="directory holding checkpoint/ (default test/data/saved_tiny); outputs go there")
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"),
+                    help="compare transformers' logits on checkpoints A and B instead (writes nothing)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.compare:
+        ids = torch.tensor(INPUT_IDS, dtype=torch.int64)
+        with torch.no_grad():
+            a, b = (load(c)(input_ids=ids, use_cache=False).logits.float() for c in args.compare)
+        error = (a - b).abs().max().item() / b.abs().max().item()
+        print(f"transformers' logits on {args.compare[0]} against {args.compare[1]}: {error:.3g} of the largest "
+              f"logit ({'within' if error <= 1e-5 else 'beyond'} 1e-5)")
+        return 0 if error <= 1e-5 else 1
     checkpoint = args.data / "checkpoint"
     model = load(checkpoint)
 

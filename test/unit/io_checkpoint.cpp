@@ -249,4 +249,36 @@ TEST_CASE("io: write_checkpoint saves f32 tensors back under the same names, exa
     check_error([&] { write_tensors(dir / "x.safetensors", bad); }, {(dir / "x.safetensors").string(), "'w'", "needs 16 bytes"});
 }
 
+TEST_CASE("io: Shards::as_needed opens a shard when a tensor in it is first read, and needs no other") {
+    const auto dir = copy_of("tiny_v3_sharded", "checkpoint_as_needed");
+    fs::remove(dir / "model-00002-of-00003.safetensors");  // layers 1-2 (tiny_v3_sharded's second shard)
+    check_error([&] { Checkpoint c(dir); }, {"shard 'model-00002-of-00003.safetensors'", "missing"});
+    Checkpoint ck(dir, Checkpoint::Shards::as_needed);
+    CHECK(ck.files().empty());
+    CHECK(ck.contains("model.layers.2.mlp.experts.0.up_proj.weight"));  // the index answers without the shard
+    const SafetensorsFile single(test_data("tiny_v3/model.safetensors"));
+    const TensorRecord& head = single.at("lm_head.weight");
+    CHECK(ck.read_f32("lm_head.weight", head.shape) == to_f32(head));
+    CHECK(ck.files() == std::vector<std::string>{(dir / "model-00001-of-00003.safetensors").string()});
+    const TensorRecord& up = single.at("model.layers.3.mlp.experts.0.up_proj.weight");
+    CHECK(ck.read_f32(up.name, up.shape) == to_f32(up));
+    CHECK(ck.files().size() == 2);
+    check_error([&] { ck.read_f32("model.layers.2.mlp.experts.0.up_proj.weight", up.shape); },
+                {(dir / "model.safetensors.index.json").string(), "shard 'model-00002-of-00003.safetensors'",
+                 "of tensor 'model.layers.2.mlp.experts.0.up_proj.weight'", "missing"});
+    CHECK(ck.files().size() == 2);
+    CHECK(ck.unused().size() == single.size() - 2);
+
+    // a shard that disagrees with the index is refused when it is opened
+    const auto lies = copy_of("tiny_v3_sharded", "checkpoint_as_needed_lies");
+    auto index = nlohmann::json::parse(read_file(lies / "model.safetensors.index.json"));
+    index["weight_map"].erase("lm_head.weight");
+    write_file(lies / "model.safetensors.index.json", index.dump(2));
+    Checkpoint ok(lies, Checkpoint::Shards::as_needed);
+    CHECK(ok.read_f32(up.name, up.shape) == to_f32(up));  // shard 3 is as the index says
+    const TensorRecord& embed = single.at("model.embed_tokens.weight");
+    check_error([&] { ok.read_f32(embed.name, embed.shape); }, {"holds tensor 'lm_head.weight'", "does not list"});
+    CHECK(ok.files().size() == 1);  // the refused shard is not kept open
+}
+
 }  // namespace unit_io_checkpoint

@@ -245,4 +245,61 @@ TEST_CASE("a model built from a type saves with config.json from the type, shard
     CHECK(bitwise_equal(weights(reloaded), weights(model)));
 }
 
+TEST_CASE("save_transformer refuses a part of the model, naming what it holds and how to save a parallel run") {
+    const fs::path root = scratch_dir("save_part");
+    const ModelConfig c = TinyK2::config;  // 3 layers, the first dense; 8 routed experts
+    nn::ModelPart p;
+    p.layers = {0, 1};
+    p.head = false;
+    p.first_expert = 2, p.expert_count = 2;
+    nn::Transformer<> part(c, p);
+    nn::init_weights(part, {.seed = 1});
+    CHECK_THROWS_WITH_AS(save_transformer(root / "ck", part),
+                         doctest::Contains("save_transformer was given a part of the model (layers 0-1 of 3, routed "
+                                           "experts 2-3 of 8, the embedding, no final norm / lm_head)"),
+                         io_error);
+    CHECK_THROWS_WITH_AS(save_transformer(root / "ck", part),
+                         doctest::Contains("parallel::save_checkpoint(dir, part, groups) on every rank"), io_error);
+    CHECK_FALSE(fs::exists(root / "ck"));
+    nn::ModelPart q = nn::ModelPart::whole(c);
+    q.layers = {2};
+    q.embedding = false;
+    nn::Transformer<> last(c, q);
+    CHECK_THROWS_WITH_AS(save_transformer(root / "ck", last),
+                         doctest::Contains("(layer 2 of 3, routed experts 0-7 of 8, no embedding, the final norm and "
+                                           "lm_head)"),
+                         io_error);
+    CHECK(moonmoe::detail::describe_part({{0, 2, 3}, true, true, 4, 1}, TinyV3::config) ==
+          "layers 0 and 2-3 of 4, routed experts 4 of 16, the embedding, the final norm and lm_head");
+    CHECK_FALSE(fs::exists(root / "ck"));
+}
+
+TEST_CASE("bos_token_id and eos_token_id survive loading and saving, whole or through load_weights") {
+    const fs::path root = scratch_dir("save_token_ids");
+    const auto original = nlohmann::json::parse(read_file(io_testing::test_data("tiny_k2/config.json")));
+    REQUIRE(original.contains("bos_token_id"));
+    REQUIRE(original.contains("eos_token_id"));
+    const auto check_ids = [&](const fs::path& dir) {
+        const auto saved = nlohmann::json::parse(read_file(dir / "config.json"));
+        CHECK(saved["bos_token_id"] == original["bos_token_id"]);
+        CHECK(saved["eos_token_id"] == original["eos_token_id"]);
+        const HFConfig read = read_hf_config(dir / "config.json");
+        CHECK(read.bos_token_id == std::optional<index_t>(original["bos_token_id"].get<index_t>()));
+        CHECK(read.eos_token_ids == std::vector<index_t>{original["eos_token_id"].get<index_t>()});
+    };
+    auto whole = load_transformer(io_testing::test_data("tiny_k2"));
+    save_transformer(root / "whole", whole);
+    check_ids(root / "whole");
+    // a model built from its type, its weights then read from the checkpoint: it keeps that config.json too
+    nn::Transformer<> typed(TinyK2::config);
+    Checkpoint ck(io_testing::test_data("tiny_k2"));
+    load_weights(typed, ck);
+    save_transformer(root / "typed", typed);
+    check_ids(root / "typed");
+    // and from the saved one again
+    auto again = load_transformer(root / "typed");
+    save_transformer(root / "again", again);
+    check_ids(root / "again");
+}
+
 }  // namespace unit_io_save

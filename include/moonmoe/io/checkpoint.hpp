@@ -2,7 +2,10 @@
 //
 // A directory holds config.json and either model.safetensors or model.safetensors.index.json, whose "weight_map"
 // names the shard of every tensor (transformers prefers the single file when both exist, and so do we). Shards are
-// memory-mapped once each. read_f32 converts BF16 / F16 / F64 exactly and dequantises FP8 weights with their
+// memory-mapped once each: all of them when the Checkpoint is made (the default: every shard is checked against the
+// index up front), or, with Checkpoint::Shards::as_needed, each when a tensor in it is first read, so that a
+// process loading a part of the model (a rank of a parallel run) opens only the shards holding its tensors and
+// needs no other shard to exist. read_f32 converts BF16 / F16 / F64 exactly and dequantises FP8 weights with their
 // `<name>_scale_inv` companions (io/convert.hpp). Every tensor read is remembered, so that a loader can ask for
 // unused() afterwards and refuse a checkpoint that holds tensors its model does not know.
 // Not thread-safe: read from one thread, or give each thread its own Checkpoint.
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <sstream>
@@ -40,15 +44,19 @@ class Checkpoint {
 public:
     static constexpr std::string_view scale_suffix = "_scale_inv";
 
-    explicit Checkpoint(const std::filesystem::path& dir) : dir_(dir) {
+    /// When the shards of a sharded checkpoint are opened (see the top of this file).
+    enum class Shards { all, as_needed };
+
+    explicit Checkpoint(const std::filesystem::path& dir, Shards opening = Shards::all) : dir_(dir) {
         namespace fs = std::filesystem;
         if (!fs::is_directory(dir_)) throw io_error(dir_.string() + ": not a checkpoint directory");
         config_ = read_hf_config(dir_ / "config.json");
         if (fs::exists(dir_ / "model.safetensors")) {
-            shards_.emplace_back(dir_ / "model.safetensors");
-            for (const auto& r : shards_[0].records()) shard_of_.emplace(r.name, 0);
+            shards_.emplace_back(Shard{"model.safetensors", {}});
+            open(0, "");
+            for (const auto& r : shards_[0].file->records()) shard_of_.emplace(r.name, 0);
         } else if (fs::exists(dir_ / "model.safetensors.index.json")) {
-            open_index(dir_ / "model.safetensors.index.json");
+            open_index(dir_ / "model.safetensors.index.json", opening);
         } else {
             throw io_error(dir_.string() + ": no model.safetensors or model.safetensors.index.json");
         }
@@ -56,10 +64,11 @@ public:
 
     const std::filesystem::path& directory() const { return dir_; }
     const HFConfig& config() const { return config_; }
-    /// Paths of the safetensors files, in the order opened.
+    /// Paths of the safetensors files opened so far, in the order opened (with Shards::all, every file: in the
+    /// order the index first names them).
     std::vector<std::string> files() const {
         std::vector<std::string> out;
-        for (const auto& s : shards_) out.push_back(s.path());
+        for (std::size_t i : opened_) out.push_back(shards_[i].file->path());
         return out;
     }
 
@@ -166,44 +175,89 @@ public:
     }
 
 private:
+    struct Shard {
+        std::string name;                       ///< the file name in the directory
+        std::optional<SafetensorsFile> file;    ///< once opened
+    };
+
     const SafetensorsFile& shard(std::string_view name) const {
         auto it = shard_of_.find(name);
         if (it == shard_of_.end())
             throw io_error(dir_.string() + ": no tensor " + detail::quoted(name) + " in the checkpoint" +
                            detail::closest_names(name, names()));
-        return shards_[it->second];
+        if (!shards_[it->second].file) open_checked(it->second, name);
+        return *shards_[it->second].file;
     }
 
-    void open_index(const std::filesystem::path& index_path) {
-        const std::string where = index_path.string();
+    /// Maps shard i; `tensor` (one of its tensors, if known) names it when the file is missing.
+    void open(std::size_t i, std::string_view tensor) const {
+        Shard& s = shards_[i];
+        if (!index_path_.empty() && !std::filesystem::exists(dir_ / s.name))
+            throw io_error(index_path_ + ": shard " + detail::quoted(s.name) + " (of tensor " + detail::quoted(tensor) +
+                           " and maybe others) is missing");
+        s.file.emplace(dir_ / s.name);
+        opened_.push_back(i);
+    }
+
+    /// The index maps `name` to shard i: the shard must hold it.
+    void check_holds(std::size_t i, const std::string& name) const {
+        const SafetensorsFile& file = *shards_[i].file;
+        if (!file.contains(name))
+            throw io_error(index_path_ + ": maps tensor " + detail::quoted(name) + " to shard " +
+                           detail::quoted(shards_[i].name) + ", which does not hold it" +
+                           detail::closest_names(name, file.names()));
+    }
+
+    /// A shard must not hold tensors the index leaves out or assigns elsewhere: which copy would be meant?
+    void check_nothing_else(std::size_t i) const {
+        const SafetensorsFile& file = *shards_[i].file;
+        for (const auto& r : file.records())
+            if (auto it = shard_of_.find(r.name); it == shard_of_.end() || it->second != i)
+                throw io_error(file.path() + ": holds tensor " + detail::quoted(r.name) + ", which " + index_path_ +
+                               (it == shard_of_.end() ? " does not list" : " maps to another shard"));
+    }
+
+    /// Opens shard i when a tensor in it is first read (Shards::as_needed), checked against the index.
+    void open_checked(std::size_t i, std::string_view tensor) const {
+        open(i, tensor);
+        try {
+            for (const auto& [name, shard] : shard_of_)
+                if (shard == i) check_holds(i, name);
+            check_nothing_else(i);
+        } catch (...) {
+            shards_[i].file.reset();
+            opened_.pop_back();
+            throw;
+        }
+    }
+
+    void open_index(const std::filesystem::path& index_path, Shards opening) {
+        index_path_ = index_path.string();
         constexpr std::size_t max_index_bytes = std::size_t(256) << 20;  // K2's and DeepSeek-V3's are a few MB
-        const WeightMap weight_map = parse_safetensors_index(detail::read_small_file(index_path, max_index_bytes), where);
+        const WeightMap weight_map =
+            parse_safetensors_index(detail::read_small_file(index_path, max_index_bytes), index_path_);
 
         std::map<std::string, std::size_t, std::less<>> shard_index;  // shard file name -> position in shards_
         for (const auto& [name, file] : weight_map) {
             auto [it, inserted] = shard_index.emplace(file, shards_.size());
-            if (inserted) {
-                if (!std::filesystem::exists(dir_ / file))
-                    throw io_error(where + ": shard " + detail::quoted(file) + " (of tensor " + detail::quoted(name) +
-                                   " and maybe others) is missing");
-                shards_.emplace_back(dir_ / file);
-            }
-            if (!shards_[it->second].contains(name))
-                throw io_error(where + ": maps tensor " + detail::quoted(name) + " to shard " + detail::quoted(file) +
-                               ", which does not hold it" + detail::closest_names(name, shards_[it->second].names()));
+            if (inserted) shards_.push_back(Shard{file, {}});
             shard_of_.emplace(name, it->second);
         }
-        // A shard must not hold tensors the index leaves out or assigns elsewhere: which copy would be meant?
-        for (std::size_t i = 0; i < shards_.size(); ++i)
-            for (const auto& r : shards_[i].records())
-                if (auto it = shard_of_.find(r.name); it == shard_of_.end() || it->second != i)
-                    throw io_error(shards_[i].path() + ": holds tensor " + detail::quoted(r.name) + ", which " + where +
-                                   (it == shard_of_.end() ? " does not list" : " maps to another shard"));
+        if (opening == Shards::as_needed) return;
+        for (const auto& [name, file] : weight_map) {  // in the index's order: the first problem is named
+            const std::size_t i = shard_of_.find(name)->second;
+            if (!shards_[i].file) open(i, name);
+            check_holds(i, name);
+        }
+        for (std::size_t i = 0; i < shards_.size(); ++i) check_nothing_else(i);
     }
 
     std::filesystem::path dir_;
+    std::string index_path_;  // "" for a single model.safetensors
     HFConfig config_;
-    std::vector<SafetensorsFile> shards_;
+    // Opened on first use (a const read may open one); the vector is filled once, so the files never move.
+    mutable std::vector<Shard> shards_;
+    mutable std::vector<std::size_t> opened_;  // indices into shards_, in the order opened
     std::map<std::string, std::size_t, std::less<>> shard_of_;  // tensor name -> index into shards_
     std::set<std::string, std::less<>> used_;
 };

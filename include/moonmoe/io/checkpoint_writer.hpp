@@ -71,7 +71,8 @@ inline std::string_view torch_dtype_name(DType t) {
     }
 }
 
-/// `tensors` in a writer, converted to `store` and checked (shape, size, name); errors start with `file`.
+/// `tensors` in a writer, converted to `store` and checked (shape, size, name); errors start with `file`. Values
+/// already of the stored type are borrowed, not copied: `tensors` must outlive the writer's write().
 inline SafetensorsWriter tensors_writer(const std::string& file, std::span<const NamedTensor> tensors, DType store) {
     if (torch_dtype_name(store).empty())
         throw io_error(file + ": cannot store tensors as " + std::string(dtype_name(store)) + "; use F32, BF16 or F16");
@@ -81,7 +82,7 @@ inline SafetensorsWriter tensors_writer(const std::string& file, std::span<const
     for (const NamedTensor& t : tensors) {
         try {
             if (t.values.empty() && store == DType::bf16) {  // bf16 kept as it is
-                writer.add(t.name, store, t.shape, std::as_bytes(t.values16));
+                writer.add_borrowed(t.name, store, t.shape, std::as_bytes(t.values16));
                 continue;
             }
             std::vector<float> wide;  // bf16 values to store as f32 or f16: widened first (exact)
@@ -91,7 +92,8 @@ inline SafetensorsWriter tensors_writer(const std::string& file, std::span<const
             }
             const std::span<const float> values = t.values.empty() ? std::span<const float>(wide) : t.values;
             if (store == DType::f32) {
-                writer.add_f32(t.name, t.shape, values);
+                if (t.values.empty()) writer.add_f32(t.name, t.shape, values);  // `wide` goes at the end of this loop
+                else writer.add_borrowed(t.name, store, t.shape, std::as_bytes(values));
                 continue;
             }
             narrow.resize(values.size());
@@ -246,8 +248,9 @@ inline void write_tensors(const std::filesystem::path& file, std::span<const Nam
 // split_state_dict_into_shards follows the same rule, but files an oversized tensor before the shard being filled).
 // One shard is written as model.safetensors; several as model-00001-of-0000N.safetensors plus
 // model.safetensors.index.json ({"metadata": {"total_parameters", "total_size"}, "weight_map": {tensor: shard}},
-// the index transformers 5 writes). Shards are converted and written one at a time, so the memory beyond the
-// tensors themselves is one shard.
+// the index transformers 5 writes). Shards are written one at a time, tensors already of the stored type straight
+// from where they are (SafetensorsWriter::add_borrowed), so the memory beyond the tensors themselves is nothing, or
+// one shard's converted values when the type changes (F32 parameters stored as BF16).
 
 /// 5 GB, huggingface_hub's default shard size (transformers 5 passes 50 GB; the Kimi K2 and DeepSeek-V3
 /// checkpoints use shards of about 5 GB, which tools that copy files one by one handle better).
@@ -279,6 +282,110 @@ inline std::string shard_file_name(std::size_t index, std::size_t count) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// config.json as a checkpoint of `store` tensors gets it: `config`'s document with quantization_config removed
+/// (the weights are no longer FP8) and torch_dtype (or transformers 5's dtype, whichever the file spells) set.
+inline std::string saved_config_text(const HFConfig& config, DType store, const std::string& where) {
+    nlohmann::json json = config.json;
+    json.erase("quantization_config");
+    json[json.contains("dtype") && !json.contains("torch_dtype") ? "dtype" : "torch_dtype"] =
+        std::string(torch_dtype_name(store));
+    try {
+        return json.dump(2) + "\n";
+    } catch (const nlohmann::json::exception& e) {  // a string that is not UTF-8
+        throw io_error(where + ": config.json cannot be written: " + e.what());
+    }
+}
+
+/// model.safetensors.index.json for `weight_map` (tensor -> shard file), `parameters` elements of `store`.
+inline std::string index_text(const nlohmann::json& weight_map, std::uint64_t parameters, DType store,
+                              const std::string& where) {
+    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", weight_map}};
+    index["metadata"]["total_parameters"] = parameters;
+    index["metadata"]["total_size"] = parameters * dtype_size(store);
+    try {
+        return index.dump(2) + "\n";
+    } catch (const nlohmann::json::exception& e) {  // a name that is not UTF-8
+        throw io_error(where + ": the index cannot be written: " + e.what());
+    }
+}
+
+/// A new checkpoint directory built beside `dir` and put in its place as a whole (the rules at the top of this
+/// file). The constructor checks that `dir` may be replaced (creating its parents) and makes the hidden temporary
+/// directory; files go into path(); commit() copies the old checkpoint's companions, syncs, and swaps the new tree
+/// in. Until commit() has swapped, destruction removes the temporary directory and leaves `dir` as it was.
+class StagedCheckpoint {
+public:
+    StagedCheckpoint(const std::filesystem::path& dir, const std::string& where) : where_(where) {
+        namespace fs = std::filesystem;
+        target_ = checkpoint_target(dir, where);
+        std::error_code ec;
+        fs::create_directories(target_.parent_path(), ec);
+        if (ec)
+            throw io_error(where + ": cannot create the directory " + target_.parent_path().string() + ": " + ec.message());
+        companions_ = replaceable_checkpoint(target_, where);
+        name_ = target_.filename().string();
+        parent_ = open_directory(target_.parent_path(), where);
+        temp_ = create_temporary_directory(parent_.get(), name_, where);
+        temp_path_ = target_.parent_path() / temp_;
+    }
+    StagedCheckpoint(const StagedCheckpoint&) = delete;
+    StagedCheckpoint& operator=(const StagedCheckpoint&) = delete;
+    ~StagedCheckpoint() {
+        if (swapped_) return;
+        std::error_code ec;
+        std::filesystem::remove_all(temp_path_, ec);
+    }
+
+    /// The temporary directory the new checkpoint is written into.
+    const std::filesystem::path& path() const { return temp_path_; }
+
+    /// Writes `text` as the file `name` of the new checkpoint.
+    void write_text(const std::string& name, const std::string& text) const {
+        const std::span<const std::byte> chunk = std::as_bytes(std::span(text.data(), text.size()));
+        write_file_atomically(temp_path_ / name, std::span(&chunk, 1));
+    }
+
+    /// Copies the companions of the checkpoint being replaced and syncs the new tree (errors name the file).
+    void finish() const {
+        for (const std::string& file : companions_.value_or(std::vector<std::string>{}))
+            copy_file_synced(target_ / file, temp_path_ / file);
+        sync_directory(open_directory(temp_path_, where_).get(), where_);
+    }
+
+    /// Puts the new checkpoint in place of `dir` with one rename, makes that durable, then removes the old tree.
+    void commit() {
+        namespace fs = std::filesystem;
+        const std::string old = swap_in_directory(parent_.get(), temp_, name_, companions_.has_value(), where_);
+        swapped_ = true;  // the temporary name now holds the old checkpoint, or nothing
+        std::error_code ec;
+        const fs::path old_path = target_.parent_path() / old;
+        try {
+            sync_directory(parent_.get(), where_);
+        } catch (...) {
+            if (!old.empty()) fs::remove_all(old_path, ec);
+            throw;
+        }
+        if (!old.empty()) {
+            fs::remove_all(old_path, ec);
+            if (ec)
+                throw io_error(where_ + ": the new checkpoint is in place, but the old one, moved to " +
+                               old_path.string() + ", could not be removed: " + ec.message());
+        }
+    }
+
+private:
+    std::string where_;
+    std::filesystem::path target_, temp_path_;
+    std::optional<std::vector<std::string>> companions_;
+    std::string name_, temp_;
+    FileDescriptor parent_;
+    bool swapped_ = false;
+};
+
+}  // namespace detail
+
 /// Writes a checkpoint directory of `tensors` stored as `store` (F32, BF16 or F16) in shards of at most
 /// `max_shard_bytes` (rules at the top of this file), with config.json from `config` (quantization_config
 /// removed, torch_dtype set to the stored type). Creates `dir` and its parents if needed; an existing checkpoint
@@ -286,7 +393,6 @@ inline std::string shard_file_name(std::size_t index, std::size_t count) {
 inline void write_sharded_checkpoint(const std::filesystem::path& dir, const HFConfig& config,
                                      std::span<const NamedTensor> tensors, DType store = DType::f32,
                                      std::uint64_t max_shard_bytes = default_max_shard_bytes) {
-    namespace fs = std::filesystem;
     const std::string where = dir.string();
     if (max_shard_bytes == 0) throw io_error(where + ": max_shard_bytes must be positive");
     if (detail::torch_dtype_name(store).empty())
@@ -294,75 +400,30 @@ inline void write_sharded_checkpoint(const std::filesystem::path& dir, const HFC
     const auto ranges = detail::shard_ranges(tensors, dtype_size(store), max_shard_bytes);
     const bool sharded = ranges.size() > 1;
 
-    nlohmann::json json = config.json;
-    json.erase("quantization_config");
-    json[json.contains("dtype") && !json.contains("torch_dtype") ? "dtype" : "torch_dtype"] =
-        std::string(detail::torch_dtype_name(store));
-    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    nlohmann::json weight_map = nlohmann::json::object();
     std::uint64_t parameters = 0;
     for (std::size_t s = 0; s < ranges.size(); ++s)
         for (std::size_t i = ranges[s].first; i < ranges[s].second; ++i) {
             parameters += tensors[i].numel();
-            index["weight_map"][tensors[i].name] = detail::shard_file_name(s, ranges.size());
+            weight_map[tensors[i].name] = detail::shard_file_name(s, ranges.size());
         }
-    index["metadata"]["total_parameters"] = parameters;
-    index["metadata"]["total_size"] = parameters * dtype_size(store);
-    std::string config_text, index_text;
-    try {
-        config_text = json.dump(2) + "\n";
-        index_text = index.dump(2) + "\n";
-    } catch (const nlohmann::json::exception& e) {  // a string that is not UTF-8
-        throw io_error(where + ": config.json or the index cannot be written: " + e.what());
-    }
+    const std::string config_text = detail::saved_config_text(config, store, where);
+    const std::string index_text = detail::index_text(weight_map, parameters, store, where);
 
-    const fs::path target = detail::checkpoint_target(dir, where);
-    std::error_code ec;
-    fs::create_directories(target.parent_path(), ec);
-    if (ec) throw io_error(where + ": cannot create the directory " + target.parent_path().string() + ": " + ec.message());
-    const auto companions = detail::replaceable_checkpoint(target, where);
-    const std::string name = target.filename().string();
-    const detail::FileDescriptor parent = detail::open_directory(target.parent_path(), where);
-    const std::string temp = detail::create_temporary_directory(parent.get(), name, where);
-    const fs::path temp_path = target.parent_path() / temp;
-    const auto write_text = [](const fs::path& file, const std::string& text) {
-        const std::span<const std::byte> chunk = std::as_bytes(std::span(text.data(), text.size()));
-        detail::write_file_atomically(file, std::span(&chunk, 1));
-    };
-    std::string old;  // where the old checkpoint is after the swap
+    detail::StagedCheckpoint staged(dir, where);
     try {
-        try {
-            for (std::size_t s = 0; s < ranges.size(); ++s) {
-                const std::string file = sharded ? detail::shard_file_name(s, ranges.size()) : "model.safetensors";
-                const auto part = tensors.subspan(ranges[s].first, ranges[s].second - ranges[s].first);
-                detail::tensors_writer((dir / file).string(), part, store).write(temp_path / file);
-            }
-            if (sharded) write_text(temp_path / "model.safetensors.index.json", index_text);
-            write_text(temp_path / "config.json", config_text);
-            for (const std::string& file : companions.value_or(std::vector<std::string>{}))
-                detail::copy_file_synced(target / file, temp_path / file);
-            detail::sync_directory(detail::open_directory(temp_path, where).get(), where);
-        } catch (const io_error& e) {  // e names the temporary directory or the tensor
-            throw io_error(where + ": cannot write the new checkpoint; nothing changed: " + e.what());
+        for (std::size_t s = 0; s < ranges.size(); ++s) {
+            const std::string file = sharded ? detail::shard_file_name(s, ranges.size()) : "model.safetensors";
+            const auto part = tensors.subspan(ranges[s].first, ranges[s].second - ranges[s].first);
+            detail::tensors_writer((dir / file).string(), part, store).write(staged.path() / file);
         }
-        old = detail::swap_in_directory(parent.get(), temp, name, companions.has_value(), where);
-    } catch (...) {
-        fs::remove_all(temp_path, ec);
-        throw;
+        if (sharded) staged.write_text("model.safetensors.index.json", index_text);
+        staged.write_text("config.json", config_text);
+        staged.finish();
+    } catch (const io_error& e) {  // e names the temporary directory or the tensor
+        throw io_error(where + ": cannot write the new checkpoint; nothing changed: " + e.what());
     }
-    // The new checkpoint is in place; make that durable before the old data goes.
-    const fs::path old_path = target.parent_path() / old;
-    try {
-        detail::sync_directory(parent.get(), where);
-    } catch (...) {
-        if (!old.empty()) fs::remove_all(old_path, ec);
-        throw;
-    }
-    if (!old.empty()) {
-        fs::remove_all(old_path, ec);
-        if (ec)
-            throw io_error(where + ": the new checkpoint is in place, but the old one, moved to " + old_path.string() +
-                           ", could not be removed: " + ec.message());
-    }
+    staged.commit();
 }
 
 /// Writes a checkpoint directory that Checkpoint and transformers can load: model.safetensors (as write_tensors)

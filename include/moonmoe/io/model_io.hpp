@@ -8,7 +8,8 @@
 // save_transformer(dir, model) writes the model back as a checkpoint directory that load_transformer and
 // transformers' DeepseekV3ForCausalLM.from_pretrained read: config.json (the loaded file's, every field kept, or
 // written from the model's configuration for a model built from a type), the weights in safetensors shards with
-// model.safetensors.index.json when there are several (io/checkpoint_writer.hpp). So:
+// model.safetensors.index.json when there are several (io/checkpoint_writer.hpp). It saves a whole model only: a
+// part of one (a rank of a parallel run) is refused, and parallel/checkpoint.hpp saves the run instead. So:
 //
 //     auto model = moonmoe::load_transformer("in");           // or nn::Transformer<> model(MyModel::config);
 //     ... model.train_step(ids, layout); opt.step(); ...       //    nn::init_weights(model, {.seed = 1});
@@ -101,6 +102,30 @@ inline bool held_by_another_part(const nn::ModelPart& part, const ModelConfig& c
     return false;
 }
 
+/// What a part of the model holds, for messages: "layers 0-1 and 4, routed experts 0-3 of 8, the embedding, no
+/// final norm / lm_head".
+inline std::string describe_part(const nn::ModelPart& part, const ModelConfig& c) {
+    std::string layers;
+    for (std::size_t i = 0; i < part.layers.size();) {
+        std::size_t j = i;
+        while (j + 1 < part.layers.size() && part.layers[j + 1] == part.layers[j] + 1) ++j;
+        const std::string run = std::to_string(part.layers[i]) + (j > i ? "-" + std::to_string(part.layers[j]) : "");
+        layers += (i == 0 ? "" : j + 1 == part.layers.size() ? " and " : ", ") + run;
+        i = j + 1;
+    }
+    const index_t count = part.expert_count < 0 ? c.moe.experts - part.first_expert : part.expert_count;
+    std::string out = part.layers.empty() ? "no decoder layer" : (part.layers.size() == 1 ? "layer " : "layers ") + layers;
+    out += " of " + std::to_string(c.dims.layers);
+    if (c.dims.layers > c.dims.dense_layers)
+        out += ", routed experts " +
+               (count == 0 ? std::string("none") : std::to_string(part.first_expert) +
+                                                       (count > 1 ? "-" + std::to_string(part.first_expert + count - 1) : "")) +
+               " of " + std::to_string(c.moe.experts);
+    out += part.embedding ? ", the embedding" : ", no embedding";
+    out += part.head ? ", the final norm and lm_head" : ", no final norm / lm_head";
+    return out;
+}
+
 /// A parameter's values as host memory: the parameter itself on a host-visible backend, else a copy kept in
 /// `copies` (io is one of the named places where values cross to the host).
 template <class B, class T>
@@ -127,7 +152,9 @@ NamedTensor stored_values(const ParamRef& p, std::deque<std::vector<float>>& cop
 /// Reads every parameter of `model` from `ck`; throws io_error naming the directory and tensor on any problem,
 /// including tensors the checkpoint holds that the model has no place for. A part of the model (a parallel run's
 /// rank, parallel/groups.hpp) reads its own tensors; those of the other parts are expected in the checkpoint and
-/// left there.
+/// left there (with a Checkpoint opened with Shards::as_needed, in shards it never opens: parallel/checkpoint.hpp's
+/// load_checkpoint). The model keeps the checkpoint's config.json (hf_config_json), which a save writes back with
+/// every field moonmoe does not model (bos_token_id, eos_token_id, ...).
 ///
 /// DeepSeek-V3 stores its num_nextn_predict_layers multi-token-prediction modules as layers L, L+1, ... which the
 /// model (like transformers) does not load. Such a layer is recognised by its MTP tensors (eh_proj, enorm,
@@ -158,6 +185,7 @@ void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& 
         else load(p, p.value16, staging16);
     });
     model.refresh_working_weights();  // bf16 compute: the bf16 values of the loaded f32 ones
+    model.hf_config_json = ck.config().json.dump();  // saved back with the weights: bos / eos ids and all
     const index_t layers = model.config.dims.layers, mtp_layers = ck.config().mtp_layers;
     std::vector<std::string> extra;
     for (const std::string& name : ck.unused()) {
@@ -218,8 +246,19 @@ HFConfig saved_hf_config(const nn::Transformer<B>& model, double initializer_ran
 /// parameter under its HF name in shards. Creates `dir` if needed and replaces an existing checkpoint there as a
 /// whole or not at all (the rules of io/checkpoint_writer.hpp: a directory holding anything but checkpoint and
 /// tokenizer files is refused, and tokenizer files are kept).
+///
+/// The model must be whole: a part (one rank's share of a parallel run) would make a checkpoint that lacks the other
+/// parts' tensors under the whole model's config.json, which transformers loads with those tensors drawn at random.
+/// It is refused, naming what the part holds; every rank of the run calls parallel::save_checkpoint instead
+/// (parallel/checkpoint.hpp), which writes the one checkpoint of the whole model.
 template <class B>
 void save_transformer(const std::filesystem::path& dir, nn::Transformer<B>& model, const SaveOptions& options = {}) {
+    if (!model.is_whole())
+        throw io_error(dir.string() + ": save_transformer was given a part of the model (" +
+                       detail::describe_part(model.part, model.config) +
+                       "), whose checkpoint would lack the other parts' tensors; save a parallel run with "
+                       "parallel::save_checkpoint(dir, part, groups) on every rank (moonmoe/parallel/checkpoint.hpp), "
+                       "which writes the whole model's checkpoint; nothing was written");
     const HFConfig config = saved_hf_config(model, options.initializer_range);
     std::vector<NamedTensor> tensors;
     std::deque<std::vector<float>> copies;  // host copies of a device backend's parameters

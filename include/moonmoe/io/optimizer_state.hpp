@@ -17,20 +17,42 @@
 
 namespace moonmoe {
 
+namespace detail {
+
+/// Calls f(name, state) on each state tensor of optimizer slot `s` (none for a slot routed to no update).
+template <class Slot, class F>
+void for_each_state(Slot& s, F&& f) {
+    if (!s.momentum.empty()) f(s.param.name + ".momentum", s.momentum);
+    if (!s.exp_avg.empty()) {
+        f(s.param.name + ".exp_avg", s.exp_avg);
+        f(s.param.name + ".exp_avg_sq", s.exp_avg_sq);
+    }
+    if (!s.master.empty()) f(s.param.name + ".master", s.master);
+}
+
+/// Reads state tensor `name` of `file` into `out` (on the optimizer's backend), F32 of the parameter's shape.
+template <class B>
+void read_state(const SafetensorsFile& file, const std::string& name, const std::vector<index_t>& shape,
+                Tensor<float, 1, B>& out) {
+    const TensorRecord& r = file.at(name);
+    if (r.dtype != DType::f32 || r.shape != shape)
+        throw io_error(file.path() + ": " + detail::quoted(name) + " is " + std::string(dtype_name(r.dtype)) + " " +
+                       detail::format_shape(r.shape) + ", expected F32 " + detail::format_shape(shape));
+    const std::vector<float> values = to_f32(r);
+    copy_to_device(std::span<const float>(values), out.view());  // the io crossing onto the optimizer's backend
+}
+
+}  // namespace detail
+
 template <class Config, class B>
 void save_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Config, B>& opt) {
     SafetensorsWriter w;
     w.metadata("format", "pt");
     w.metadata("step", std::to_string(opt.steps()));
-    for (auto& s : opt.slots()) {
-        // The state lives on the optimizer's backend: to_host is the io crossing.
-        if (!s.momentum.empty()) w.add_f32(s.param.name + ".momentum", s.param.shape, to_host(s.momentum));
-        if (!s.exp_avg.empty()) {
-            w.add_f32(s.param.name + ".exp_avg", s.param.shape, to_host(s.exp_avg));
-            w.add_f32(s.param.name + ".exp_avg_sq", s.param.shape, to_host(s.exp_avg_sq));
-        }
-        if (!s.master.empty()) w.add_f32(s.param.name + ".master", s.param.shape, to_host(s.master));
-    }
+    for (auto& s : opt.slots())  // the state lives on the optimizer's backend: to_host is the io crossing
+        detail::for_each_state(s, [&](const std::string& name, const Tensor<float, 1, B>& state) {
+            w.add_f32(name, s.param.shape, to_host(state));
+        });
     w.write(file);
 }
 
@@ -41,23 +63,11 @@ void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
     const auto step = meta.find("step");
     if (step == meta.end()) throw io_error(file.string() + ": no \"step\" in the metadata; not an optimizer state");
     std::set<std::string> expected;
-    auto read = [&](const std::string& name, const std::vector<index_t>& shape, Tensor<float, 1, B>& out) {
-        expected.insert(name);
-        const TensorRecord& r = f.at(name);
-        if (r.dtype != DType::f32 || r.shape != shape)
-            throw io_error(file.string() + ": " + detail::quoted(name) + " is " + std::string(dtype_name(r.dtype)) + " " +
-                           detail::format_shape(r.shape) + ", expected F32 " + detail::format_shape(shape));
-        const std::vector<float> values = to_f32(r);
-        copy_to_device(std::span<const float>(values), out.view());  // the io crossing onto the optimizer's backend
-    };
-    for (auto& s : opt.slots()) {
-        if (!s.momentum.empty()) read(s.param.name + ".momentum", s.param.shape, s.momentum);
-        if (!s.exp_avg.empty()) {
-            read(s.param.name + ".exp_avg", s.param.shape, s.exp_avg);
-            read(s.param.name + ".exp_avg_sq", s.param.shape, s.exp_avg_sq);
-        }
-        if (!s.master.empty()) read(s.param.name + ".master", s.param.shape, s.master);
-    }
+    for (auto& s : opt.slots())
+        detail::for_each_state(s, [&](const std::string& name, Tensor<float, 1, B>& state) {
+            expected.insert(name);
+            detail::read_state(f, name, s.param.shape, state);
+        });
     for (const std::string& name : f.names())
         if (!expected.count(name)) throw io_error(file.string() + ": state for an unknown parameter: " + detail::quoted(name));
     opt.set_steps(std::stoll(step->second));

@@ -58,11 +58,31 @@ constexpr int reference_dtype_rank(DType t) {
 
 }  // namespace detail
 
-/// Collects tensors (copying their bytes) and metadata, then writes one safetensors file.
+/// Collects tensors (copying their bytes, or borrowing them) and metadata, then writes one safetensors file.
 class SafetensorsWriter {
 public:
     /// Adds a tensor; `bytes` must hold product(shape) * dtype_size(dtype) bytes, little-endian, row-major.
     void add(std::string name, DType dtype, std::vector<index_t> shape, std::span<const std::byte> bytes) {
+        add_entry(std::move(name), dtype, std::move(shape), bytes, true);
+    }
+    /// The same without a copy: `bytes` must stay valid and unchanged until the last serialize() or write() (a
+    /// checkpoint's tensors written straight from the parameters, with no second copy of a shard in memory).
+    void add_borrowed(std::string name, DType dtype, std::vector<index_t> shape, std::span<const std::byte> bytes) {
+        add_entry(std::move(name), dtype, std::move(shape), bytes, false);
+    }
+
+    /// Adds a tensor of any stored element type (float, bf16, f8_e4m3, std::int64_t, ...).
+    template <class T>
+        requires has_dtype<T>
+    void add_values(std::string name, std::vector<index_t> shape, std::span<const T> values) {
+        add(std::move(name), dtype_of<T>, std::move(shape), std::as_bytes(values));
+    }
+    void add_f32(std::string name, std::vector<index_t> shape, std::span<const float> values) {
+        add_values<float>(std::move(name), std::move(shape), values);
+    }
+
+private:
+    void add_entry(std::string name, DType dtype, std::vector<index_t> shape, std::span<const std::byte> bytes, bool copy) {
         const std::string at = "safetensors writer: tensor " + detail::quoted(name) + ": ";
         if (name == "__metadata__") throw io_error(at + "the name is reserved for the metadata map");
         if (names_.count(name)) throw io_error(at + "added twice");
@@ -81,19 +101,14 @@ public:
             throw io_error(at + "the name is not valid UTF-8");
         }
         names_.insert(name);
-        tensors_.push_back({std::move(name), std::move(quoted), dtype, std::move(shape),
-                            std::vector<std::byte>(bytes.begin(), bytes.end())});
+        Entry& e = tensors_.emplace_back(Entry{std::move(name), std::move(quoted), dtype, std::move(shape), {}, bytes});
+        if (copy) {
+            e.owned.assign(bytes.begin(), bytes.end());
+            e.bytes = e.owned;  // the vector's buffer: it stays put when tensors_ grows (a move keeps it)
+        }
     }
 
-    /// Adds a tensor of any stored element type (float, bf16, f8_e4m3, std::int64_t, ...).
-    template <class T>
-        requires has_dtype<T>
-    void add_values(std::string name, std::vector<index_t> shape, std::span<const T> values) {
-        add(std::move(name), dtype_of<T>, std::move(shape), std::as_bytes(values));
-    }
-    void add_f32(std::string name, std::vector<index_t> shape, std::span<const float> values) {
-        add_values<float>(std::move(name), std::move(shape), values);
-    }
+public:
 
     /// Sets one "__metadata__" entry (Hugging Face writes {"format": "pt"}).
     void metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
@@ -135,7 +150,8 @@ private:
         std::string name, quoted_name;
         DType dtype;
         std::vector<index_t> shape;
-        std::vector<std::byte> bytes;
+        std::vector<std::byte> owned;       ///< the copy, unless borrowed
+        std::span<const std::byte> bytes;  ///< owned, or the caller's
     };
 
     std::vector<const Entry*> layout_order() const {
