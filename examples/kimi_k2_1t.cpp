@@ -380,14 +380,15 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     wait_for_device<B>();
     bwd_moe += since(p), p = Clock::now();
     Ops::copy(dout.view(), dh1.view());
-    layer.post_attention_layernorm.backward(h1.view(), rstd2.view(), dm.view(), dh1.view(), true);
+    layer.post_attention_layernorm.backward(h1.view(), rstd2.view(), dm.view(), dh1.view(),
+                                            moonmoe::nn::Accumulate::yes);
     wait_for_device<B>();
     bwd_norm += since(p), p = Clock::now();
     layer.self_attn.backward(dh1.view(), cache.attn, da.view());
     wait_for_device<B>();
     bwd_attn += since(p), p = Clock::now();
     Ops::copy(dh1.view(), dh.view());
-    layer.input_layernorm.backward(h.view(), rstd1.view(), da.view(), dh.view(), true);
+    layer.input_layernorm.backward(h.view(), rstd1.view(), da.view(), dh.view(), moonmoe::nn::Accumulate::yes);
     wait_for_device<B>();
     bwd_norm += since(p);
     const double backward_seconds = since(t);

@@ -44,8 +44,8 @@ std::span<const float> all(const Tensor<float, R>& t) { return {t.data(), std::s
 
 /// Under activation policy `a` (both layers), with the input kept by the layers or handed to backward (recomputed
 /// norm outputs); `tol` bounds the scaled differences.
-void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {}, bool keep_input = true,
-         double tol = 1e-5) {
+void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {},
+         nn::KeepInput keep = nn::KeepInput::yes, double tol = 1e-5) {
     Communicator& w = world();
     const int n = w.size(), r = w.rank();
     MoEConfig cfg = TinyK2::config.moe;
@@ -53,8 +53,8 @@ void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {}
     cfg.routed_scale = 2.5;
     const index_t H = 16, L = 4;
     nn::MoE<cpu> full(cfg, H), ep(cfg, H, r * L, L, {}, std::make_shared<ExpertParallelDispatcher<cpu>>(w));
-    full.set_activations(a, keep_input);
-    ep.set_activations(a, keep_input);
+    full.set_activations(a, keep);
+    ep.set_activations(a, keep);
     // the same weights everywhere: the full layer from seeds, the EP layer's share copied from it
     std::uint64_t s = 7;
     full.visit_params("moe", [&](const ParamRef& p) {
@@ -73,14 +73,15 @@ void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {}
 
     typename nn::MoE<cpu>::Cache c_full;
     full.forward(u.view(), y_full.view(), c_full);
+    const bool keep_input = keep == nn::KeepInput::yes;
     const View<const float, 2> given = keep_input ? View<const float, 2>{} : View<const float, 2>(u.view());
-    full.backward(dy.view(), c_full, du_full.view(), false, given);
+    full.backward(dy.view(), c_full, du_full.view(), nn::Accumulate::no, given);
     CHECK(c_full.x.empty());  // the local dispatch re-gathers the experts' rows in backward
     typename nn::MoE<cpu>::Cache c_ep;
     ep.forward(u.view(), y_ep.view(), c_ep);
     CHECK(c_ep.router.u.empty() == !keep_input);
     CHECK(c_ep.x.format == (a.fp8_mlp_inputs ? nn::KeptFormat::fp8 : nn::KeptFormat::f32));
-    ep.backward(dy.view(), c_ep, du_ep.view(), false, given);
+    ep.backward(dy.view(), c_ep, du_ep.view(), nn::Accumulate::no, given);
     CHECK(scaled_error(all(y_ep), all(y_full)) <= 1e-5);
     CHECK(scaled_error(all(du_ep), all(du_full)) <= tol);
 
@@ -132,11 +133,14 @@ TEST_CASE("expert-parallel MoE equals the one-process MoE: outputs, input gradie
 TEST_CASE("expert-parallel MoE honours the activation policy: the input handed to backward, FP8 MLP inputs") {
     const int r = world().rank();
     // recomputed norm outputs: the layers keep no input and backward is handed it; the same sums as above
-    SUBCASE("input not kept") { run(3 + 2 * r, 41 + std::uint64_t(r), Activations<Recompute<NormOutputs>>::value, false); }
+    SUBCASE("input not kept") {
+        run(3 + 2 * r, 41 + std::uint64_t(r), Activations<Recompute<NormOutputs>>::value, nn::KeepInput::no);
+    }
     // FP8: the expert ranks keep the received rows, gate(x) and up(x) as FP8 tiles (the one-process layer re-gathers
     // exact rows), so the experts' weight gradients differ by the quantization of x (1/17 of a value at most)
     SUBCASE("FP8 MLP inputs") {
-        run(3 + 2 * r, 51 + std::uint64_t(r), Activations<Recompute<NormOutputs>, MlpInputs<FP8>>::value, false, 0.1);
+        run(3 + 2 * r, 51 + std::uint64_t(r), Activations<Recompute<NormOutputs>, MlpInputs<FP8>>::value,
+            nn::KeepInput::no, 0.1);
     }
 }
 

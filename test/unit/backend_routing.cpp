@@ -445,7 +445,7 @@ TEST_CASE("MoE: an expert-parallel split sums to the whole block, forward and ba
         CHECK(y.data()[i] == doctest::Approx(y_low.data()[i] + y_high.data()[i]).epsilon(1e-5).scale(1.0));
     whole.backward(dy.view(), c, dx.view());
     low.backward(dy.view(), c_low, dx_parts.view());
-    high.backward(dy.view(), c_high, dx_parts.view(), true);
+    high.backward(dy.view(), c_high, dx_parts.view(), nn::Accumulate::yes);
     // each rank's dweight holds its own pairs, and the router's backward is linear in it: the parts sum to the whole
     for (index_t i = 0; i < T * H; ++i) CHECK(dx.data()[i] == doctest::Approx(dx_parts.data()[i]).epsilon(1e-5).scale(1.0));
     for (index_t i = 0; i < whole.gate.weight.grad.numel(); ++i)

@@ -208,7 +208,7 @@ TEST_CASE_TEMPLATE("FP8 storage of the MLP inputs: a small, nonzero gradient err
 TEST_CASE("a backward whose input was neither kept nor handed over is refused") {
     ModelConfig c = TinyK2::config;
     nn::SwiGLU<cpu> mlp(8, 16);
-    mlp.set_activations(c.activations, false);
+    mlp.set_activations(c.activations, nn::KeepInput::no);
     Tensor<float, 2> x = random_matrix(3, 8, 1), y({3, 8}), dx({3, 8});
     nn::SwiGLU<cpu>::Cache cache;
     mlp.forward(x.view(), y.view(), cache);
@@ -217,7 +217,7 @@ TEST_CASE("a backward whose input was neither kept nor handed over is refused") 
                          "SwiGLU.backward: the input was not kept (keep_input is false): pass the forward's input",
                          std::logic_error);
     nn::SwiGLU<cpu>::Cache none;
-    CHECK_THROWS_WITH_AS(mlp.backward(y.view(), none, dx.view(), false, x.view()),
+    CHECK_THROWS_WITH_AS(mlp.backward(y.view(), none, dx.view(), nn::Accumulate::no, x.view()),
                          "backward: SwiGLU's gate(x) was not kept by the forward (run forward before backward, once "
                          "per backward)",
                          std::logic_error);

@@ -69,9 +69,10 @@ TEST_CASE_TEMPLATE("RoPE backward is the transpose of forward", B, MOONMOE_TEST_
     const double before = dot(a, b);
     M ra = a.clone(), rb = b.clone();
     rope.apply(ra.view().template reshape<3>({6, 3, 8}), pos.view());
-    rope.apply(rb.view().template reshape<3>({6, 3, 8}), pos.view(), true);
+    rope.apply(rb.view().template reshape<3>({6, 3, 8}), pos.view(), nn::Rotation::transposed);
     CHECK(dot(ra, b) == doctest::Approx(dot(a, rb)).epsilon(1e-6));           // <R a, b> = <a, R^T b>
-    rope.apply(ra.view().template reshape<3>({6, 3, 8}), pos.view(), true);  // R^T R = 1 (attention_factor 1)
+    // R^T R = 1 (attention_factor 1)
+    rope.apply(ra.view().template reshape<3>({6, 3, 8}), pos.view(), nn::Rotation::transposed);
     CHECK(dot(ra, b) == doctest::Approx(before).epsilon(1e-5));
 }
 

@@ -82,7 +82,8 @@ struct DecoderLayer {
         check_activations(a, {compute, NumberFormat::f32});
         check_offload<B>(a.offload);
         activations = a;
-        const bool keep_inputs = !a.recompute_norms;  // attention's and the MLP's inputs are the norms' outputs
+        // attention's and the MLP's inputs are the norms' outputs: recomputed here in backward and handed to theirs
+        const KeepInput keep_inputs = a.recompute_norms ? KeepInput::no : KeepInput::yes;
         if (latent) self_attn.set_activations(a, keep_inputs);
         else mha.set_activations(a, keep_inputs);
         if (dense) mlp.set_activations(a, keep_inputs);
@@ -159,17 +160,17 @@ struct DecoderLayer {
         const Mat h = c.h.take("the layer's input"), h1 = c.h1.take("the layer's h1");
         Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden}), in;
         if (activations.recompute_norms) in = post_attention_layernorm.recompute(h1.view());
-        if (dense) mlp.backward(dout, c.mlp, dm.view(), false, in.view());
-        else moe.backward(dout, c.moe, dm.view(), false, in.view());
+        if (dense) mlp.backward(dout, c.mlp, dm.view(), Accumulate::no, in.view());
+        else moe.backward(dout, c.moe, dm.view(), Accumulate::no, in.view());
         in = Mat{};
         Ops::copy(dout, dh1.view());
-        post_attention_layernorm.backward(h1.view(), c.rstd2.view(), dm.view(), dh1.view(), true);
+        post_attention_layernorm.backward(h1.view(), c.rstd2.view(), dm.view(), dh1.view(), Accumulate::yes);
         if (activations.recompute_norms) in = input_layernorm.recompute(h.view());
-        if (latent) self_attn.backward(dh1.view(), c.attn, da.view(), false, in.view());
-        else mha.backward(dh1.view(), c.mha, da.view(), false, in.view());
+        if (latent) self_attn.backward(dh1.view(), c.attn, da.view(), Accumulate::no, in.view());
+        else mha.backward(dh1.view(), c.mha, da.view(), Accumulate::no, in.view());
         in = Mat{};
         Ops::copy(dh1.view(), dh);
-        input_layernorm.backward(h.view(), c.rstd1.view(), da.view(), dh, true);
+        input_layernorm.backward(h.view(), c.rstd1.view(), da.view(), dh, Accumulate::yes);
         c = Cache{};
     }
 

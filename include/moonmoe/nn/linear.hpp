@@ -7,6 +7,7 @@
 #pragma once
 
 #include "../backend/backend.hpp"
+#include "flags.hpp"
 #include "param.hpp"
 #include "precision.hpp"
 
@@ -35,20 +36,23 @@ struct Linear {
     /// Re-rounds the bf16 working copy from the f32 master (after the master changed).
     void refresh_working() { weight.refresh(); }
 
-    /// y = x W^T, x [rows, in] -> y [rows, out]; y += x W^T when accumulate.
-    void forward(View<const float, 2, B> x, View<float, 2, B> y, bool accumulate = false) const {
+    /// y = x W^T, x [rows, in] -> y [rows, out]; y += x W^T under Accumulate::yes.
+    void forward(View<const float, 2, B> x, View<float, 2, B> y, Accumulate accumulate = Accumulate::no) const {
         using backend::Trans;
-        if (compute == NumberFormat::f32) return Ops::linear(x, weight.value.view(), y, accumulate);
+        if (compute == NumberFormat::f32)
+            return Ops::linear(x, weight.value.view(), y, accumulate == Accumulate::yes);
         product_bf16(bf16_copy(x).view(), Trans::yes, weight.value16.view(), y, accumulate);
     }
 
-    /// dW += dy^T x; dx = dy W (or += when accumulate_dx). dx may be empty (no data) to skip it.
+    /// dW += dy^T x; dx = dy W (or += under Accumulate::yes). dx may be empty (no data) to skip it.
     void backward(View<const float, 2, B> x, View<const float, 2, B> dy, View<float, 2, B> dx,
-                  bool accumulate_dx = false) {
+                  Accumulate accumulate_dx = Accumulate::no) {
         using backend::Trans;
         if (compute == NumberFormat::f32) {
             Ops::gemm(Trans::yes, Trans::no, 1.0f, dy, x, 1.0f, weight.grad.view());
-            if (dx.data) Ops::gemm(Trans::no, Trans::no, 1.0f, dy, weight.value.view(), accumulate_dx ? 1.0f : 0.0f, dx);
+            if (dx.data)
+                Ops::gemm(Trans::no, Trans::no, 1.0f, dy, weight.value.view(),
+                          accumulate_dx == Accumulate::yes ? 1.0f : 0.0f, dx);
             return;
         }
         const Tensor<bf16, 2, B> dy16 = bf16_copy(dy);
@@ -57,11 +61,12 @@ struct Linear {
         if (dx.data) product_bf16(dy16.view(), Trans::no, weight.value16.view(), dx, accumulate_dx);
     }
 
-    /// y = round(a op(W16)) (or y = round(y + round(a op(W16))) when accumulate): a bf16 product into bf16 values.
+    /// y = round(a op(W16)) (or y = round(y + round(a op(W16))) under Accumulate::yes): a bf16 product into bf16
+    /// values.
     static void product_bf16(View<const bf16, 2, B> a, backend::Trans tw, View<const bf16, 2, B> w16,
-                             View<float, 2, B> y, bool accumulate) {
+                             View<float, 2, B> y, Accumulate accumulate) {
         using backend::Trans;
-        if (!accumulate) {
+        if (accumulate == Accumulate::no) {
             Ops::template gemm_bf16<float>(Trans::no, tw, 1.0f, a, w16, 0.0f, y);
             round_to(NumberFormat::bf16, y);
             return;

@@ -56,9 +56,10 @@ struct MHA {
     }
     KeptFormats kept;
     bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
-    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+    /// What forward keeps (config/activations.hpp), and whether it keeps x (KeepInput::no: backward is handed it).
+    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
         kept = KeptFormats(a);
-        keep_input = keep_input_;
+        keep_input = keep == KeepInput::yes;
     }
 
     struct Cache {
@@ -163,9 +164,10 @@ struct MHA {
         c.o = KeptMatrix<B>(std::move(o), kept.value);
     }
 
-    /// `x` is the forward's input, required when keep_input is false (ignored otherwise).
-    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false,
-                  View<const float, 2, B> x = {}) {
+    /// Accumulates parameter gradients; writes dx (or adds to it under Accumulate::yes). `x` is the forward's
+    /// input, required when the input is not kept (KeepInput::no; ignored otherwise).
+    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx,
+                  Accumulate accumulate_dx = Accumulate::no, View<const float, 2, B> x = {}) {
         const TokenLayout& layout = c.layout;
         const index_t T = layout.tokens(), H = cfg.heads, G = cfg.kv_heads;
         Mat kept_x;
@@ -180,11 +182,11 @@ struct MHA {
         Ops::attention_backward(queries(q), keys(k, v), layout.offsets(), softmax_scale,
                                 heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
                                 heads_view(std::as_const(d_o), 0, H, cfg.v_dim, cfg.v_dim), grads);
-        rope.apply(rope_part(dq, H), c.positions.view(), true);
-        rope.apply(rope_part(dk, G), c.positions.view(), true);
+        rope.apply(rope_part(dq, H), c.positions.view(), Rotation::transposed);
+        rope.apply(rope_part(dk, G), c.positions.view(), Rotation::transposed);
         q_proj.backward(x, dq.view(), dx, accumulate_dx);
-        k_proj.backward(x, dk.view(), dx, true);
-        v_proj.backward(x, dv.view(), dx, true);
+        k_proj.backward(x, dk.view(), dx, Accumulate::yes);
+        v_proj.backward(x, dv.view(), dx, Accumulate::yes);
         c = Cache{};
     }
 

@@ -110,10 +110,10 @@ struct MLA {
         q_a_layernorm.set_precision(p);
         kv_a_layernorm.set_precision(p);
     }
-    /// What forward keeps (config/activations.hpp), and whether it keeps x (false: backward is handed it).
-    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+    /// What forward keeps (config/activations.hpp), and whether it keeps x (KeepInput::no: backward is handed it).
+    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
         kept = KeptFormats(a);
-        keep_input = keep_input_;
+        keep_input = keep == KeepInput::yes;
         recompute_norms = a.recompute_norms;
         recompute_up_projections = a.recompute_up_projections && cfg.q_rank > 0;  // else q is q_proj(x): kept
         recompute_kv = a.recompute_up_projections;
@@ -242,10 +242,10 @@ struct MLA {
                 heads_view(kv, cfg.nope_dim, H, kv_width(), cfg.v_dim)};
     }
 
-    /// Accumulates parameter gradients; writes dx (or adds to it when accumulate_dx). `x` is the forward's input,
-    /// required when keep_input is false (ignored otherwise).
-    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx, bool accumulate_dx = false,
-                  View<const float, 2, B> x = {}) {
+    /// Accumulates parameter gradients; writes dx (or adds to it under Accumulate::yes). `x` is the forward's
+    /// input, required when the input is not kept (KeepInput::no; ignored otherwise).
+    void backward(View<const float, 2, B> dout, Cache& c, View<float, 2, B> dx,
+                  Accumulate accumulate_dx = Accumulate::no, View<const float, 2, B> x = {}) {
         const TokenLayout& layout = c.layout;
         const index_t T = layout.tokens(), H = cfg.heads, R = cfg.rope_dim;
         // what forward kept, and what it did not, recomputed as forward computed it
@@ -283,8 +283,9 @@ struct MLA {
         const index_t r = cfg.kv_rank;
         Mat dckv({T, r + R});
         Ops::sum_heads(heads_view(std::as_const(dkpe_heads), 0, H, R, R), cols(dckv, 0, T, r, R));
-        rope.apply(View<float, 3, B>(dckv.data() + r, {T, 1, R}, {r + R, R, 1}), c.positions.view(), true);
-        rope.apply(q_rope_part(dq.view()), c.positions.view(), true);
+        rope.apply(View<float, 3, B>(dckv.data() + r, {T, 1, R}, {r + R, R, 1}), c.positions.view(),
+                   Rotation::transposed);
+        rope.apply(q_rope_part(dq.view()), c.positions.view(), Rotation::transposed);
         // latent path: kv_b_proj, kv_a_layernorm, into the first kv_rank columns of dckv
         Mat dcn({T, r});
         kv_b_proj.backward(cn.view(), dkv.view(), dcn.view());
@@ -294,9 +295,9 @@ struct MLA {
             Mat dcqn({T, cfg.q_rank}), dcq({T, cfg.q_rank});
             q_b_proj.backward(cqn.view(), dq.view(), dcqn.view());
             q_a_layernorm.backward(cq.view(), c.cq_rstd.view(), dcqn.view(), dcq.view());
-            q_a_proj.backward(x, dcq.view(), dx, true);
+            q_a_proj.backward(x, dcq.view(), dx, Accumulate::yes);
         } else {
-            q_proj.backward(x, dq.view(), dx, true);
+            q_proj.backward(x, dq.view(), dx, Accumulate::yes);
         }
         c = Cache{};
     }

@@ -14,7 +14,7 @@
 // outputs need not be kept); both come back and land where the token lives, where the router's backward runs.
 // Kept for backward (as the activation policy says, nn/kept.hpp: f32, bf16 or FP8 tiles): the router cache, the
 // plan and the rows' gate(x) and up(x); the experts' input rows x are re-gathered from the router's copy of u (or
-// from the u the caller recomputed and hands to backward, keep_input false) when the dispatch is local, and kept
+// from the u the caller recomputed and hands to backward, KeepInput::no) when the dispatch is local, and kept
 // when it crossed ranks. The down-projections' outputs are never kept.
 //
 // The experts' weights are stacked, [experts here, I, H] for gate and up and [experts here, H, I] for down;
@@ -158,12 +158,12 @@ struct MoE {
         experts.set_precision(p);
         if (cfg.shared > 0) shared_experts.set_precision(p);
     }
-    /// How g and u are kept, and whether u is (false: the caller recomputes it and hands it to backward).
-    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+    /// How g and u are kept, and whether u is (KeepInput::no: the caller recomputes it and hands it to backward).
+    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
         kept = KeptFormats(a);
-        keep_input = gate.keep_input = keep_input_;
+        keep_input = gate.keep_input = keep == KeepInput::yes;
         gate.kept_input = kept.value;
-        shared_experts.set_activations(a, keep_input_);
+        shared_experts.set_activations(a, keep);
     }
     void refresh_working() {
         experts.refresh_working();
@@ -207,21 +207,21 @@ struct MoE {
         times.dispatch += seconds(combine_start);
         times.experts += seconds(t1);
         const auto t2 = clock::now();
-        if (cfg.shared > 0) shared_experts.forward(u, y, c.shared, true);
+        if (cfg.shared > 0) shared_experts.forward(u, y, c.shared, Accumulate::yes);
         times.shared += seconds(t2);
     }
 
-    /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds when accumulate_du).
-    /// `u` is the forward's input, required when keep_input is false (ignored otherwise). Collective over the
-    /// expert group when the dispatcher exchanges.
-    void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du, bool accumulate_du = false,
-                  View<const float, 2, B> u = {}) {
+    /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds to it under
+    /// Accumulate::yes). `u` is the forward's input, required when the input is not kept (KeepInput::no; ignored
+    /// otherwise). Collective over the expert group when the dispatcher exchanges.
+    void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du,
+                  Accumulate accumulate_du = Accumulate::no, View<const float, 2, B> u = {}) {
         using clock = std::chrono::steady_clock;
         Mat kept_u;
         u = input_for_backward(c.router.u, kept_u, u, dy.shape[0], dispatcher->where("MoE"));
-        if (!accumulate_du) Ops::fill(du, 0.0f);
+        if (accumulate_du == Accumulate::no) Ops::fill(du, 0.0f);
         const auto t0 = clock::now();
-        if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, true, u);
+        if (cfg.shared > 0) shared_experts.backward(dy, c.shared, du, Accumulate::yes, u);
         times.shared += seconds(t0);
         const auto t1 = clock::now();
         const Routing<B>& r = c.router.routing;
@@ -241,19 +241,20 @@ struct MoE {
     }
 
 private:
-    /// y[seg e] = a[seg e] op(W_e) over the segments (+= when accumulate): f32, or bf16 operands (the bf16 copy,
-    /// a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
+    /// y[seg e] = a[seg e] op(W_e) over the segments (+= under Accumulate::yes): f32, or bf16 operands (the bf16
+    /// copy, a bf16 copy of a) with the result rounded to bf16 as a bf16 product's.
     void expert_product(backend::Trans tw, View<const float, 2, B> a, const Param<3, B>& w, View<float, 2, B> y,
-                        std::span<const index_t> offsets, bool accumulate = false) const {
+                        std::span<const index_t> offsets, Accumulate accumulate = Accumulate::no) const {
+        const bool adds = accumulate == Accumulate::yes;
         if (compute == NumberFormat::f32)
-            return Ops::gemm_grouped(tw, 1.0f, a, w.value.view(), accumulate ? 1.0f : 0.0f, y, offsets);
+            return Ops::gemm_grouped(tw, 1.0f, a, w.value.view(), adds ? 1.0f : 0.0f, y, offsets);
         const Tensor<bf16, 2, B> a16 = bf16_copy(a);
         Mat t;
-        if (accumulate) t = Mat(y.shape);
-        const View<float, 2, B> out = accumulate ? t.view() : y;
+        if (adds) t = Mat(y.shape);
+        const View<float, 2, B> out = adds ? t.view() : y;
         Ops::template gemm_grouped<bf16>(tw, 1.0f, a16.view(), w.value16.view(), 0.0f, out, offsets);
         round_to(compute, out);
-        if (accumulate) accumulate_rounded(compute, y, View<const float, 2, B>(out));
+        if (adds) accumulate_rounded(compute, y, View<const float, 2, B>(out));
     }
 
     /// dW_e += dY[seg e]^T X[seg e] into the f32 gradient; bf16 operands under the bf16 policy.
@@ -323,7 +324,7 @@ private:
         expert_weight_grad(g.view(), x.view(), experts.gate_proj, seg);
         expert_product(Trans::no, g.view(), experts.gate_proj, dx.view(), seg);
         expert_weight_grad(up.view(), x.view(), experts.up_proj, seg);
-        expert_product(Trans::no, up.view(), experts.up_proj, dx.view(), seg, true);
+        expert_product(Trans::no, up.view(), experts.up_proj, dx.view(), seg, Accumulate::yes);
         const auto combine_start = clock::now();
         const Mat dx_back = dispatcher->combine(ex, std::move(dx));
         const Mat dots_back = dispatcher->combine(ex, std::move(dots));

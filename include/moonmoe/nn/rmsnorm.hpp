@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../backend/backend.hpp"
+#include "flags.hpp"
 #include "param.hpp"
 #include "precision.hpp"
 
@@ -42,10 +43,10 @@ struct RMSNorm {
         return y;
     }
 
-    /// dx = d norm / dx applied to dy (+= when accumulate); dw += sum_rows dy * x * rstd.
+    /// dx = d norm / dx applied to dy (+= under Accumulate::yes); dw += sum_rows dy * x * rstd.
     void backward(View<const float, 2, B> x, View<const float, 1, B> rstd, View<const float, 2, B> dy,
-                  View<float, 2, B> dx, bool accumulate = false) {
-        Ops::rmsnorm_backward(x, weight.value.view(), rstd, dy, dx, weight.grad.view(), accumulate);
+                  View<float, 2, B> dx, Accumulate accumulate = Accumulate::no) {
+        Ops::rmsnorm_backward(x, weight.value.view(), rstd, dy, dx, weight.grad.view(), accumulate == Accumulate::yes);
         round_to(compute, dx);
     }
 

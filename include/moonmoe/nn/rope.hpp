@@ -18,6 +18,7 @@
 #include "../config/rope.hpp"
 #include "../tensor/tensor.hpp"
 #include "../tensor/transfer.hpp"
+#include "flags.hpp"
 
 namespace moonmoe::nn {
 
@@ -35,10 +36,11 @@ public:
     const std::vector<float>& inv_freq() const { return inv_freq_; }
 
     /// Rotates each row's `dim` values in place. x: [rows, heads, dim] (any strides with unit last stride),
-    /// positions [rows] on the backend. transpose = true applies the transpose of the rotation (its backward).
-    void apply(View<float, 3, B> x, View<const index_t, 1, B> positions, bool transpose = false) const {
+    /// positions [rows] on the backend. Rotation::transposed applies the transpose of the rotation (its backward).
+    void apply(View<float, 3, B> x, View<const index_t, 1, B> positions, Rotation rotation = Rotation::forward) const {
         if (x.shape[2] != dim_) throw_shape_mismatch("RotaryEmbedding.apply", x.shape, Shape<3>{x.shape[0], x.shape[1], dim_});
-        backend::Ops<B>::rope(x, positions, inv_freq_device_.view(), attention_factor_, interleave_, transpose);
+        backend::Ops<B>::rope(x, positions, inv_freq_device_.view(), attention_factor_, interleave_,
+                               rotation == Rotation::transposed);
     }
 
 private:

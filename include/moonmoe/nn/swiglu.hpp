@@ -3,7 +3,7 @@
 //
 // Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM), and so is
 // nothing else of the output side (down's input is a). g and u are kept as the activation policy says (nn/kept.hpp:
-// f32, bf16, or FP8 tiles); x is not kept when the caller recomputes it (keep_input false: it hands x to
+// f32, bf16, or FP8 tiles); x is not kept when the caller recomputes it (KeepInput::no: it hands x to
 // backward). Under the bf16 policy (nn/precision.hpp) silu(g) and the product are each rounded to bf16, as torch's bf16 ops round them.
 #pragma once
 
@@ -42,10 +42,10 @@ struct SwiGLU {
         for (Linear<B>* l : {&gate_proj, &up_proj, &down_proj}) l->refresh_working();
     }
     NumberFormat compute() const { return down_proj.compute; }
-    /// How x, g and u are kept, and whether x is (false: the caller recomputes it and hands it to backward).
-    void set_activations(const ActivationConfig& a, bool keep_input_ = true) {
+    /// How x, g and u are kept, and whether x is (KeepInput::no: the caller recomputes it and hands it to backward).
+    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
         kept = KeptFormats(a);
-        keep_input = keep_input_;
+        keep_input = keep == KeepInput::yes;
     }
 
     /// a = silu(g) * u into a (same shape as g), rounded as the compute format rounds.
@@ -55,8 +55,9 @@ struct SwiGLU {
         else Ops::map(fn::SwiGLUForward{}, a, g, u);
     }
 
-    /// y = mlp(x) (y += mlp(x) when accumulate).
-    void forward(View<const float, 2, B> x, View<float, 2, B> y, Cache& cache, bool accumulate = false) const {
+    /// y = mlp(x) (y += mlp(x) under Accumulate::yes).
+    void forward(View<const float, 2, B> x, View<float, 2, B> y, Cache& cache,
+                 Accumulate accumulate = Accumulate::no) const {
         const index_t rows = x.shape[0];
         cache = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         if (keep_input) cache.x = KeptMatrix<B>::copy(x, kept.value);
@@ -70,10 +71,10 @@ struct SwiGLU {
         cache.u = KeptMatrix<B>(std::move(u), kept.mlp_input);
     }
 
-    /// Given dy, accumulates weight gradients and writes (or adds) dx. `x` is the forward's input, required when
-    /// keep_input is false (ignored otherwise).
-    void backward(View<const float, 2, B> dy, Cache& cache, View<float, 2, B> dx, bool accumulate_dx = false,
-                  View<const float, 2, B> x = {}) {
+    /// Given dy, accumulates weight gradients and writes dx (or adds to it under Accumulate::yes). `x` is the
+    /// forward's input, required when the input is not kept (KeepInput::no; ignored otherwise).
+    void backward(View<const float, 2, B> dy, Cache& cache, View<float, 2, B> dx,
+                  Accumulate accumulate_dx = Accumulate::no, View<const float, 2, B> x = {}) {
         const index_t rows = dy.shape[0], n = inner();
         Tensor<float, 2, B> kept_x;
         x = input_for_backward(cache.x, kept_x, x, rows, "SwiGLU");
@@ -86,7 +87,7 @@ struct SwiGLU {
         round_to(compute(), g.view());
         round_to(compute(), u.view());
         gate_proj.backward(x, g.view(), dx, accumulate_dx);
-        up_proj.backward(x, u.view(), dx, true);
+        up_proj.backward(x, u.view(), dx, Accumulate::yes);
         cache = Cache{};
     }
 
