@@ -54,8 +54,8 @@ void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t t
     Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
     MoE::Cache cache;
     block.forward(u.view(), y.view(), cache);  // the routing, for the segment sizes
-    const std::vector<index_t> offsets = cache.plan.offsets;
-    const index_t pairs = cache.plan.pairs();
+    const std::vector<index_t> offsets = cache.plan.exchange.expert_offsets;  // local: the plan's segments
+    const index_t pairs = cache.plan.exchange.received();
     cache = {};
     Mat x({pairs, H}), g({pairs, I}), up({pairs, I}), out({pairs, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 5);
