@@ -4,7 +4,10 @@
 // architecture). Its layers, each a folder that includes only the ones listed before it: config/ (the model as a
 // type, rules, accounting; no dependencies), tensor/, backend/ (cpu: Eigen), nn/ (modules with forward and
 // backward, and the seeded initialiser), optim/ (Muon, AdamW, QK-Clip and their composition), io/ (safetensors,
-// config.json, Hugging Face checkpoints loaded and saved, optimizer state). <moonmoe/config.hpp> alone needs
+// config.json, Hugging Face checkpoints loaded and saved, optimizer state), parallel/ (process groups over a
+// communicator, the pipeline, expert parallelism, ZeRO-1; MPI and NCCL only in parallel/mpi.hpp and nccl.hpp, which
+// this header does not include), and trainer.hpp (moonmoe::Trainer<Model>: a run made from the model type, over
+// all of them). <moonmoe/config.hpp> alone needs
 // nothing but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
 #pragma once
 
@@ -19,3 +22,4 @@
 #include "io/checkpoint.hpp"
 #include "io/model_io.hpp"
 #include "io/optimizer_state.hpp"
+#include "trainer.hpp"

@@ -6,7 +6,8 @@
 // other orders, test/mpi/model.cpp). Layouts: 2 ranks (2,1,1) -> (1,2,1) and (1,1,2) -> (2,1,1); 4 ranks (2,2,1) ->
 // (1,2,2); 8 ranks (2,2,2) -> (1,4,2). The state the new layout loaded, saved again, is the old layout's bit for
 // bit (each parameter's state on its new owner). Also: a state directory with a file missing, or saved by another
-// model, is refused naming what is wrong.
+// model, is refused naming what is wrong; and the run at the world's layout trains as one process does. Every run is
+// a moonmoe::Trainer of a model type that names its layout.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <moonmoe/parallel/optimizer_state.hpp>
 #include <moonmoe/parallel/pipeline.hpp>
 #include <moonmoe/parallel/zero.hpp>
+#include <moonmoe/trainer.hpp>
 
 #include "mpi_support.hpp"
 
@@ -42,10 +44,6 @@ namespace {
 using Clipped = moonmoe::Optimizer<Muon<LearningRate<0.02>>, AdamW<LearningRate<0.003>>, QKClip<5>,
                                    WSD<Warmup<1>, Stable<1000>, Decay<0>>>;
 
-struct Layout {
-    index_t pp, ep, dp;
-};
-
 constexpr index_t global_micro_batches = 8;  ///< per step, split over a layout's token streams
 
 std::vector<index_t> micro_batch(index_t vocab, index_t m, int step) {
@@ -55,38 +53,21 @@ std::vector<index_t> micro_batch(index_t vocab, index_t m, int step) {
     return ids;
 }
 
-/// One layout's run of the tiny K2: its part, pipeline and ZeRO-1 optimizer.
-struct Run {
-    ModelConfig c;
-    ProcessGroups g;
-    nn::Transformer<cpu> part;
-    Pipeline<cpu> pipeline;
-    DistributedOptimizer<Clipped, cpu> opt;
+/// The tiny K2 with the clipped optimizer, at layout (PP, EP, DP): everything the run is, in one type.
+template <index_t PP, index_t EP, index_t DP>
+using Tiny = TinyK2::with<Clipped, Parallel<PP, EP, DP>>;
 
-    static ModelConfig configure(const Layout& l) {
-        ModelConfig c = TinyK2::config;
-        c.parallel.pp = l.pp, c.parallel.ep = l.ep, c.parallel.dp = l.dp, c.parallel.virtual_stages = 1;
-        c.parallel.micro_batches = global_micro_batches / (l.ep * l.dp);
-        return c;
-    }
-    explicit Run(const Layout& l) : Run(configure(l)) {}
-    explicit Run(const ModelConfig& config)
-        : c(config), g(world(), c.parallel), part(c, model_part(c, g.at), expert_dispatcher<cpu>(g)),
-          pipeline(part, g, c.parallel.micro_batches), opt(part, g) {}
-
-    /// One step on the global batch of `step`; returns the mean loss over all its micro-batches (on every rank).
-    double step(int step) {
-        const index_t M = c.parallel.micro_batches;
-        std::vector<std::vector<index_t>> mine;
-        for (index_t m = 0; m < M; ++m) mine.push_back(micro_batch(c.dims.vocab, g.replica() * M + m, step));
-        const auto result = pipeline.run(mine, nn::TokenLayout::sequences(2, 8));
-        REQUIRE(opt.step().skipped_nonfinite == 0);
-        // each stream's losses are on every rank of its pipeline: count them once, from its first stage
-        std::vector<double> sum = {g.at.pp == 0 ? double(result.loss) * double(M) : 0.0};
-        world().all_reduce(std::span<double>(sum), ReduceOp::sum);
-        return sum[0] / double(global_micro_batches);
-    }
-};
+/// One step of `run` on the global batch of `step`, split over its token streams; returns the mean loss over all
+/// its micro-batches (on every rank).
+template <class Model>
+double step(Trainer<Model>& run, int step) {
+    const index_t M = global_micro_batches / run.replicas();
+    std::vector<std::vector<index_t>> mine;
+    for (index_t m = 0; m < M; ++m) mine.push_back(micro_batch(run.config().dims.vocab, run.replica() * M + m, step));
+    const double loss = run.step(mine, nn::TokenLayout::sequences(2, 8));
+    REQUIRE(run.last_report().skipped_nonfinite == 0);
+    return loss;
+}
 
 /// Every tensor of an optimizer state directory, by name (each must appear once).
 std::map<std::string, std::vector<float>> state_tensors(const fs::path& dir) {
@@ -106,26 +87,26 @@ fs::path scratch(const std::string& name) {
     return fs::path(MOONMOE_TEST_BINARY_DIR) / "mpi_scratch" / ("resume_np" + std::to_string(world().size()) + "_" + name);
 }
 
-void check_resume(const Layout& a, const Layout& b) {
+template <class A, class B>
+void check_resume() {
+    constexpr ParallelConfig a = A::config.parallel, b = B::config.parallel;
     INFO("trained at (" << a.pp << ", " << a.ep << ", " << a.dp << "), resumed at (" << b.pp << ", " << b.ep << ", "
                         << b.dp << "), rank " << world().rank());
     const fs::path weights = scratch("weights"), state = scratch("optimizer");
     std::vector<double> uninterrupted;
     {
-        Run first(a);
-        nn::init_weights(first.part, {.seed = 5});
-        for (int s = 0; s < 2; ++s) first.step(s);
-        save_checkpoint(weights, first.part, first.g);
-        save_optimizer_state(state, first.opt, first.g);
-        for (int s = 2; s < 4; ++s) uninterrupted.push_back(first.step(s));
+        Trainer<A> first(world(), {.seed = 5});
+        for (int s = 0; s < 2; ++s) step(first, s);
+        first.save(weights);
+        first.save_optimizer_state(state);
+        for (int s = 2; s < 4; ++s) uninterrupted.push_back(step(first, s));
     }
-    Run resumed(b);
-    load_checkpoint(weights, resumed.part);
-    load_optimizer_state(state, resumed.opt);
-    CHECK(resumed.opt.inner().steps() == 2);
+    Trainer<B> resumed(world(), {.checkpoint = weights});
+    resumed.load_optimizer_state(state);
+    CHECK(resumed.optimizer().steps() == 2);
     // the state as the new layout holds it, saved again: every tensor bit for bit the old layout's, none missing
     const fs::path again = scratch("optimizer_again");
-    save_optimizer_state(again, resumed.opt, resumed.g);
+    resumed.save_optimizer_state(again);
     if (world().rank() == 0) {
         const std::map<std::string, std::vector<float>> before = state_tensors(state), after = state_tensors(again);
         CHECK(before.size() == after.size());
@@ -137,7 +118,7 @@ void check_resume(const Layout& a, const Layout& b) {
         }
     }
     for (int s = 2; s < 4; ++s) {
-        const double loss = resumed.step(s);
+        const double loss = step(resumed, s);
         CHECK(loss == doctest::Approx(uninterrupted[std::size_t(s - 2)]).epsilon(1e-5));
         if (world().rank() == 0)
             MESSAGE("step " << s << ": uninterrupted " << uninterrupted[std::size_t(s - 2)] << ", resumed " << loss);
@@ -147,39 +128,63 @@ void check_resume(const Layout& a, const Layout& b) {
 
 }  // namespace
 
+/// The run at layout `Model` and the one-process Trainer (no communicator: micro-batches through train_step with
+/// their gradients scaled by 1 / M, then optim::Optimizer) on the same global batches: the same losses.
+template <class Model>
+void check_against_one_process() {
+    INFO("layout (" << Model::config.parallel.pp << ", " << Model::config.parallel.ep << ", "
+                    << Model::config.parallel.dp << "), rank " << world().rank());
+    Trainer<Model> parallel(world(), {.seed = 5});
+    Trainer<Tiny<1, 1, 1>> one({.seed = 5});
+    for (int s = 0; s < 3; ++s) {
+        const double p = step(parallel, s), o = step(one, s);
+        CHECK(p == doctest::Approx(o).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("Trainer<Model> in the world's layout trains as the one-process Trainer") {
+    switch (world().size()) {
+    case 1: check_against_one_process<Tiny<1, 1, 1>>(); break;
+    case 2: check_against_one_process<Tiny<1, 2, 1>>(); break;
+    case 4: check_against_one_process<Tiny<2, 1, 2>>(); break;
+    case 8: check_against_one_process<Tiny<2, 2, 2>>(); break;
+    default: MESSAGE("no layout for " << world().size() << " ranks");
+    }
+}
+
 TEST_CASE("A run saved in one layout (weights and ZeRO-1 optimizer state) resumes in another with the losses of the "
           "uninterrupted run") {
     switch (world().size()) {
     case 2:
-        check_resume({2, 1, 1}, {1, 2, 1});
-        check_resume({1, 1, 2}, {2, 1, 1});
+        check_resume<Tiny<2, 1, 1>, Tiny<1, 2, 1>>();
+        check_resume<Tiny<1, 1, 2>, Tiny<2, 1, 1>>();
         break;
-    case 4: check_resume({2, 2, 1}, {1, 2, 2}); break;
-    case 8: check_resume({2, 2, 2}, {1, 4, 2}); break;
+    case 4: check_resume<Tiny<2, 2, 1>, Tiny<1, 2, 2>>(); break;
+    case 8: check_resume<Tiny<2, 2, 2>, Tiny<1, 4, 2>>(); break;
     default: MESSAGE("no resume layouts for " << world().size() << " ranks");
     }
 }
 
 TEST_CASE("parallel::load_optimizer_state names what is wrong: a missing file, the state of another model") {
-    const Layout l{1, 1, world().size()};
+    using Data = Tiny<1, 1, Dynamic>;  // as many data-parallel replicas as the world has ranks
     const fs::path state = scratch("refused");
     {
-        Run run(Run::configure(l));
-        nn::init_weights(run.part, {.seed = 5});
-        run.step(0);
-        save_optimizer_state(state, run.opt, run.g);
+        Trainer<Data> run(world(), {.seed = 5});
+        CHECK(run.config().parallel.dp == world().size());
+        step(run, 0);
+        run.save_optimizer_state(state);
     }
     CHECK_FALSE(fs::exists(state.parent_path() / ("." + state.filename().string() + ".tmp-optimizer")));
     {
-        Run again(Run::configure(l));
-        load_optimizer_state(state, again.opt);
-        CHECK(again.opt.inner().steps() == 1);
+        Trainer<Data> again(world());
+        again.load_optimizer_state(state);
+        CHECK(again.optimizer().steps() == 1);
     }
     {
-        ModelConfig wider = Run::configure(l);
-        wider.moe.expert_hidden *= 2;  // the experts' state has other shapes
-        Run other(wider);
-        CHECK_THROWS_WITH_AS(load_optimizer_state(state, other.opt), doctest::Contains("expected F32 ["), io_error);
+        using Wider = Data::with<MoE<Experts<8>, TopK<2>, Shared<1>, ExpertHidden<32>>>;  // other expert shapes
+        static_assert(Wider::config.moe.expert_hidden == 2 * TinyK2::config.moe.expert_hidden);
+        Trainer<Wider> other(world());
+        CHECK_THROWS_WITH_AS(other.load_optimizer_state(state), doctest::Contains("expected F32 ["), io_error);
     }
     const std::string n = std::string(5 - std::to_string(world().size()).size(), '0') + std::to_string(world().size());
     const std::string last = "optimizer-" + n + "-of-" + n + ".safetensors";
@@ -188,10 +193,10 @@ TEST_CASE("parallel::load_optimizer_state names what is wrong: a missing file, t
     if (world().rank() == 0) fs::rename(state / last, state / ("moved-" + last));
     world().barrier();
     {
-        Run again(Run::configure(l));
+        Trainer<Data> again(world());
         const std::string expected = world().size() == 1 ? "no optimizer-<rank>-of-<ranks>.safetensors file"
                                                          : last + " is missing";
-        CHECK_THROWS_WITH_AS(load_optimizer_state(state, again.opt), doctest::Contains(expected.c_str()), io_error);
+        CHECK_THROWS_WITH_AS(again.load_optimizer_state(state), doctest::Contains(expected.c_str()), io_error);
     }
     world().barrier();
     if (world().rank() == 0) fs::remove_all(state);

@@ -127,13 +127,12 @@ TEST_CASE_TEMPLATE("Router backward, with the sequence-wise balance loss", B, MO
     for (const ModelConfig& cfg : {TinyK2::config, TinyV3::config}) {
         nn::Router<B> router(cfg.moe, cfg.dims.hidden);
         randomize(router, 14, 0.05f);
-        router.balance_alpha = 0.3f;
         const auto layout = nn::TokenLayout::sequences(2, 4);
         M u = random_matrix<B>(8, cfg.dims.hidden, 15);
         const M r = random_matrix<B>(8, cfg.moe.top_k, 16);
         auto loss = [&](typename nn::Router<B>::Cache& c) {  // <weights, r> + balance loss
             router.forward(u.view(), c);
-            double l = router.balance_loss(c, layout);
+            double l = router.balance_loss(c, layout, 0.3);
             l += dot(c.routing.weight, r);
             return l;
         };

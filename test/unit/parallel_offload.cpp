@@ -52,7 +52,7 @@ std::vector<std::vector<index_t>> batches(int step) {
 
 TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: refused on the CPU backend, built on the CUDA backend",
                    B, MOONMOE_TEST_BACKENDS) {
-    SelfWorld world;
+    SelfWorld world = self_world<B>();
     ModelConfig c = TinyK2::config;
     parallel::ProcessGroups g(world, c.parallel);
     if constexpr (!backend::offloads<B>) {
@@ -89,7 +89,7 @@ TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: waiting micro-batc
         a.set_activations(policy);
         policy.offload = true;
         b.set_activations(policy);
-        SelfWorld world;
+        SelfWorld world = self_world<B>();
         parallel::ProcessGroups g(world, a.config.parallel);
         parallel::Pipeline<B> kept(a, g, micro_batches, extra_warmup), offloaded(b, g, micro_batches, extra_warmup);
         REQUIRE(offloaded.offload() != nullptr);
@@ -138,7 +138,7 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: an expert-parallel MoE layer's c
         if (k2_policy) c.activations = KimiK2Activations::value;
         c.activations.offload = true;
         const index_t T = 12, H = c.dims.hidden, index = c.dims.dense_layers;  // the first MoE layer
-        SelfWorld group;
+        SelfWorld group = self_world<B>();
         const auto dispatcher = std::make_shared<parallel::ExpertParallelDispatcher<B>>(group);
         nn::DecoderLayer<B> a(c, index, 0, -1, dispatcher), b(c, index, 0, -1, dispatcher);
         randomize(a, 5), randomize(b, 5);

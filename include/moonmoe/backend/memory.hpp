@@ -13,6 +13,7 @@
 //                                one counter per backend, for benchmarks and memory reports
 // host_visible<B> says whether the host may dereference the backend's pointers: View::operator() and Tensor's
 // element access compile only when it holds, so module code that indexes tensor data fails to build for CUDA.
+// in_host_memory<B> says where the tensors are at run time (host memory in the emulated CUDA backend too).
 // MemoryStats, the counter that stats() hands out, is defined here, in the contract, for every backend: neither
 // backend's directory includes the other's (ctest layering.backend_cuda, layering.backend_cpu).
 #pragma once
@@ -49,5 +50,11 @@ struct Memory {
 /// Whether host code may read and write the backend's memory through plain pointers.
 template <class B>
 inline constexpr bool host_visible = B::kind == BackendKind::cpu;
+
+/// Whether the backend's tensors are in host memory at run time (Memory<B>::in_host_memory): the CPU backend's and
+/// the emulated CUDA backend's are, the CUDA backend's on a GPU are not. It decides which communicators can move
+/// them (parallel/comm.hpp, Communicator::device_memory). Module code still indexes only host_visible backends.
+template <class B>
+inline constexpr bool in_host_memory = Memory<B>::in_host_memory;
 
 }  // namespace moonmoe::backend

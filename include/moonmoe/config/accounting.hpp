@@ -239,7 +239,7 @@ struct KeptTensors {
 /// dispatcher exchanges over the expert group and its cache keeps the received rows). Routed experts count the (token, expert) pairs they receive: tokens x TopK, exact on
 /// one rank and, with EP > 1, under balanced routing (each of the EP ranks sends every rank 1/EP of its tokens x
 /// TopK pairs). Host-side bookkeeping (the token layout, segment offsets) and the optional sequence-wise balance
-/// loss's gradient (Router::balance_alpha, off for K2 and V3) are not counted.
+/// loss's gradient (Router::balance_loss, not part of the model's loss) are not counted.
 constexpr KeptTensors layer_activations(const ModelConfig& c, bool dense, index_t tokens) {
     const AttentionConfig& a = c.attention;
     const index_t T = tokens, H = c.dims.hidden;

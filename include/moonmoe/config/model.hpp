@@ -27,6 +27,8 @@ struct Model {
     using optimizer = detail::pick_t<slots::optimizer, Optimizer<>, Components...>;
     using parallel = detail::pick_t<slots::parallel, Parallel<>, Components...>;
     using backend = typename detail::pick_t<slots::backend, Backend<>, Components...>::type;
+    /// The CUDA kernels the type asks for (config/backend.hpp); moonmoe::Trainer applies them.
+    static constexpr KernelChoice kernels = detail::pick_t<slots::backend, Backend<>, Components...>::kernels;
     using precision = detail::pick_t<slots::precision, Precision<>, Components...>;
     using activations = detail::pick_t<slots::activations, Activations<>, Components...>;
 
@@ -35,6 +37,11 @@ struct Model {
                                         activations::value};
     static_assert(config.activations.valid(config.precision),
                   "Activations<Storage<BF16>> keeps the bf16 values of Precision<BF16>: use Precision<BF16>");
+
+    static_assert(config.attention.kind != AttentionKind::mla || !optimizer::qk_clip::alpha_given,
+                  "QKClip<tau, ClipAlpha<a>>: ClipAlpha splits an MHA head's rescaling between q and k; MLA's split "
+                  "is fixed (q_nope and k_nope by sqrt(gamma), q_pe by gamma, the shared k_pe untouched: Kimi K2 "
+                  "report, section 2.1), so a model with Attention<MLA<...>> takes no ClipAlpha");
 
 #define MOONMOE_STATIC_RULE(name, message, ...) static_assert(rules::name(config), message);
     MOONMOE_CONFIG_RULES(MOONMOE_STATIC_RULE)

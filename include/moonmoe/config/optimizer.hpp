@@ -19,7 +19,7 @@ namespace moonmoe {
 namespace slots {
 struct optimizer; struct muon; struct adamw; struct qk_clip; struct schedule;
 struct momentum; struct nesterov; struct ns_steps; struct ns_coefficients; struct update_scale; struct weight_decay;
-struct learning_rate; struct beta1; struct beta2; struct eps; struct clip_alpha; struct clip_scope;
+struct learning_rate; struct beta1; struct beta2; struct eps; struct clip_alpha; struct clip_scope; struct ns_products;
 struct warmup; struct stable; struct decay; struct final_lr; struct bias_update_rate;
 }  // namespace slots
 
@@ -59,6 +59,16 @@ struct ShapeScale {};
 
 enum class UpdateScaleKind { match_adamw_rms, shape };
 
+// ---- How Newton-Schulz multiplies: the products of X X^T (symmetric) as blocks with the mirror, or in full ----
+enum class Products { symmetric, general };
+/// X X^T and the polynomial's square as block products over one triangle, mirrored (fewer multiply-adds).
+struct SymmetricProducts { static constexpr Products value = Products::symmetric; };
+/// Every product in full, as torch.optim.Muon multiplies.
+struct GeneralProducts { static constexpr Products value = Products::general; };
+/// NSProducts<P>: how Newton-Schulz multiplies. Default: symmetric in f32 (fewer multiply-adds at the same rate),
+/// general in bf16 (the block products run below the large ones' rate there: optim/newton_schulz.hpp).
+template <class P> using NSProducts = Policy<slots::ns_products, P>;
+
 template <auto V> using Momentum = Value<slots::momentum, double(V)>;
 template <bool B> using Nesterov = Value<slots::nesterov, B>;
 template <int N> using NSSteps = Value<slots::ns_steps, N>;
@@ -80,6 +90,7 @@ struct MuonConfig {
     double weight_decay;
     double learning_rate;
     NumberFormat ns_precision = NumberFormat::f32;  ///< NSPrecision<F>: Newton-Schulz in f32 or bf16
+    Products products = Products::symmetric;        ///< NSProducts<P>
 };
 
 namespace detail {
@@ -99,12 +110,16 @@ struct Muon {
     using slot = slots::muon;
     using accepted = detail::slot_list<slots::momentum, slots::nesterov, slots::ns_steps, slots::ns_coefficients,
                                        slots::update_scale, slots::weight_decay, slots::learning_rate,
-                                       slots::ns_precision>;
+                                       slots::ns_precision, slots::ns_products>;
     MOONMOE_CHECK_ARGUMENTS("Muon<...>", accepted, Args);
     using coefficients = detail::policy_of<slots::ns_coefficients, KellerQuintic, Args...>;
     using ns_precision = detail::policy_of<slots::ns_precision, F32, Args...>;
     static_assert(number_format<ns_precision>, "NSPrecision<F>: F is moonmoe::F32 or moonmoe::BF16");
     using scale = detail::scale_of<detail::policy_of<slots::update_scale, MatchAdamWRMS<>, Args...>>;
+    using products = detail::policy_of<slots::ns_products,
+                                       std::conditional_t<ns_precision::format == NumberFormat::bf16, GeneralProducts,
+                                                          SymmetricProducts>,
+                                       Args...>;
     static constexpr MuonConfig value{
         .enabled = true,
         .momentum = detail::value_of<slots::momentum, 0.95, Args...>,
@@ -115,6 +130,7 @@ struct Muon {
         .weight_decay = detail::value_of<slots::weight_decay, 0.1, Args...>,
         .learning_rate = detail::value_of<slots::learning_rate, 2e-4, Args...>,
         .ns_precision = ns_precision::format,
+        .products = products::value,
     };
 };
 
@@ -177,10 +193,14 @@ struct QKClip {
         .alpha = detail::value_of<slots::clip_alpha, 0.5, Args...>,
         .scope = detail::policy_of<slots::clip_scope, PerHead, Args...>::value,
     };
+    /// Whether ClipAlpha<a> was given: it splits an MHA head's rescaling between q and k, and a Model with MLA
+    /// refuses it (MLA's split is fixed, optim/qk_clip.hpp).
+    static constexpr bool alpha_given = detail::slot_count<slots::clip_alpha, Args...> > 0;
 };
 /// Plain Muon: no rescaling after the step.
 struct NoQKClip {
     using slot = slots::qk_clip;
+    static constexpr bool alpha_given = false;
     static constexpr QKClipConfig value{.enabled = false, .tau = 0.0, .alpha = 0.5, .scope = ClipScope::per_head};
 };
 

@@ -207,10 +207,11 @@ void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& 
     }
 }
 
-/// A model of type `Model` (sizes static or Dynamic) with the weights of the checkpoint in `dir`. Before anything
+/// A model of type `Model` (sizes static or Dynamic) with the weights of the checkpoint in `dir`, on the type's
+/// backend (Backend<cuda>: the weights go to the GPU) unless B names another. Before anything
 /// is allocated, the parameters' memory is estimated from config.json and refused beyond options.memory_limit
 /// (default: the memory available), see io/memory_budget.hpp.
-template <class Model = AnyDeepSeekV3, class B = cpu>
+template <class Model = AnyDeepSeekV3, class B = typename Model::backend>
 nn::Transformer<B> load_transformer(const std::filesystem::path& dir, const LoadOptions& options = {}) {
     Checkpoint ck(dir);
     const ModelConfig config = resolve(Model::config, ck.config());

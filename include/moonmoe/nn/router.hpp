@@ -46,7 +46,6 @@ struct Router {
     Param<2, B> weight;  ///< mlp.gate.weight [experts, hidden]
     Param<1, B> bias;    ///< mlp.gate.e_score_correction_bias [experts]; no gradient
     Tensor<index_t, 1, B> load;  ///< tokens routed to each expert by training forwards since the last update_bias()
-    float balance_alpha = 0.0f;  ///< weight of the sequence-wise balance loss (0: off)
     /// When set, forward uses these experts (t * K + j) instead of selecting: the routing weights stay smooth
     /// functions of the input, which is what a finite-difference check of the gradient needs. Uploaded each forward.
     const std::vector<index_t>* fixed_selection = nullptr;
@@ -93,10 +92,13 @@ struct Router {
         if (counts_load(pass)) Ops::histogram(r.idx.view(), 0, load.view());
     }
 
-    /// Sequence-wise balance loss alpha * sum_i f_i P_i averaged over the sequences of `layout`; keeps its gradient
-    /// with respect to the scores for backward. f_i = E / (K T) * #tokens choosing i, P_i = mean_t s_i / sum_j s_j.
-    float balance_loss(Cache& c, const TokenLayout& layout) {
-        if (balance_alpha == 0.0f) return 0.0f;
+    /// Sequence-wise balance loss alpha * sum_i f_i P_i averaged over the sequences of `layout` (DeepSeek-V3's
+    /// complementary sequence-wise loss, arXiv 2412.19437 §2.1.2); keeps its gradient with respect to the scores for backward.
+    /// f_i = E / (K T) * #tokens choosing i, P_i = mean_t s_i / sum_j s_j. A building block for a caller's own loss:
+    /// the model's training loss does not add it (Kimi K2 and DeepSeek-V3 balance by the correction bias), so no
+    /// model type or router member turns it on.
+    float balance_loss(Cache& c, const TokenLayout& layout, double balance_alpha) {
+        if (balance_alpha == 0.0) return 0.0f;
         const index_t E = cfg.experts, K = cfg.top_k, batch = layout.sequences();
         // The routing and the scores on the host: the loss is a number the caller reads, and this optional
         // regulariser (off in K2 and V3 training) is computed once per step, so a host pass keeps it simple.

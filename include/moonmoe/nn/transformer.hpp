@@ -237,12 +237,13 @@ public:
     /// mean loss over the batch's targets. Gradients accumulate (+=) into the parameters' grad: the optimizer's
     /// step() consumes them and sets them to zero (optim/optimizer.hpp), so the usual loop is train_step, step,
     /// and several train_steps before one step() sum the micro-batches' gradients. A caller without an optimizer
-    /// calls zero_grad() between batches.
-    float train_step(const index_t* ids, const TokenLayout& layout) {
+    /// calls zero_grad() between batches. `gradient_scale` multiplies the gradient (not the returned loss): 1 / M
+    /// for each of M micro-batches of one step makes their sum the gradient of the step's mean loss.
+    float train_step(const index_t* ids, const TokenLayout& layout, float gradient_scale = 1.0f) {
         Cache c;
         Mat logits = forward(ids, layout, c, Pass::training);
         Mat dlogits(logits.shape());
-        const float loss = causal_lm_loss<B>(logits.view(), ids, layout, dlogits.view());
+        const float loss = causal_lm_loss<B>(logits.view(), ids, layout, dlogits.view(), gradient_scale);
         backward(dlogits.view(), c);
         return loss;
     }

@@ -26,15 +26,14 @@ inline double muon_update_scale(const MuonConfig& c, index_t rows, index_t cols)
 /// as torch.optim.Muon does (newton_schulz.hpp); momentum, update and weights stay f32 either way.
 template <class Coeffs = KellerQuintic, class B = cpu, class Workspace = NSWorkspace<float, B>>
 void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const float, 2, B> grad,
-               View<float, 2, B> momentum, Workspace& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o,
-               Products products = Products::symmetric) {
+               View<float, 2, B> momentum, Workspace& ws, Tensor<float, 2, B>& u, Tensor<float, 2, B>& o) {
     using Ops = backend::Ops<B>;
     if (grad.shape != W.shape) throw_shape_mismatch("muon_step: gradient against weight", grad.shape, W.shape);
     if (momentum.shape != W.shape) throw_shape_mismatch("muon_step: momentum against weight", momentum.shape, W.shape);
     if (u.shape() != W.shape) u = Tensor<float, 2, B>(W.shape), o = Tensor<float, 2, B>(W.shape);
     // m.lerp_(g, 1 - beta); u = g.lerp(m, beta) with Nesterov, else m
     Ops::map(fn::MuonMomentum{float(c.momentum), c.nesterov}, momentum, u.view(), grad);
-    orthogonalise<Coeffs, B>(u.view(), o.view(), c.ns_steps, ws, products);
+    orthogonalise<Coeffs, B>(u.view(), o.view(), c.ns_steps, ws, c.products);
     const float decay = float(1.0 - lr * c.weight_decay);
     const float step = float(lr * muon_update_scale(c, W.shape[0], W.shape[1]));
     Ops::map(fn::DecayAndStep{decay, step}, W, View<const float, 2, B>(o.view()));

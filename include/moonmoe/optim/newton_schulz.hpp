@@ -25,7 +25,7 @@
 
 namespace moonmoe::optim {
 
-enum class Products { symmetric, general };
+using moonmoe::Products;  // config/optimizer.hpp: NSProducts<P> of the type's Muon<...>
 
 namespace detail {
 template <class C>
@@ -216,8 +216,9 @@ void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, 
     newton_schulz<Coeffs, float, B>(G, out, steps, ws, products);
 }
 template <class Coeffs, class B>
-void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, NSWorkspaceBF16<B>& ws, Products) {
-    newton_schulz_bf16<Coeffs, B>(G, out, steps, ws);  // full products: faster in bf16 (newton_schulz_bf16)
+void orthogonalise(View<const float, 2, B> G, View<float, 2, B> out, int steps, NSWorkspaceBF16<B>& ws,
+                   Products products) {
+    newton_schulz_bf16<Coeffs, B>(G, out, steps, ws, 1e-7, products);
 }
 
 }  // namespace moonmoe::optim

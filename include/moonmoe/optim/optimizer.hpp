@@ -89,7 +89,6 @@ public:
     };
 
     OptimizerConfig config = Config::value;
-    Products products = Products::symmetric;  ///< Newton-Schulz products (general: for measurement)
     /// gamma of the auxiliary-loss-free balancing (0: bias frozen); the configuration's BiasUpdateRate
     float bias_update_rate = float(Config::value.bias_update_rate);
     /// step() ends by setting every gradient it steps with to zero, a skipped step's too (Route::none
@@ -180,7 +179,7 @@ public:
                 const auto step_with = [&](auto& ns) {  // the workspace's type is the Newton-Schulz precision
                     muon_step<Coefficients, B>(config.muon, r.muon_lr, View<float, 2, B>(s.param.value, {rows, cols}),
                                                View<const float, 2, B>(s.param.grad, {rows, cols}),
-                                               s.momentum.template reshape<2>({rows, cols}), ns, ws.u, ws.o, products);
+                                               s.momentum.template reshape<2>({rows, cols}), ns, ws.u, ws.o);
                 };
                 if (config.muon.ns_precision == NumberFormat::bf16) step_with(ws.ns_bf16);
                 else step_with(ws.ns);

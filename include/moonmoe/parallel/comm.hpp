@@ -39,6 +39,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../backend/memory.hpp"
 #include "../numeric/bf16.hpp"
 #include "../tensor/shape.hpp"
 
@@ -272,5 +273,19 @@ private:
                              std::to_string(size()) + ")");
     }
 };
+
+/// Refuses a communicator that cannot move backend B's tensors, naming both: host-memory collectives (MPI) for
+/// tensors in device memory (the CUDA backend on a GPU: NCCL moves those, parallel/nccl.hpp), or device-memory ones
+/// for tensors in host memory. `who` is the component that would exchange them.
+template <class B>
+void check_moves(const Communicator& c, const std::string& who) {
+    if (c.device_memory() != backend::in_host_memory<B>) return;
+    const char* tensors = backend::in_host_memory<B> ? "host" : "device";
+    const char* moves = c.device_memory() ? "device" : "host";
+    throw std::invalid_argument(c.where(who) + ": the " + std::string(B::name) + " backend's tensors are in " + tensors +
+                                " memory and this communicator moves " + moves +
+                                " memory; give the CUDA backend on a GPU a NcclCommunicator (parallel/nccl.hpp), the "
+                                "CPU backend an MpiCommunicator (parallel/mpi.hpp)");
+}
 
 }  // namespace moonmoe::parallel

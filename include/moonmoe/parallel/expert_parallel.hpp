@@ -166,7 +166,9 @@ template <class B>
 class ExpertParallelDispatcher final : public nn::Dispatcher<B> {
 public:
     using Mat = Tensor<float, 2, B>;
-    explicit ExpertParallelDispatcher(Communicator& group) : group_(group) {}
+    explicit ExpertParallelDispatcher(Communicator& group) : group_(group) {
+        check_moves<B>(group, "ExpertParallelDispatcher");
+    }
 
     void check(index_t experts, index_t first, index_t count) const override {
         const index_t ranks = group_.size(), L = experts / ranks;

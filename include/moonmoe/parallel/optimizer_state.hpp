@@ -79,11 +79,12 @@ void save_optimizer_state(const std::filesystem::path& dir, DistributedOptimizer
                : std::string());
 }
 
-/// Loads the state of the parameters this rank owns, from a directory save_optimizer_state wrote in any layout.
-/// Throws io_error naming the directory, file and tensor when a file is missing, a tensor this rank needs is
-/// nowhere, a shape differs, or the files disagree on the step.
+/// Loads the state of the parameters `opt` steps (this rank's own under ZeRO-1: DistributedOptimizer::inner(); every
+/// parameter in one process) from a directory save_optimizer_state wrote in any layout. Throws io_error naming the
+/// directory, file and tensor when a file is missing, a tensor it needs is nowhere, a shape differs, or the files
+/// disagree on the step.
 template <class Config, class B>
-void load_optimizer_state(const std::filesystem::path& dir, DistributedOptimizer<Config, B>& opt) {
+void load_optimizer_state(const std::filesystem::path& dir, optim::Optimizer<Config, B>& inner) {
     namespace fs = std::filesystem;
     if (!fs::is_directory(dir)) throw io_error(dir.string() + ": no such directory (an optimizer state directory)");
     int ranks = -1;
@@ -117,13 +118,17 @@ void load_optimizer_state(const std::filesystem::path& dir, DistributedOptimizer
                            ", the state of a parameter this rank owns (saved by another model or optimizer?)");
         return *it->second;
     };
-    optim::Optimizer<Config, B>& inner = opt.inner();
     for (auto& s : inner.slots())
         moonmoe::detail::for_each_state(s, [&](const std::string& name, Tensor<float, 1, B>& state) {
             moonmoe::detail::read_state(source(name), name, s.param.shape, state);
         });
     inner.set_steps(std::stoll(step));
     inner.round_masters();
+}
+/// The state of the parameters this rank owns in its ZeRO-1 shares.
+template <class Config, class B>
+void load_optimizer_state(const std::filesystem::path& dir, DistributedOptimizer<Config, B>& opt) {
+    load_optimizer_state(dir, opt.inner());
 }
 
 }  // namespace moonmoe::parallel

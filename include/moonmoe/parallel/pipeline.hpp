@@ -76,6 +76,7 @@ public:
         : part_(part), groups_(groups),
           shape_{part.config.parallel.pp, part.config.parallel.virtual_stages, micro_batches, extra_warmup} {
         check_shape(shape_);
+        check_moves<B>(*groups.pipeline, "Pipeline");
         nn::check_offload<B>(part.config.activations.offload);
         if constexpr (backend::offloads<B>)
             if (part.config.activations.offload) offloader_ = std::make_unique<nn::KeptOffload<B>>();

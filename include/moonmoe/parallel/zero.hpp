@@ -174,7 +174,10 @@ private:
     DistributedOptimizer(nn::Transformer<B>& model, Communicator& world, Communicator& dense, Communicator& experts,
                          index_t replicas)
         : model_(model), world_(world), dense_(dense), replicas_(replicas),
-          inner_(model, [this, &experts](const ParamRef& p) { return route(p, experts); }) {}
+          inner_(model, [this, &experts](const ParamRef& p) { return route(p, experts); }) {
+        check_moves<B>(dense, "DistributedOptimizer");
+        check_moves<B>(experts, "DistributedOptimizer");
+    }
 
     std::vector<ParamRef> parameters() {
         std::vector<ParamRef> params;

@@ -83,6 +83,7 @@ private:
 template <>
 struct Memory<cpu> {
     static constexpr std::size_t alignment = 64;
+    static constexpr bool in_host_memory = true;
 
     static void* allocate(std::size_t bytes) {
         using namespace cpu_detail;

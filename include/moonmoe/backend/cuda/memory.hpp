@@ -252,6 +252,8 @@ private:
 
 template <>
 struct Memory<cuda> {
+    static constexpr bool in_host_memory = false;  ///< device memory: a communicator must move it (NCCL)
+
     /// Zeroed device memory from the pool, ordered on the current stream (cudaMallocAsync aligns to 256 bytes at
     /// least). Out of memory, the pool's unused memory goes back to the driver and the request is tried once more
     /// (cuda_detail::allocate_or_reclaim); then cuda_error gives the request and the pool's reserved and used bytes.
@@ -352,6 +354,7 @@ inline CallStatus emulated_call() {
 template <>
 struct Memory<cuda> {
     static constexpr std::size_t alignment = 64;
+    static constexpr bool in_host_memory = true;  ///< the emulation's "device" memory is the host's
 
     /// Zeroed, 64-byte aligned host memory, with a header in front recording the requested size (for stats).
     static void* allocate(std::size_t bytes) {

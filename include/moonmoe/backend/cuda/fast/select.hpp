@@ -26,13 +26,9 @@
 
 namespace moonmoe::backend {
 
-/// The fast kernels of the CUDA backend, one switch per family of primitives.
-struct CudaFastKernels {
-    bool attention = false;     ///< attention_forward / attention_backward: FlashAttention-2 tiles (fast/attention.hpp)
-    bool rmsnorm = false;       ///< rmsnorm_forward / rmsnorm_backward's dx: a warp or block per row (fast/rmsnorm.hpp)
-    bool router = false;        ///< route_select: a warp per token (fast/router.hpp)
-    bool grouped_gemm = false;  ///< gemm_grouped / _weight_grad: one cublasGemmGroupedBatchedEx (fast/grouped_gemm.hpp)
-};
+/// The fast kernels of the CUDA backend, one switch per family of primitives: a model type's KernelChoice
+/// (config/backend.hpp, Backend<cuda, Kernels>).
+using CudaFastKernels = KernelChoice;
 
 namespace cuda_fast {
 
