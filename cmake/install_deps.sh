@@ -14,6 +14,7 @@ packages=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package finds OpenCL (its GPU runtime) as it loads
   libcairo2-dev pkgconf           # the examples' plots (examples/support/plot.hpp), found through pkg-config
+  clang-format-19                 # tools/format.sh: the style of .clang-format (ctest format.check)
   time
 )
 case "${1:-}" in

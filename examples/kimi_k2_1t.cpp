@@ -100,16 +100,17 @@ void print_memory(const char* name) {
 // Activations at K2's training setting (report §2.4.2-2.4.3): 4096-token sequences, one per micro-batch,
 // interleaved 1F1B with one extra warm-up forward, at a DP where ZeRO-1's optimizer shard is small.
 constexpr index_t kActivationDp = 32;
-constexpr moonmoe::ActivationSetup activation_setup(const moonmoe::ActivationStorage& s) {
-    return {.seq_len = kSeqLen, .micro_batch = 1, .storage = s, .extra_warmup = 1};
+constexpr moonmoe::ActivationSetup activation_setup(const moonmoe::ActivationsConfig& a) {
+    return {.seq_len = kSeqLen, .micro_batch = 1, .activations = a, .extra_warmup = 1};
 }
 
-/// Per storage policy (activation_storage::all): the rank holding the most bytes, activations included.
+/// Per step of the report's activation reduction (activation_steps::all): the rank holding the most bytes,
+/// activations included.
 template <class Model>
 constexpr std::array<moonmoe::RankMemory, 5> busiest_per_policy() {
     std::array<moonmoe::RankMemory, 5> out{};
     for (std::size_t i = 0; i < out.size(); ++i)
-        out[i] = moonmoe::most_loaded_rank(Model::config, kActivationDp, activation_setup(moonmoe::activation_storage::all[i]));
+        out[i] = moonmoe::most_loaded_rank(Model::config, kActivationDp, activation_setup(moonmoe::activation_steps::all[i]));
     return out;
 }
 constexpr auto k2_busiest = busiest_per_policy<moonmoe::KimiK2>();
@@ -119,12 +120,12 @@ constexpr auto v3_busiest = busiest_per_policy<moonmoe::DeepSeekV3>();
 static_assert(k2_busiest[3].pipeline_rank == 2 && k2_busiest[3].in_flight == 44);
 static_assert(k2_busiest[3].state_bytes() == moonmoe::KimiK2::memory_per_rank(kActivationDp).total_bytes());
 static_assert(k2_busiest[3].activation_bytes ==
-              88 * moonmoe::layer_activations(moonmoe::KimiK2::config, false, kSeqLen).bytes(moonmoe::activation_storage::fp8));
+              88 * moonmoe::layer_activations(moonmoe::KimiK2::config, false, kSeqLen).bytes(moonmoe::activation_steps::fp8));
 static_assert(k2_busiest[0].activation_bytes > 8 * k2_busiest[0].state_bytes());  // f32 caches: far beyond a GPU
 static_assert(k2_busiest[4].total_bytes() < 40'000'000'000);                      // offload: states + 3 units
 
 template <class Model>
-constexpr index_t moe_layer_bytes(const moonmoe::ActivationStorage& s) {
+constexpr index_t moe_layer_bytes(const moonmoe::ActivationsConfig& s) {
     return moonmoe::layer_activations(Model::config, false, kSeqLen).bytes(s);
 }
 
@@ -139,8 +140,8 @@ void print_activations() {
         std::printf(" %9s %4s %5s %8s %7s %8s |", "MoE layer", "rank", "units", "activ.", "states", "total");
     std::printf("\n");
     for (std::size_t i = 0; i < k2_busiest.size(); ++i) {
-        const auto& s = moonmoe::activation_storage::all[i];
-        std::printf("  %-22s |", s.name);
+        const auto& s = moonmoe::activation_steps::all[i];
+        std::printf("  %-22s |", moonmoe::activation_steps::names[i]);
         const moonmoe::RankMemory* r[2] = {&k2_busiest[i], &v3_busiest[i]};
         const index_t layer[2] = {moe_layer_bytes<moonmoe::KimiK2>(s), moe_layer_bytes<moonmoe::DeepSeekV3>(s)};
         for (int m = 0; m < 2; ++m)
@@ -211,7 +212,7 @@ void report_fp8_error(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& 
         if (compared(p)) fp8[p.name] = moonmoe::to_host(moonmoe::View<const float, 1, B>(p.grad, {p.numel()}));
         if (p.grad) moonmoe::backend::Ops<B>::fill(moonmoe::View<float, 2, B>(p.grad, {1, p.numel()}), 0.0f);
     });
-    moonmoe::ActivationConfig exact = cfg.activations;
+    moonmoe::ActivationsConfig exact = cfg.activations;
     exact.fp8_mlp_inputs = false;
     layer.set_activations(exact);
     typename Layer::Cache cache;
@@ -272,7 +273,7 @@ int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h,
     const index_t pairs = layer.moe.expert_rows;
     for (int i = 0; i < here.count; ++i)
         if (std::string_view(here.tensors[i].name).starts_with("experts.")) here.tensors[i].rows = pairs;
-    const auto storage = moonmoe::activation_storage_of(cfg.activations);
+    const moonmoe::ActivationsConfig& storage = cfg.activations;
     const double predicted = double(here.bytes(storage));
     const double ep_rank = double(moonmoe::layer_activations(cfg, false, tokens).bytes(storage));
     std::printf("\n  layer                   %7.2f s forward %8.2f s backward\n", forward_seconds, backward_seconds);
@@ -286,7 +287,7 @@ int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h,
 
 /// One Kimi K2 MoE layer at full width, holding the 24 routed experts of expert-parallel rank 0 of 16, on backend B.
 template <class B>
-int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moonmoe::ActivationConfig activations,
+int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moonmoe::ActivationsConfig activations,
                          bool whole_layer) {
     using DecoderLayer = moonmoe::nn::DecoderLayer<B>;
     using Mat = moonmoe::Tensor<float, 2, B>;
@@ -302,7 +303,7 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s,"
                 " %s compute, %s weights, activations %s:\n", long(tokens), gpu ? "GPU" : "CPU",
                 moonmoe::format_name(precision.compute), moonmoe::format_name(precision.weights),
-                moonmoe::activation_storage_of(activations).name);
+                moonmoe::activation_step_name(activations));
     std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
                 "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
                 "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
@@ -430,7 +431,7 @@ int main(int argc, char** argv) try {
     bool layer = true;
     index_t tokens = 256;
     moonmoe::PrecisionConfig precision;
-    moonmoe::ActivationConfig activations;
+    moonmoe::ActivationsConfig activations;
     bool activations_given = false;
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {

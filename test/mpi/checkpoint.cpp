@@ -50,6 +50,7 @@ namespace mpi_checkpoint {
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::scaled_error;
+using moonmoe::testing::random_ids;
 using moonmoe::testing::world;
 namespace fs = std::filesystem;
 
@@ -110,10 +111,7 @@ std::vector<std::string> entries(const fs::path& dir) {
 }
 
 std::vector<index_t> batch_of(index_t vocab, index_t replica, index_t micro_batch, int step) {
-    std::mt19937_64 gen(9100 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
-    std::vector<index_t> ids(16);
-    for (index_t& t : ids) t = index_t(gen() % std::uint64_t(vocab));
-    return ids;
+    return random_ids(vocab, 9100 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
 }
 
 Tensor<float, 2, cpu> logits_of(nn::Transformer<cpu>& model, const std::vector<index_t>& ids, index_t sequences) {

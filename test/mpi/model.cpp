@@ -38,6 +38,7 @@ namespace mpi_model {
 using namespace moonmoe;
 using namespace moonmoe::parallel;
 using moonmoe::testing::scaled_error;
+using moonmoe::testing::random_ids;
 using moonmoe::testing::world;
 
 namespace {
@@ -67,10 +68,7 @@ ModelConfig configure(ModelConfig c, const Layout& l, index_t micro_batches) {
 }
 
 std::vector<index_t> batch_of(index_t vocab, index_t replica, index_t micro_batch, int step) {
-    std::mt19937_64 gen(7000 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
-    std::vector<index_t> ids(16);
-    for (index_t& t : ids) t = index_t(gen() % std::uint64_t(vocab));
-    return ids;
+    return random_ids(vocab, 7000 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
 }
 
 /// One process: every micro-batch of every replica on the whole model, the gradients averaged as the runtime

@@ -44,7 +44,7 @@ std::span<const float> all(const Tensor<float, R>& t) { return {t.data(), std::s
 
 /// Under activation policy `a` (both layers), with the input kept by the layers or handed to backward (recomputed
 /// norm outputs); `tol` bounds the scaled differences.
-void run(index_t tokens_here, std::uint64_t seed, const ActivationConfig& a = {},
+void run(index_t tokens_here, std::uint64_t seed, const ActivationsConfig& a = {},
          nn::KeepInput keep = nn::KeepInput::yes, double tol = 1e-5) {
     Communicator& w = world();
     const int n = w.size(), r = w.rank();

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
+#include <random>
+#include <vector>
 
 #include <moonmoe/parallel/mpi.hpp>
 
@@ -21,6 +24,14 @@ inline double scaled_error(const float* a, const float* b, index_t n) {
     for (index_t i = 0; i < n; ++i)
         diff = std::max(diff, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
     return scale > 0 ? diff / scale : diff;
+}
+
+/// 16 token ids below `vocab` drawn from `seed`: a micro-batch, the same on every rank that asks with that seed.
+inline std::vector<index_t> random_ids(index_t vocab, std::uint64_t seed) {
+    std::mt19937_64 gen(seed);
+    std::vector<index_t> ids(16);
+    for (index_t& t : ids) t = index_t(gen() % std::uint64_t(vocab));
+    return ids;
 }
 
 }  // namespace moonmoe::testing

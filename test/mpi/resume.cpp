@@ -35,6 +35,7 @@ namespace mpi_resume {
 
 using namespace moonmoe;
 using namespace moonmoe::parallel;
+using moonmoe::testing::random_ids;
 using moonmoe::testing::world;
 namespace fs = std::filesystem;
 
@@ -47,10 +48,7 @@ using Clipped = moonmoe::Optimizer<Muon<LearningRate<0.02>>, AdamW<LearningRate<
 constexpr index_t global_micro_batches = 8;  ///< per step, split over a layout's token streams
 
 std::vector<index_t> micro_batch(index_t vocab, index_t m, int step) {
-    std::mt19937_64 gen(9100 + std::uint64_t(m) * 31 + std::uint64_t(step) * 1009);
-    std::vector<index_t> ids(16);
-    for (index_t& t : ids) t = index_t(gen() % std::uint64_t(vocab));
-    return ids;
+    return random_ids(vocab, 9100 + std::uint64_t(m) * 31 + std::uint64_t(step) * 1009);
 }
 
 /// The tiny K2 with the clipped optimizer, at layout (PP, EP, DP): everything the run is, in one type.

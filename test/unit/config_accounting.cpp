@@ -166,7 +166,7 @@ TEST_CASE("forward FLOPs per token: 2 per weight touched plus causal attention")
 
 // ---- activation memory ----
 
-namespace storage = activation_storage;
+namespace storage = activation_steps;
 
 TEST_CASE("activations of a tiny K2 layer, by hand, under each storage policy") {
     // TinyK2: hidden 64, 4 heads, q_rank 32, kv_rank 16, nope 8, rope 4, v 8; 8 experts, top-2, 1 shared, expert
@@ -343,7 +343,7 @@ TEST_CASE("the first pipeline rank holds Megatron's 1 + (PP - 1) / (PP V) micro-
 
 TEST_CASE("Kimi K2 on Parallel<16, 16, 32>: states, activations and the most loaded rank") {
     constexpr ModelConfig c = KimiK2::config;
-    constexpr ActivationSetup k2{.seq_len = 4096, .micro_batch = 1, .storage = storage::fp8, .extra_warmup = 1};
+    constexpr ActivationSetup k2{.seq_len = 4096, .micro_batch = 1, .activations = storage::fp8, .extra_warmup = 1};
     // Rank 0 holds chunks 0 and 16 (1 dense layer, 2 MoE layers): 2 (16 - 1) + 16 warm-up forwards, the extra one
     // and the one in steady state = 48 units; rank 2 holds 2 + 2 MoE layers and 44 units, the most bytes.
     constexpr RankMemory first = rank_memory(c, 0, 32, k2), busiest = most_loaded_rank(c, 32, k2);
@@ -357,7 +357,7 @@ TEST_CASE("Kimi K2 on Parallel<16, 16, 32>: states, activations and the most loa
     CHECK(busiest.total_bytes() == busiest.state_bytes() + busiest.activation_bytes);
     // offload: three units of the rank's largest chunk on the GPU
     ActivationSetup offloaded = k2;
-    offloaded.storage = storage::offload;
+    offloaded.activations = storage::offload;
     CHECK(rank_memory(c, 2, 32, offloaded).activation_bytes == 3 * 2 * layer_activations(c, false, 4096).bytes(storage::fp8));
     // without activations nothing changes
     CHECK(most_loaded_rank(c, 32).total_bytes() == KimiK2::memory_per_rank(32).total_bytes());
@@ -434,7 +434,7 @@ bool all_bf16(const Held& h) {
 }
 
 /// One forward of layer `index` of `c` on `tokens` tokens (two sequences); checks the bytes it allocated for backward,
-/// tensor by tensor, against layer_activations under c's activation policy (activation_storage_of), and under the
+/// tensor by tensor, against layer_activations under c's activation policy (c.activations), and under the
 /// bf16 compute policy which f32 containers hold bf16 values.
 void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberFormat compute) {
     const index_t T = 12, H = c.dims.hidden;
@@ -448,7 +448,7 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
     CAPTURE(format_name(c.activations.storage));
     CAPTURE(c.activations.fp8_mlp_inputs);
     c.precision.compute = compute;
-    const ActivationStorage policy = activation_storage_of(c.activations);
+    const ActivationsConfig& policy = c.activations;
     testing::SelfWorld group;
     nn::DecoderLayer<cpu> layer(c, index, 0, -1,
                                 expert_group ? std::make_shared<parallel::ExpertParallelDispatcher<cpu>>(group) : nullptr);
@@ -490,7 +490,7 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
 }
 
 /// c with the activation policy `a`.
-ModelConfig with_activations(ModelConfig c, const ActivationConfig& a) {
+ModelConfig with_activations(ModelConfig c, const ActivationsConfig& a) {
     c.activations = a;
     return c;
 }
@@ -509,10 +509,10 @@ TEST_CASE("the bytes a forward allocates for backward are layer_activations' und
     }
 }
 
-TEST_CASE("under every activation policy the caches hold layer_activations' bytes of activation_storage_of") {
+TEST_CASE("under every activation policy the caches hold layer_activations' bytes of that policy") {
     using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
     using TinyNoQ = TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
-    const ActivationConfig policies[] = {
+    const ActivationsConfig policies[] = {
         Activations<Recompute<NormOutputs>>::value,
         Activations<Recompute<UpProjections>>::value,
         Activations<Recompute<KimiK2Selection>>::value,
@@ -521,7 +521,7 @@ TEST_CASE("under every activation policy the caches hold layer_activations' byte
         Activations<Storage<BF16>>::value,
         KimiK2Activations::value,
     };
-    for (const ActivationConfig& a : policies) {
+    for (const ActivationsConfig& a : policies) {
         for (NumberFormat compute : {NumberFormat::f32, NumberFormat::bf16}) {
             if (!a.valid({compute, NumberFormat::f32})) continue;
             for (index_t index : {0, 1}) {
@@ -535,25 +535,21 @@ TEST_CASE("under every activation policy the caches hold layer_activations' byte
     }
 }
 
-TEST_CASE("the model type's activation policy maps onto the accounting's presets") {
-    const auto same = [](const ActivationStorage& a, const ActivationStorage& b) {
-        return std::string(a.name) == b.name && a.value_bytes == b.value_bytes &&
-               a.recompute_norms == b.recompute_norms && a.recompute_up_projections == b.recompute_up_projections &&
-               a.fp8_mlp_inputs == b.fp8_mlp_inputs && a.offload == b.offload;
-    };
+TEST_CASE("the model type's activation policy is one of the report's steps, by its name") {
     using BF = TinyK2::with<Precision<BF16>>;
-    CHECK(same(TinyK2::activation_storage(), storage::keep_f32));
-    CHECK(same(BF::with<Activations<Storage<BF16>>>::activation_storage(), storage::keep_bf16));
-    CHECK(same(BF::with<Activations<Storage<BF16>, Recompute<KimiK2Selection>>>::activation_storage(),
-               storage::recompute));
-    CHECK(same(BF::with<KimiK2Activations>::activation_storage(), storage::fp8));
-    CHECK(same(BF::with<Activations<Recompute<NormOutputs, UpProjections>, MlpInputs<FP8>, Storage<BF16>>>::
-                   activation_storage(),
-               storage::fp8));  // any order; the two named parts are K2's selection
-    // a combination that is no preset keeps its own name and counts what it says
+    CHECK(TinyK2::config.activations == storage::keep_f32);
+    CHECK(std::string(activation_step_name(TinyK2::config.activations)) == "(a) f32 (the modules)");
+    CHECK(BF::with<Activations<Storage<BF16>>>::config.activations == storage::keep_bf16);
+    CHECK(BF::with<Activations<Storage<BF16>, Recompute<KimiK2Selection>>>::config.activations == storage::recompute);
+    CHECK(BF::with<KimiK2Activations>::config.activations == storage::fp8);
+    CHECK(std::string(activation_step_name(BF::with<KimiK2Activations>::config.activations)) == "(d) + fp8 MLP inputs");
+    // any order; the two named parts are K2's selection
+    CHECK(BF::with<Activations<Recompute<NormOutputs, UpProjections>, MlpInputs<FP8>, Storage<BF16>>>::config.activations ==
+          storage::fp8);
+    // a combination that is no step is named as such and counts what it says
     using Mixed = TinyK2::with<Activations<Recompute<UpProjections>>>;
-    CHECK(std::string(Mixed::activation_storage().name) == "Activations<...>");
-    CHECK(Mixed::activation_storage().value_bytes == 4);
+    CHECK(std::string(activation_step_name(Mixed::config.activations)) == "Activations<...>");
+    CHECK(Mixed::config.activations.value_bytes() == 4);
     // the tiny K2's layers by hand (the test above): (d) for the K2 policy
     static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(true, 8) == 5312);
     static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(false, 8) == 5376);

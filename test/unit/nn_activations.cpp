@@ -74,7 +74,7 @@ struct Run {
 constexpr index_t sequences = 2, length = 16, tokens = sequences * length;
 
 template <class B>
-Run run(nn::Transformer<B>& model, const ActivationConfig& a) {
+Run run(nn::Transformer<B>& model, const ActivationsConfig& a) {
     model.set_activations(a);
     model.zero_grad();
     std::vector<index_t> ids(tokens);
@@ -104,7 +104,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 /// What a whole model's cache holds under `c`'s policy by the accounting: its layers, and the head without the
 /// loss gradient (the caller keeps dlogits).
 index_t accounted_bytes(const ModelConfig& c) {
-    const ActivationStorage s = activation_storage_of(c.activations);
+    const ActivationsConfig& s = c.activations;
     index_t n = head_activations(c, tokens).bytes(s) - 4 * tokens * c.dims.vocab;
     for (index_t l = 0; l < c.dims.layers; ++l) n += layer_activations(c, l < c.dims.dense_layers, tokens).bytes(s);
     return n;
@@ -124,21 +124,21 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 
 TEST_CASE_TEMPLATE("recomputation and bf16 storage give the bits of keeping everything in f32, in fewer bytes", B,
                    MOONMOE_TEST_BACKENDS) {
-    const ActivationConfig recompute_norms = Activations<Recompute<NormOutputs>>::value;
-    const ActivationConfig recompute_up = Activations<Recompute<UpProjections>>::value;
-    const ActivationConfig recompute_k2 = Activations<Recompute<KimiK2Selection>>::value;
-    const ActivationConfig bf16 = Activations<Storage<BF16>>::value;
-    const ActivationConfig k2_exact = Activations<Recompute<KimiK2Selection>, Storage<BF16>>::value;
+    const ActivationsConfig recompute_norms = Activations<Recompute<NormOutputs>>::value;
+    const ActivationsConfig recompute_up = Activations<Recompute<UpProjections>>::value;
+    const ActivationsConfig recompute_k2 = Activations<Recompute<KimiK2Selection>>::value;
+    const ActivationsConfig bf16 = Activations<Storage<BF16>>::value;
+    const ActivationsConfig k2_exact = Activations<Recompute<KimiK2Selection>, Storage<BF16>>::value;
     for (const Tiny t : all_models) {
         for (const NumberFormat compute : {NumberFormat::f32, NumberFormat::bf16}) {
             CAPTURE(model_name(t));
             CAPTURE(std::string(format_name(compute)));
             nn::Transformer<B> model = make<B>(t, compute);
-            const Run keep = run(model, ActivationConfig{});
+            const Run keep = run(model, ActivationsConfig{});
             CHECK(keep.cache_bytes == accounted_bytes(model.config));
-            std::vector<ActivationConfig> policies = {recompute_norms, recompute_up, recompute_k2};
+            std::vector<ActivationsConfig> policies = {recompute_norms, recompute_up, recompute_k2};
             if (compute == NumberFormat::bf16) policies.insert(policies.end(), {bf16, k2_exact});
-            for (const ActivationConfig& a : policies) {
+            for (const ActivationsConfig& a : policies) {
                 CAPTURE(a.recompute_norms);
                 CAPTURE(a.recompute_up_projections);
                 CAPTURE(std::string(format_name(a.storage)));
@@ -164,7 +164,7 @@ TEST_CASE_TEMPLATE("FP8 storage of the MLP inputs: a small, nonzero gradient err
     // Against the same policy without FP8: relative Frobenius error per gradient tensor (those any token reached).
     struct Bound {
         NumberFormat compute;
-        ActivationConfig without, with;
+        ActivationsConfig without, with;
     };
     const Bound cases[] = {
         {NumberFormat::f32, Activations<>::value, Activations<MlpInputs<FP8>>::value},

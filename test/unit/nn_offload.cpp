@@ -33,7 +33,7 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: refused on a backend with nothin
     ModelConfig c = TinyK2::config;
     c.activations.offload = true;
     static_assert(KimiK2ActivationsOffloaded::value.offload && !KimiK2Activations::value.offload);
-    static_assert(activation_storage_of(KimiK2ActivationsOffloaded::value).offload);
+    static_assert(activation_steps::offload.offload && activation_steps::offload == KimiK2ActivationsOffloaded::value);
     if constexpr (!backend::offloads<B>) {
         io_testing::check_error([&] { nn::Transformer<B> m(c); },
                                 {"Offload<true>", "host memory already", "CUDA backend"});

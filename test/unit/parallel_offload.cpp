@@ -85,7 +85,7 @@ TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: waiting micro-batc
                              : load_transformer<TinyK2, B>(data_dir("tiny_k2"));
         };
         nn::Transformer<B> a = load(), b = load();
-        ActivationConfig policy = k2_policy ? KimiK2Activations::value : TinyK2::config.activations;
+        ActivationsConfig policy = k2_policy ? KimiK2Activations::value : TinyK2::config.activations;
         a.set_activations(policy);
         policy.offload = true;
         b.set_activations(policy);
@@ -158,7 +158,7 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: an expert-parallel MoE layer's c
         CHECK(moved == held - resident);
         ModelConfig accounted = c;
         accounted.parallel.ep = 2;  // the accounting of EP > 1: all pairs land on this one-rank group
-        const ActivationStorage policy = activation_storage_of(c.activations);
+        const ActivationsConfig& policy = c.activations;
         index_t stays = 0;
         for (const KeptTensor& k : layer_activations(accounted, false, T))
             if (k.kind == Kept::f32 || k.kind == Kept::index) stays += k.bytes(policy);

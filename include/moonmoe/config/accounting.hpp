@@ -1,5 +1,6 @@
 // moonmoe/config/accounting.hpp: exact constexpr counts for a ModelConfig: parameters (total and activated),
-// forward FLOPs per token, the activations a backward needs under five storage policies, and bytes held per rank
+// forward FLOPs per token, the activations a backward needs under an activation policy (Activations<...>, its
+// run-time form ActivationsConfig; activation_steps lists the K2 report's five), and bytes held per rank
 // under a Parallel<> layout (states, and the activations of the micro-batches its pipeline schedule keeps in flight).
 //
 // The parameter formulas count the tensors of the released checkpoints; they reproduce 1,026,408,232,448 for Kimi K2 and
@@ -134,52 +135,6 @@ constexpr FlopCounts count_flops(const ModelConfig& c, index_t seq_len) {
 
 // ---- activations ----
 
-/// How the tensors a backward needs are stored, the Kimi K2 technical report's §2.4.3 "Activation Reduction" taken
-/// one step at a time (presets in `activation_storage`).
-struct ActivationStorage {
-    const char* name = "";
-    index_t value_bytes = 4;      ///< bytes per element of the values the compute policy rounds (4: f32, 2: bf16)
-    bool recompute_norms = false;           ///< K2's selective recomputation: RMSNorm outputs not kept...
-    bool recompute_up_projections = false;  ///< ...nor the MLA up-projections' outputs
-    bool fp8_mlp_inputs = false;  ///< inputs of the MoE up-projections and of SwiGLU in FP8-E4M3, 1x128 tiles
-    bool offload = false;         ///< everything else in host memory; the GPU holds the units in transfer only
-};
-
-namespace activation_storage {
-/// (a) What the modules keep by default (Activations<>): f32 tensors.
-inline constexpr ActivationStorage keep_f32{.name = "(a) f32 (the modules)", .value_bytes = 4};
-/// (b) The values Precision<BF16> rounds to bf16 stored in 2 bytes; statistics, router and loss gradient stay f32.
-inline constexpr ActivationStorage keep_bf16{.name = "(b) bf16", .value_bytes = 2};
-/// (c) (b) + recomputed in backward: RMSNorm outputs, the MLA up-projections' outputs (q_b_proj, kv_b_proj). The
-/// SwiGLU outputs and the MoE down-projections' outputs, recomputed by K2 too, are kept by no policy here: the
-/// modules already recompute the SwiGLU product and need no expert output (the routing weight's gradient is
-/// (dy W_down) . a, nn/moe.hpp).
-inline constexpr ActivationStorage recompute{
-    .name = "(c) + recompute", .value_bytes = 2, .recompute_norms = true, .recompute_up_projections = true};
-/// (d) (c) + FP8-E4M3 storage of the MoE up-projections' inputs (the dispatched rows) and of SwiGLU's inputs
-/// (gate and up outputs): 1 byte per element and an f32 scale per 1 x 128 tile.
-inline constexpr ActivationStorage fp8{.name = "(d) + fp8 MLP inputs", .value_bytes = 2, .recompute_norms = true,
-                                       .recompute_up_projections = true, .fp8_mlp_inputs = true};
-/// (e) (d) + offload of the activations in flight to host memory (activation_resident_units stay on the GPU).
-inline constexpr ActivationStorage offload{.name = "(e) + offload", .value_bytes = 2, .recompute_norms = true,
-                                           .recompute_up_projections = true, .fp8_mlp_inputs = true,
-                                           .offload = true};
-inline constexpr ActivationStorage all[] = {keep_f32, keep_bf16, recompute, fp8, offload};
-}  // namespace activation_storage
-
-/// The storage policy the modules run under ActivationConfig `a` (Model<..., Activations<...>>): one of the presets
-/// (a) to (e) where `a` is one, named as it; another combination is named "Activations<...>".
-constexpr ActivationStorage activation_storage_of(const ActivationConfig& a) {
-    ActivationStorage s{.name = "Activations<...>", .value_bytes = a.storage == NumberFormat::bf16 ? 2 : 4,
-                        .recompute_norms = a.recompute_norms, .recompute_up_projections = a.recompute_up_projections,
-                        .fp8_mlp_inputs = a.fp8_mlp_inputs, .offload = a.offload};
-    for (const ActivationStorage& p : activation_storage::all)
-        if (p.offload == s.offload && p.value_bytes == s.value_bytes && p.recompute_norms == s.recompute_norms &&
-            p.recompute_up_projections == s.recompute_up_projections && p.fp8_mlp_inputs == s.fp8_mlp_inputs)
-            s.name = p.name;
-    return s;
-}
-
 /// Under offload the GPU holds three (micro-batch, chunk) units: the one being computed, the last forward's being
 /// offloaded and the next backward's being prefetched (K2 report §2.4.3: "we offload the forward activations of the
 /// previous micro-batch while prefetching the backward activations of the next").
@@ -187,7 +142,7 @@ inline constexpr index_t activation_resident_units = 3;
 
 /// What a kept tensor is, which decides its storage under each policy.
 enum class Kept : unsigned char {
-    value,          ///< a value the compute policy rounds: value_bytes per element
+    value,          ///< a value the compute policy rounds: ActivationsConfig::value_bytes() per element
     norm_output,    ///< an RMSNorm's output (or a copy of it): recomputed under `recompute_norms`
     up_projection,  ///< q_b_proj's or kv_b_proj's output: recomputed under `recompute_up_projections`
     mlp_input,      ///< an MoE up-projection's or SwiGLU's input: FP8 under `fp8_mlp_inputs`
@@ -201,17 +156,18 @@ struct KeptTensor {
     Kept kind = Kept::value;
 
     constexpr index_t elements() const { return rows * cols; }
-    constexpr index_t bytes(const ActivationStorage& s) const {
-        const index_t n = elements();
+    /// Its bytes under the activation policy `a` (Model<..., Activations<...>>::config.activations).
+    constexpr index_t bytes(const ActivationsConfig& a) const {
+        const index_t n = elements(), value = a.value_bytes() * n;
         switch (kind) {
         case Kept::f32: return 4 * n;
         case Kept::index: return index_t(sizeof(index_t)) * n;
-        case Kept::norm_output: return s.recompute_norms ? 0 : s.value_bytes * n;
-        case Kept::up_projection: return s.recompute_up_projections ? 0 : s.value_bytes * n;
-        case Kept::mlp_input: return s.fp8_mlp_inputs ? n + 4 * rows * ((cols + 127) / 128) : s.value_bytes * n;
+        case Kept::norm_output: return a.recompute_norms ? 0 : value;
+        case Kept::up_projection: return a.recompute_up_projections ? 0 : value;
+        case Kept::mlp_input: return a.fp8_mlp_inputs ? n + 4 * rows * ((cols + 127) / 128) : value;
         case Kept::value: break;
         }
-        return s.value_bytes * n;
+        return value;
     }
 };
 
@@ -225,9 +181,9 @@ struct KeptTensors {
         if (count == capacity) throw std::logic_error("KeptTensors: more tensors than its capacity");
         tensors[count++] = {name, rows, cols, kind};
     }
-    constexpr index_t bytes(const ActivationStorage& s) const {
+    constexpr index_t bytes(const ActivationsConfig& a) const {
         index_t sum = 0;
-        for (int i = 0; i < count; ++i) sum += tensors[i].bytes(s);
+        for (int i = 0; i < count; ++i) sum += tensors[i].bytes(a);
         return sum;
     }
     constexpr const KeptTensor* begin() const { return tensors; }
@@ -356,7 +312,7 @@ constexpr InFlight pipeline_in_flight(index_t pp, index_t v, index_t micro_batch
 struct ActivationSetup {
     index_t seq_len = 4096;
     index_t micro_batch = 1;  ///< sequences per micro-batch
-    ActivationStorage storage = activation_storage::keep_f32;
+    ActivationsConfig activations = activation_steps::keep_f32;
     index_t extra_warmup = 0;  ///< K2's extra warm-up forwards (parallel::PipelineShape::extra_warmup)
     /// Per step; Dynamic: the type's MicroBatches, else a step long enough for every rank's steady state (a longer
     /// one holds no more).
@@ -378,9 +334,9 @@ struct ChunkActivations {
     index_t dense_layer, moe_layer, head;  ///< bytes
 
     constexpr ChunkActivations(const ModelConfig& c, const ActivationSetup& a)
-        : config(c), dense_layer(layer_activations(c, true, a.tokens()).bytes(a.storage)),
-          moe_layer(layer_activations(c, false, a.tokens()).bytes(a.storage)),
-          head(head_activations(c, a.tokens()).bytes(a.storage)) {}
+        : config(c), dense_layer(layer_activations(c, true, a.tokens()).bytes(a.activations)),
+          moe_layer(layer_activations(c, false, a.tokens()).bytes(a.activations)),
+          head(head_activations(c, a.tokens()).bytes(a.activations)) {}
 
     constexpr index_t operator()(index_t chunk) const {
         const index_t n = layers_in_chunk(config.parallel, config.dims.layers, chunk);
@@ -396,7 +352,7 @@ constexpr InFlight rank_activations(const ModelConfig& c, index_t rank, const Ac
     const ChunkActivations chunk_bytes(c, a);
     const auto unit_bytes = [&](index_t v) { return chunk_bytes(v * p.pp + rank); };
     const InFlight peak = pipeline_in_flight(p.pp, p.virtual_stages, a.steps(p), a.extra_warmup, rank, unit_bytes);
-    if (!a.storage.offload) return peak;
+    if (!a.activations.offload) return peak;
     index_t largest = 0;
     for (index_t v = 0; v < p.virtual_stages; ++v) largest = unit_bytes(v) > largest ? unit_bytes(v) : largest;
     const index_t resident = peak.units < activation_resident_units ? peak.units : activation_resident_units;

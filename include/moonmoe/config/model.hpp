@@ -63,11 +63,10 @@ struct Model {
         return count_flops(config, seq_len);
     }
 
-    /// The accounting's storage policy for this type's Activations<...> (activation_storage_of).
-    static constexpr ActivationStorage activation_storage() { return activation_storage_of(config.activations); }
-    /// Bytes one layer keeps for its backward from `tokens` tokens under the type's policy: what its caches hold.
+    /// Bytes one layer keeps for its backward from `tokens` tokens under the type's Activations<...>: what its
+    /// caches hold.
     static constexpr index_t layer_activation_bytes(bool dense, index_t tokens) requires is_static {
-        return layer_activations(config, dense, tokens).bytes(activation_storage());
+        return layer_activations(config, dense, tokens).bytes(config.activations);
     }
 
     static constexpr bool dp_is_static = config.parallel.dp != Dynamic;

@@ -32,7 +32,7 @@ struct ModelConfig {
     ParallelConfig parallel;
     BackendKind backend;
     PrecisionConfig precision{};  ///< Precision<...> (config/precision.hpp); f32 unless the type says otherwise
-    ActivationConfig activations{};  ///< Activations<...> (config/activations.hpp); keep everything in f32 unless set
+    ActivationsConfig activations{};  ///< Activations<...> (config/activations.hpp); keep everything in f32 unless set
 
     /// True when every size is fixed (no Dynamic left, and whether the router has a correction bias), so exact counts
     /// can be computed.

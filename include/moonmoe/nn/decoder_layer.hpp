@@ -36,7 +36,7 @@ struct DecoderLayer {
     SwiGLU<B> mlp;  ///< dense layers
     MoE<B> moe;     ///< MoE layers
     NumberFormat compute = NumberFormat::f32;
-    ActivationConfig activations;
+    ActivationsConfig activations;
 
     struct Cache {
         KeptMatrix<B> h, h1;  ///< the norms' inputs (the residual stream)
@@ -78,7 +78,7 @@ struct DecoderLayer {
     /// Offload<true> is carried out by the owner of the caches (nn::Transformer's forward and backward, or
     /// parallel::Pipeline's schedule); refused
     /// here on a backend without offload.
-    void set_activations(const ActivationConfig& a) {
+    void set_activations(const ActivationsConfig& a) {
         check_activations(a, {compute, NumberFormat::f32});
         check_offload<B>(a.offload);
         activations = a;
@@ -89,7 +89,7 @@ struct DecoderLayer {
         if (dense) mlp.set_activations(a, keep_inputs);
         else moe.set_activations(a, keep_inputs);
     }
-    KeptFormat kept_value() const { return KeptFormats(activations).value; }
+    KeptFormat kept_value() const { return activations.value_format(); }
 
     /// Sets the compute format and the weights' storage of every module (Param::set_precision).
     void set_precision(const PrecisionConfig& p) {

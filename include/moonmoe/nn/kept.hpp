@@ -16,19 +16,9 @@
 
 namespace moonmoe::nn {
 
-/// How one kept matrix is stored.
-enum class KeptFormat { f32, bf16, fp8 };
-
-/// The formats of the two kinds of kept values an ActivationConfig distinguishes.
-struct KeptFormats {
-    KeptFormat value = KeptFormat::f32;      ///< values the compute policy rounds
-    KeptFormat mlp_input = KeptFormat::f32;  ///< the MoE up-projections' and SwiGLU's inputs
-
-    KeptFormats() = default;
-    explicit KeptFormats(const ActivationConfig& a)
-        : value(a.storage == NumberFormat::bf16 ? KeptFormat::bf16 : KeptFormat::f32),
-          mlp_input(a.fp8_mlp_inputs ? KeptFormat::fp8 : value) {}
-};
+/// How one kept matrix is stored (config/activations.hpp): ActivationsConfig::value_format() for the values the
+/// compute policy rounds, mlp_input_format() for the MoE up-projections' and SwiGLU's inputs.
+using moonmoe::KeptFormat;
 
 template <class B = cpu>
 struct KeptMatrix {

@@ -54,11 +54,11 @@ struct MHA {
     void refresh_working() {
         for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->refresh_working();
     }
-    KeptFormats kept;
+    ActivationsConfig kept{};  ///< what forward keeps, and in which formats (nn/kept.hpp)
     bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
     /// What forward keeps (config/activations.hpp), and whether it keeps x (KeepInput::no: backward is handed it).
-    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
-        kept = KeptFormats(a);
+    void set_activations(const ActivationsConfig& a, KeepInput keep = KeepInput::yes) {
+        kept = a;
         keep_input = keep == KeepInput::yes;
     }
 
@@ -147,7 +147,7 @@ struct MHA {
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.positions = to_device<B>(layout.positions);
-        if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value);
+        if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value_format());
         Mat q, k, v, o({T, H * cfg.v_dim});
         project(x, c.positions.view(), q, k, v);
         c.lse = Tensor<float, 1, B>({T * H});
@@ -158,10 +158,10 @@ struct MHA {
                                records_max_logits(pass) ? max_logit_per_head.view() : unrecorded.view());
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
-        c.q = KeptMatrix<B>(std::move(q), kept.value);
-        c.k = KeptMatrix<B>(std::move(k), kept.value);
-        c.v = KeptMatrix<B>(std::move(v), kept.value);
-        c.o = KeptMatrix<B>(std::move(o), kept.value);
+        c.q = KeptMatrix<B>(std::move(q), kept.value_format());
+        c.k = KeptMatrix<B>(std::move(k), kept.value_format());
+        c.v = KeptMatrix<B>(std::move(v), kept.value_format());
+        c.o = KeptMatrix<B>(std::move(o), kept.value_format());
     }
 
     /// Accumulates parameter gradients; writes dx (or adds to it under Accumulate::yes). `x` is the forward's

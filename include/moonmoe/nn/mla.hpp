@@ -60,7 +60,7 @@ struct MLA {
     /// the backend: QK-Clip reads it to the host once per step (optim/qk_clip.hpp).
     Tensor<float, 1, B> max_logit_per_head;
     NumberFormat compute = NumberFormat::f32;
-    KeptFormats kept;
+    ActivationsConfig kept{};  ///< what forward keeps, and in which formats (nn/kept.hpp)
     bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
     bool recompute_norms = false, recompute_up_projections = false, recompute_kv = false;  ///< q's, kv's
 
@@ -111,8 +111,8 @@ struct MLA {
         kv_a_layernorm.set_precision(p);
     }
     /// What forward keeps (config/activations.hpp), and whether it keeps x (KeepInput::no: backward is handed it).
-    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
-        kept = KeptFormats(a);
+    void set_activations(const ActivationsConfig& a, KeepInput keep = KeepInput::yes) {
+        kept = a;
         keep_input = keep == KeepInput::yes;
         recompute_norms = a.recompute_norms;
         recompute_up_projections = a.recompute_up_projections && cfg.q_rank > 0;  // else q is q_proj(x): kept
@@ -149,8 +149,8 @@ struct MLA {
             q_a_layernorm.forward(cq.view(), cqn.view(), rstd.view());
             q = up_q(cqn.view(), positions);
             if (!c) return;
-            c->cq = KeptMatrix<B>(std::move(cq), kept.value);
-            if (!recompute_norms) c->cqn = KeptMatrix<B>(std::move(cqn), kept.value);
+            c->cq = KeptMatrix<B>(std::move(cq), kept.value_format());
+            if (!recompute_norms) c->cqn = KeptMatrix<B>(std::move(cqn), kept.value_format());
             c->cq_rstd = std::move(rstd);
             return;
         }
@@ -183,7 +183,7 @@ struct MLA {
         kv_a_layernorm.forward(latent.view(), cn.view(), rstd.view());
         rope.apply(kpe.view().template reshape<3>({T, 1, cfg.rope_dim}), positions);
         round_to(compute, kpe.view());
-        if (c) c->c = KeptMatrix<B>(std::move(latent), kept.value), c->c_rstd = std::move(rstd);
+        if (c) c->c = KeptMatrix<B>(std::move(latent), kept.value_format()), c->c_rstd = std::move(rstd);
     }
 
     View<float, 3, B> q_rope_part(View<float, 2, B> q) const {
@@ -210,7 +210,7 @@ struct MLA {
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
         c.positions = to_device<B>(layout.positions);
-        if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value);
+        if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value_format());
         Mat q, cn, kpe, kv({T, H * kv_width()}), o({T, H * cfg.v_dim});
         project_q(x, c.positions.view(), q, &c);
         project_latent(x, c.positions.view(), cn, kpe, &c);
@@ -223,11 +223,11 @@ struct MLA {
                                records_max_logits(pass) ? max_logit_per_head.view() : unrecorded.view());
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
-        if (!recompute_up_projections) c.q = KeptMatrix<B>(std::move(q), kept.value);
-        if (!recompute_norms) c.cn = KeptMatrix<B>(std::move(cn), kept.value);
-        if (!recompute_kv) c.kv = KeptMatrix<B>(std::move(kv), kept.value);
-        c.kpe = KeptMatrix<B>(std::move(kpe), kept.value);
-        c.o = KeptMatrix<B>(std::move(o), kept.value);
+        if (!recompute_up_projections) c.q = KeptMatrix<B>(std::move(q), kept.value_format());
+        if (!recompute_norms) c.cn = KeptMatrix<B>(std::move(cn), kept.value_format());
+        if (!recompute_kv) c.kv = KeptMatrix<B>(std::move(kv), kept.value_format());
+        c.kpe = KeptMatrix<B>(std::move(kpe), kept.value_format());
+        c.o = KeptMatrix<B>(std::move(o), kept.value_format());
     }
 
     /// Every head's two query parts: q_nope and q_pe.

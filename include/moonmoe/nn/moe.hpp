@@ -95,7 +95,7 @@ struct MoE {
     std::shared_ptr<Dispatcher<B>> dispatcher = local_dispatcher<B>();
     index_t expert_rows = 0;  ///< rows the experts held here computed in the last forward (pairs routed to them)
     NumberFormat compute = NumberFormat::f32;
-    KeptFormats kept;        ///< g and u of the pairs (and x, when the dispatcher exchanges) as MLP inputs
+    ActivationsConfig kept{};  ///< g and u of the pairs (and x, when the dispatcher exchanges) as MLP inputs
     bool keep_input = true;  ///< false: backward is handed u (a recomputed norm output)
 
     /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
@@ -159,10 +159,10 @@ struct MoE {
         if (cfg.shared > 0) shared_experts.set_precision(p);
     }
     /// How g and u are kept, and whether u is (KeepInput::no: the caller recomputes it and hands it to backward).
-    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
-        kept = KeptFormats(a);
+    void set_activations(const ActivationsConfig& a, KeepInput keep = KeepInput::yes) {
+        kept = a;
         keep_input = gate.keep_input = keep == KeepInput::yes;
-        gate.kept_input = kept.value;
+        gate.kept_input = kept.value_format();
         shared_experts.set_activations(a, keep);
     }
     void refresh_working() {
@@ -192,12 +192,12 @@ struct MoE {
         Mat g({R, I}), up({R, I});
         expert_product(Trans::yes, x.view(), experts.gate_proj, g.view(), seg);
         expert_product(Trans::yes, x.view(), experts.up_proj, up.view(), seg);
-        if (dispatcher->exchanges()) c.x = KeptMatrix<B>(std::move(x), kept.mlp_input);
+        if (dispatcher->exchanges()) c.x = KeptMatrix<B>(std::move(x), kept.mlp_input_format());
         x = Mat{};
         Mat a({R, I}), out({R, hidden});
         SwiGLU<B>::activate(g.view(), up.view(), a.view(), compute);
-        c.g = KeptMatrix<B>(std::move(g), kept.mlp_input);
-        c.u = KeptMatrix<B>(std::move(up), kept.mlp_input);
+        c.g = KeptMatrix<B>(std::move(g), kept.mlp_input_format());
+        c.u = KeptMatrix<B>(std::move(up), kept.mlp_input_format());
         expert_product(Trans::yes, a.view(), experts.down_proj, out.view(), seg);
         const auto combine_start = clock::now();
         const Mat back = dispatcher->combine(ex, std::move(out));

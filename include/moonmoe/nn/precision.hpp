@@ -57,7 +57,7 @@ inline void check_precision(const PrecisionConfig& p) {
 }
 
 /// Refuses an activation policy the precision cannot run: bf16 storage of values f32 compute has not rounded.
-inline void check_activations(const ActivationConfig& a, const PrecisionConfig& p) {
+inline void check_activations(const ActivationsConfig& a, const PrecisionConfig& p) {
     if (!a.valid(p))
         throw config_error(std::string("activations: Storage<BF16> keeps the bf16 values of Precision<BF16>, and the "
                                        "compute format is ") +

@@ -17,7 +17,7 @@ template <class B = cpu>
 struct SwiGLU {
     using Ops = backend::Ops<B>;
     Linear<B> gate_proj, up_proj, down_proj;
-    KeptFormats kept;        ///< x as a value, g and u as MLP inputs
+    ActivationsConfig kept{};  ///< x as a value, g and u as MLP inputs
     bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
 
     struct Cache {
@@ -43,8 +43,8 @@ struct SwiGLU {
     }
     NumberFormat compute() const { return down_proj.compute; }
     /// How x, g and u are kept, and whether x is (KeepInput::no: the caller recomputes it and hands it to backward).
-    void set_activations(const ActivationConfig& a, KeepInput keep = KeepInput::yes) {
-        kept = KeptFormats(a);
+    void set_activations(const ActivationsConfig& a, KeepInput keep = KeepInput::yes) {
+        kept = a;
         keep_input = keep == KeepInput::yes;
     }
 
@@ -60,15 +60,15 @@ struct SwiGLU {
                  Accumulate accumulate = Accumulate::no) const {
         const index_t rows = x.shape[0];
         cache = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
-        if (keep_input) cache.x = KeptMatrix<B>::copy(x, kept.value);
+        if (keep_input) cache.x = KeptMatrix<B>::copy(x, kept.value_format());
         Tensor<float, 2, B> g({rows, inner()}), u({rows, inner()});
         gate_proj.forward(x, g.view());
         up_proj.forward(x, u.view());
         Tensor<float, 2, B> a({rows, inner()});
         activate(g.view(), u.view(), a.view(), compute());
         down_proj.forward(a.view(), y, accumulate);
-        cache.g = KeptMatrix<B>(std::move(g), kept.mlp_input);
-        cache.u = KeptMatrix<B>(std::move(u), kept.mlp_input);
+        cache.g = KeptMatrix<B>(std::move(g), kept.mlp_input_format());
+        cache.u = KeptMatrix<B>(std::move(u), kept.mlp_input_format());
     }
 
     /// Given dy, accumulates weight gradients and writes dx (or adds to it under Accumulate::yes). `x` is the

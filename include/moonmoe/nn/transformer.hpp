@@ -66,7 +66,7 @@ struct Transformer {
     /// What the head (final norm and lm_head) keeps for backward.
     struct HeadCache {
         KeptMatrix<B> h_last;    ///< input of the final norm
-        KeptMatrix<B> h_normed;  ///< input of lm_head, unless recomputed (ActivationConfig::recompute_norms)
+        KeptMatrix<B> h_normed;  ///< input of lm_head, unless recomputed (ActivationsConfig::recompute_norms)
         Tensor<float, 1, B> rstd;
         std::size_t bytes() const { return h_last.bytes() + h_normed.bytes() + rstd.bytes(); }
         template <class F>
@@ -140,7 +140,7 @@ struct Transformer {
 
     /// Changes what the next forwards keep for backward (config/activations.hpp): the policy of the model type, or
     /// another for this model. Refuses bf16 storage under f32 compute.
-    void set_activations(const ActivationConfig& a) {
+    void set_activations(const ActivationsConfig& a) {
         check_activations(a, config.precision);
         set_offload(a.offload);
         config.activations = a;
@@ -301,7 +301,7 @@ public:
         norm.forward(h.view(), h_normed.view(), c.rstd.view());
         Mat logits({T, config.dims.vocab});
         lm_head.forward(h_normed.view(), logits.view());
-        const KeptFormat kept = KeptFormats(config.activations).value;
+        const KeptFormat kept = config.activations.value_format();
         c.h_last = KeptMatrix<B>(std::move(h), kept);
         if (!config.activations.recompute_norms) c.h_normed = KeptMatrix<B>(std::move(h_normed), kept);
         return logits;
