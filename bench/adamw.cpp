@@ -17,8 +17,9 @@ void adamw(benchmark::State& state, index_t rows, index_t cols) {
     Ops::fill_normal(g.view(), 0.0f, 1.0f, 2);
     const double n = double(rows) * cols;
     long long t = 0;
-    measure(state, {14.0 * n, 28.0 * n},
-            [&] { moonmoe::optim::adamw_step<Backend>(cfg, 1e-3, ++t, w.data(), g.data(), m.data(), v.data(), rows * cols); });
+    measure(state, {14.0 * n, 28.0 * n}, [&] {
+        moonmoe::optim::adamw_step<Backend>(cfg, 1e-3, ++t, w.data(), g.data(), m.data(), v.data(), rows * cols);
+    });
 }
 
 void register_benchmarks() {

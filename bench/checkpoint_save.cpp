@@ -79,7 +79,8 @@ long status_kb(const char* field) {
 void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 /// The one-writer way: rank 0 receives each shard's tensors from their owners and writes every file.
-void gather_save(const fs::path& dir, nn::Transformer<cpu>& part, ProcessGroups& groups, std::uint64_t max_shard_bytes) {
+void gather_save(const fs::path& dir, nn::Transformer<cpu>& part, ProcessGroups& groups,
+                 std::uint64_t max_shard_bytes) {
     Communicator& world = groups.world;
     const bool root = world.rank() == 0;
     const std::vector<ParamRef> mine = parallel::detail::owned_params(part, groups.at);
@@ -122,7 +123,8 @@ void gather_save(const fs::path& dir, nn::Transformer<cpu>& part, ProcessGroups&
     nlohmann::json weight_map = nlohmann::json::object();
     std::uint64_t parameters = 0;
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        const std::string file = shards.size() == 1 ? "model.safetensors" : moonmoe::detail::shard_file_name(s, shards.size());
+        const std::string file =
+            shards.size() == 1 ? "model.safetensors" : moonmoe::detail::shard_file_name(s, shards.size());
         std::deque<std::vector<float>> received;
         std::vector<NamedTensor> tensors;
         std::vector<std::unique_ptr<Request>> pending;
@@ -131,7 +133,8 @@ void gather_save(const fs::path& dir, nn::Transformer<cpu>& part, ProcessGroups&
             weight_map[e.name] = file;
             parameters += std::uint64_t(e.numel);
             if (e.rank == 0) {
-                tensors.push_back({e.name, e.shape, std::span<const float>(mine[std::size_t(e.index)].value, std::size_t(e.numel))});
+                tensors.push_back(
+                    {e.name, e.shape, std::span<const float>(mine[std::size_t(e.index)].value, std::size_t(e.numel))});
                 continue;
             }
             std::vector<float>& buffer = received.emplace_back(std::size_t(e.numel));
@@ -144,7 +147,8 @@ void gather_save(const fs::path& dir, nn::Transformer<cpu>& part, ProcessGroups&
     if (shards.size() > 1)
         staged.write_text("model.safetensors.index.json",
                           moonmoe::detail::index_text(weight_map, parameters, DType::f32, dir.string()));
-    staged.write_text("config.json", moonmoe::detail::saved_config_text(saved_hf_config(part), DType::f32, dir.string()));
+    staged.write_text("config.json",
+                      moonmoe::detail::saved_config_text(saved_hf_config(part), DType::f32, dir.string()));
     staged.finish();
     staged.commit();
     world.barrier();
@@ -165,7 +169,8 @@ bool same_files(const fs::path& a, const fs::path& b) {
         while (fa && fb) {
             fa.read(x.data(), std::streamsize(x.size()));
             fb.read(y.data(), std::streamsize(y.size()));
-            if (fa.gcount() != fb.gcount() || std::memcmp(x.data(), y.data(), std::size_t(fa.gcount())) != 0) return false;
+            if (fa.gcount() != fb.gcount() || std::memcmp(x.data(), y.data(), std::size_t(fa.gcount())) != 0)
+                return false;
         }
     }
     return true;

@@ -83,9 +83,7 @@ struct Matrices {
 };
 
 void copy_floats(const float* from, float* to, index_t n) { std::copy(from, from + n, to); }
-void scale_floats(float* x, index_t n, float by) {
-    Ops::map(fn::ScaleBy<float>{by}, View<float, 2>(x, {1, n}));
-}
+void scale_floats(float* x, index_t n, float by) { Ops::map(fn::ScaleBy<float>{by}, View<float, 2>(x, {1, n})); }
 
 /// The library's way: whole matrices owned by ranks.
 class WholeMuon {
@@ -96,9 +94,11 @@ public:
             at_.push_back(counts_[std::size_t(a_.owner[k])]);
             counts_[std::size_t(a_.owner[k])] += m.numel(k);
             if (mine(k)) momentum_.emplace_back(m.numel(k), 0.0f);
-            else momentum_.emplace_back();
+            else
+                momentum_.emplace_back();
         }
-        for (int r = 0; r < group.size(); ++r) start_.push_back(r == 0 ? 0 : start_.back() + counts_[std::size_t(r - 1)]);
+        for (int r = 0; r < group.size(); ++r)
+            start_.push_back(r == 0 ? 0 : start_.back() + counts_[std::size_t(r - 1)]);
         send_.resize(std::size_t(m.total())), all_.resize(std::size_t(m.total()));
         block_.resize(std::size_t(counts_[std::size_t(group.rank())]));
     }
@@ -108,7 +108,8 @@ public:
     void step() {
         const std::size_t n = m_.shapes.size();
         for (std::size_t k = 0; k < n; ++k)
-            copy_floats(m_.g.data() + m_.offset[k], send_.data() + start_[std::size_t(a_.owner[k])] + at_[k], m_.numel(k));
+            copy_floats(m_.g.data() + m_.offset[k], send_.data() + start_[std::size_t(a_.owner[k])] + at_[k],
+                        m_.numel(k));
         group_.reduce_scatter_v(std::span<const float>(send_), std::span<float>(block_), counts_);
         scale_floats(block_.data(), index_t(block_.size()), 1.0f / float(group_.size()));
         for (std::size_t k = 0; k < n; ++k) {
@@ -122,7 +123,9 @@ public:
         }
         group_.all_gather_v(std::span<const float>(block_), std::span<float>(all_), counts_);
         for (std::size_t k = 0; k < n; ++k)
-            if (!mine(k)) copy_floats(all_.data() + start_[std::size_t(a_.owner[k])] + at_[k], m_.w.data() + m_.offset[k], m_.numel(k));
+            if (!mine(k))
+                copy_floats(all_.data() + start_[std::size_t(a_.owner[k])] + at_[k], m_.w.data() + m_.offset[k],
+                            m_.numel(k));
     }
 
 private:
@@ -131,7 +134,8 @@ private:
     Communicator& group_;
     Matrices& m_;
     Assignment a_;
-    std::vector<index_t> counts_, start_, at_;  ///< floats per owner; owner blocks' starts; a matrix's place in its block
+    std::vector<index_t> counts_, start_,
+        at_;  ///< floats per owner; owner blocks' starts; a matrix's place in its block
     std::vector<std::vector<float>> momentum_;
     std::vector<float> send_, all_, block_;
     optim::NSWorkspace<float, cpu> ws_;
@@ -159,7 +163,8 @@ public:
         }
         pieces_out_.resize(std::size_t(hi_ - lo_)), pieces_in_.resize(std::size_t(sum(from_holders_)));
         for (std::size_t k = 0; k < m.shapes.size(); ++k)
-            if (a_.owner[k] == group.rank()) whole_[k] = {std::vector<float>(std::size_t(m.numel(k))), std::vector<float>(std::size_t(m.numel(k)))};
+            if (a_.owner[k] == group.rank())
+                whole_[k] = {std::vector<float>(std::size_t(m.numel(k))), std::vector<float>(std::size_t(m.numel(k)))};
     }
 
     index_t state_floats() const { return hi_ - lo_; }
@@ -172,8 +177,9 @@ public:
         scale_floats(slice_.data(), index_t(slice_.size()), 1.0f / float(ranks));
         // 2. momentum and the Nesterov update on the slice (elementwise: the same floats as on whole matrices)
         const index_t len = hi_ - lo_;
-        Ops::map(fn::MuonMomentum{float(muon_config.momentum), muon_config.nesterov}, View<float, 2>(momentum_.data(), {1, len}),
-                 View<float, 2>(u_.data(), {1, len}), View<const float, 2>(slice_.data(), {1, len}));
+        Ops::map(fn::MuonMomentum{float(muon_config.momentum), muon_config.nesterov},
+                 View<float, 2>(momentum_.data(), {1, len}), View<float, 2>(u_.data(), {1, len}),
+                 View<const float, 2>(slice_.data(), {1, len}));
         // 3. the update's pieces to the Newton-Schulz ranks, grouped by destination, matrices in order
         index_t at = 0;
         for (int dest = 0; dest < ranks; ++dest)
@@ -227,8 +233,8 @@ public:
 private:
     /// The floats of matrix k inside rank r's slice.
     index_t overlap(std::size_t k, int r) const {
-        return std::max<index_t>(0, std::min(m_.offset[k + 1], cut_[std::size_t(r) + 1]) -
-                                        std::max(m_.offset[k], cut_[std::size_t(r)]));
+        return std::max<index_t>(
+            0, std::min(m_.offset[k + 1], cut_[std::size_t(r) + 1]) - std::max(m_.offset[k], cut_[std::size_t(r)]));
     }
     /// Copies matrix k's part of this rank's slice between `slice` (indexed from lo_) and `packed`; its length.
     index_t piece(std::size_t k, int r, float* slice, float* packed, bool pack) const {
@@ -236,7 +242,8 @@ private:
         if (len == 0) return 0;
         float* s = slice + (std::max(m_.offset[k], lo_) - lo_);
         if (pack) copy_floats(s, packed, len);
-        else copy_floats(packed, s, len);
+        else
+            copy_floats(packed, s, len);
         return len;
     }
     static index_t sum(const std::vector<index_t>& v) { return std::accumulate(v.begin(), v.end(), index_t{0}); }

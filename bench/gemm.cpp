@@ -20,7 +20,7 @@ void gemm(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n, ind
     Ops::fill_normal(a.view(), 0.0f, 1.0f, 1);
     Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
     measure(state, {2.0 * m * n * k, 4.0 * (m * k + k * n + m * n)},
-                   [&] { Ops::gemm(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
+            [&] { Ops::gemm(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
 }
 
 /// The same product with bf16 operands, f32 accumulation and an f32 C (BlasOps::gemm_bf16): on the CPU through
@@ -35,11 +35,11 @@ void gemm_bf16(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n
     Ops::fill_normal(b32.view(), 0.0f, 1.0f, 2);
     Ops::template cast<bf16, float>(a32.view(), a.view());
     Ops::template cast<bf16, float>(b32.view(), b.view());
-    measure(state, {2.0 * m * n * k, 2.0 * (m * k + k * n) + 4.0 * m * n}, [&] {
-        Ops::template gemm_bf16<float>(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view());
-    });
+    measure(state, {2.0 * m * n * k, 2.0 * (m * k + k * n) + 4.0 * m * n},
+            [&] { Ops::template gemm_bf16<float>(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
     if constexpr (std::is_same_v<Backend, moonmoe::cpu>) state.SetLabel(moonmoe::backend::bf16_gemm_path());
-    else state.SetLabel("bf16");
+    else
+        state.SetLabel("bf16");
 }
 
 void syrk(benchmark::State& state, index_t n, index_t k) {
@@ -64,16 +64,16 @@ void register_benchmarks() {
         index_t m, n, k;
     };
     const Case cases[] = {
-        {"nn", Trans::no, Trans::no, 2048, 2048, 2048},     // the SGEMM reference
-        {"nt", Trans::no, Trans::yes, 1024, 1536, 7168},    // q_a_proj
-        {"nt", Trans::no, Trans::yes, 1024, 12288, 1536},   // q_b_proj
-        {"nt", Trans::no, Trans::yes, 1024, 576, 7168},     // kv_a_proj_with_mqa
-        {"nt", Trans::no, Trans::yes, 1024, 16384, 512},    // kv_b_proj
-        {"nt", Trans::no, Trans::yes, 1024, 7168, 8192},    // o_proj
-        {"nt", Trans::no, Trans::yes, 64, 2048, 7168},      // one expert's gate_proj at 64 tokens
-        {"nn", Trans::no, Trans::no, 1024, 7168, 2048},     // dx = dy W of gate_proj / up_proj
-        {"tn", Trans::yes, Trans::no, 2048, 7168, 1024},    // dW = dy^T x of gate_proj / up_proj
-        {"nn", Trans::no, Trans::no, 256, 256, 256},        // small
+        {"nn", Trans::no, Trans::no, 2048, 2048, 2048},    // the SGEMM reference
+        {"nt", Trans::no, Trans::yes, 1024, 1536, 7168},   // q_a_proj
+        {"nt", Trans::no, Trans::yes, 1024, 12288, 1536},  // q_b_proj
+        {"nt", Trans::no, Trans::yes, 1024, 576, 7168},    // kv_a_proj_with_mqa
+        {"nt", Trans::no, Trans::yes, 1024, 16384, 512},   // kv_b_proj
+        {"nt", Trans::no, Trans::yes, 1024, 7168, 8192},   // o_proj
+        {"nt", Trans::no, Trans::yes, 64, 2048, 7168},     // one expert's gate_proj at 64 tokens
+        {"nn", Trans::no, Trans::no, 1024, 7168, 2048},    // dx = dy W of gate_proj / up_proj
+        {"tn", Trans::yes, Trans::no, 2048, 7168, 1024},   // dW = dy^T x of gate_proj / up_proj
+        {"nn", Trans::no, Trans::no, 256, 256, 256},       // small
     };
     for (const Case& c : cases)
         add(std::string("gemm/") + c.form + "/" + shape_args({{"m", c.m}, {"n", c.n}, {"k", c.k}}),

@@ -35,11 +35,10 @@ void decode(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t le
     Ops::fill_normal(cache.pe.view(), 0.0f, 1.0f, 6);
     Mat x({1, cfg.dims.hidden}), out({1, cfg.dims.hidden});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 7);
-    measure(state, {flops::mla_decode(cfg, length), flops::mla_decode_bytes(cfg, length)},
-            [&] {
-                cache.length = length - 1;  // the new token takes the last slot every time
-                mla.forward_absorbed(x.view(), cache, out.view());
-            });
+    measure(state, {flops::mla_decode(cfg, length), flops::mla_decode_bytes(cfg, length)}, [&] {
+        cache.length = length - 1;  // the new token takes the last slot every time
+        mla.forward_absorbed(x.view(), cache, out.view());
+    });
 }
 
 void register_benchmarks() {

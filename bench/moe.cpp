@@ -17,8 +17,8 @@ namespace {
 using MoE = moonmoe::nn::MoE<Backend>;
 
 void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens, bool backward) {
-    MoE& block = fixture<MoE>(
-        cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    MoE& block =
+        fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
     const index_t H = cfg.dims.hidden;
     Mat x({tokens, H}), y({tokens, H}), dy({tokens, H}), dx({tokens, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 3);
@@ -47,13 +47,13 @@ void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t token
 /// (of_sgemm, and of_bf16_cublas on the GPU).
 void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
     using moonmoe::backend::Trans;
-    MoE& block = fixture<MoE>(
-        cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    MoE& block =
+        fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
     const index_t H = cfg.dims.hidden, I = cfg.moe.expert_hidden;
     Mat u({tokens, H}), y({tokens, H});
     Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
     MoE::Cache cache;
-    block.forward(u.view(), y.view(), cache);  // the routing, for the segment sizes
+    block.forward(u.view(), y.view(), cache);                                 // the routing, for the segment sizes
     const std::vector<index_t> offsets = cache.plan.exchange.expert_offsets;  // local: the plan's segments
     const index_t pairs = cache.plan.exchange.received();
     cache = {};
@@ -62,8 +62,7 @@ void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t t
     measure(state, {flops::expert_forward(cfg, pairs, I)}, [&] {
         Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), block.experts.gate_proj.value.view(), 0.0f, g.view(), offsets);
         Ops::gemm_grouped(Trans::yes, 1.0f, x.view(), block.experts.up_proj.value.view(), 0.0f, up.view(), offsets);
-        Ops::gemm_grouped(Trans::yes, 1.0f, g.view(), block.experts.down_proj.value.view(), 0.0f, out.view(),
-                          offsets);
+        Ops::gemm_grouped(Trans::yes, 1.0f, g.view(), block.experts.down_proj.value.view(), 0.0f, out.view(), offsets);
     });
     state.counters["pairs"] = double(pairs);
     state.counters["experts"] = double(index_t(offsets.size()) - 1);

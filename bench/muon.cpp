@@ -25,8 +25,8 @@ void muon(benchmark::State& state, index_t rows, index_t cols) {
     Ops::fill_normal(g.view(), 0.0f, 1.0f, 2);
     Workspace ws;
     measure(state, {moonmoe::optim::newton_schulz_flops(rows, cols, cfg.ns_steps, Products::general)}, [&] {
-        moonmoe::optim::muon_step<moonmoe::KellerQuintic, Backend>(cfg, 0.02, w.view(), moonmoe::View<const float, 2, Backend>(g.view()),
-                                                                   momentum.view(), ws, u, o);
+        moonmoe::optim::muon_step<moonmoe::KellerQuintic, Backend>(
+            cfg, 0.02, w.view(), moonmoe::View<const float, 2, Backend>(g.view()), momentum.view(), ws, u, o);
     });
     if constexpr (std::is_same_v<Workspace, moonmoe::optim::NSWorkspaceBF16<Backend>> &&
                   std::is_same_v<Backend, moonmoe::cpu>)

@@ -43,7 +43,10 @@ struct Routed {
     Tensor<index_t, 2> slot_row;
 
     Routed(index_t tokens, std::uint64_t seed)
-        : x({tokens, hidden}), idx({tokens, top_k}), weight({tokens, top_k}), row_slot({tokens * top_k}),
+        : x({tokens, hidden}),
+          idx({tokens, top_k}),
+          weight({tokens, top_k}),
+          row_slot({tokens * top_k}),
           slot_row({tokens, top_k}) {
         std::mt19937_64 gen(seed);
         std::vector<index_t> all(static_cast<std::size_t>(experts));

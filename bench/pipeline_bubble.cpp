@@ -8,9 +8,10 @@
 //
 // Counters: bubble_measured = the time ranks idled in a step (the step lasts as long as its slowest rank; a rank
 // works for its compute time: not its waits for a pipeline neighbour, nor the end of the step's losses
-// all-reduce, where it waits for the last stage) over the time they worked, summed over the ranks; bubble_formula = (PP - 1) / (V M), the same ratio in the ideal pipeline. The formula assumes equal
-// chunks, free communication and no other work; the measurement has the embedding on the first stage and the head
-// and loss on the last, real transfer latency, and (V > 1) more messages. Time: the slowest rank's step.
+// all-reduce, where it waits for the last stage) over the time they worked, summed over the ranks; bubble_formula = (PP
+// - 1) / (V M), the same ratio in the ideal pipeline. The formula assumes equal chunks, free communication and no other
+// work; the measurement has the embedding on the first stage and the head and loss on the last, real transfer latency,
+// and (V > 1) more messages. Time: the slowest rank's step.
 //
 // bench-mpi: 2
 // bench-smoke-filter: ^PipelineStep/v:1/m:2/

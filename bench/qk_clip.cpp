@@ -26,7 +26,9 @@ void qk_clip(benchmark::State& state, const moonmoe::ModelConfig& cfg) {
     const double bytes = 8.0 * (double(H) * dqk * a.q_rank + double(H) * a.nope_dim * a.kv_rank);
     measure(
         state, {0, bytes},
-        [&] { moonmoe::optim::clip_mla_heads<Backend>(q_b.data(), a.q_rank, kv_b.data(), a.kv_rank, layout, maxima, clip); },
+        [&] {
+            moonmoe::optim::clip_mla_heads<Backend>(q_b.data(), a.q_rank, kv_b.data(), a.kv_rank, layout, maxima, clip);
+        },
         [&] { Ops::copy(q_b0.view(), q_b.view()), Ops::copy(kv_b0.view(), kv_b.view()); });
 }
 

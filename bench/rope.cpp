@@ -26,7 +26,8 @@ void rope(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t toke
 void register_benchmarks() {
     for (auto [cfg, tokens] : {std::pair{&k2, index_t(4096)}, {&small, index_t(64)}}) {
         const moonmoe::ModelConfig& c = *cfg;
-        add("rope/forward/" + shape_args({{"tokens", tokens}, {"heads", c.attention.heads}, {"dim", c.attention.rope_dim}}),
+        add("rope/forward/" +
+                shape_args({{"tokens", tokens}, {"heads", c.attention.heads}, {"dim", c.attention.rope_dim}}),
             [&c, tokens](benchmark::State& s) { rope(s, c, tokens); });
     }
 }

@@ -45,8 +45,8 @@ using Model = MOONMOE_EXAMPLE_MODEL;
 
 /// The examples refuse NaN / Inf weights (naming the first such tensor) and a model larger than the memory
 /// available.
-inline const moonmoe::LoadOptions load_options{.memory_limit = std::nullopt, .with_optimizer_state = false,
-                                               .check_finite = true};
+inline const moonmoe::LoadOptions load_options{
+    .memory_limit = std::nullopt, .with_optimizer_state = false, .check_finite = true};
 
 /// The token sequences given on a command line, packed one after another.
 struct Sequences {
@@ -74,8 +74,10 @@ inline Sequences token_sequences(int argc, char** argv, int first) {
         };
         for (const char* c = argv[i]; *c; ++c) {
             if (*c == ',') flush(), parts.emplace_back();
-            else if (*c == ' ' || *c == '\t') flush();
-            else word += *c;
+            else if (*c == ' ' || *c == '\t')
+                flush();
+            else
+                word += *c;
         }
         flush();
     }
@@ -129,16 +131,21 @@ inline Backend take_backend(int& argc, char** argv, const char* example) {
             continue;
         }
         if (value == "cpu") b = Backend::cpu;
-        else if (value == "cuda") b = Backend::cuda;
-        else throw std::invalid_argument("--backend '" + value + "': use cpu or cuda");
+        else if (value == "cuda")
+            b = Backend::cuda;
+        else
+            throw std::invalid_argument("--backend '" + value + "': use cpu or cuda");
     }
     argc = out;
     argv[argc] = nullptr;
     if (b == Backend::cuda && !MOONMOE_EXAMPLE_HAS_CUDA)
         throw std::runtime_error(std::string("--backend cuda: this ") + example +
                                  " was built without CUDA (by the C++ compiler alone). Build the CUDA examples with "
-                                 "nvcc: configure with -DMOONMOE_BUILD_CUDA=ON, build " + example + "_cuda and run "
-                                 "build/examples/" + example + "_cuda --backend cuda (see examples/example_support.hpp)");
+                                 "nvcc: configure with -DMOONMOE_BUILD_CUDA=ON, build " +
+                                 example +
+                                 "_cuda and run "
+                                 "build/examples/" +
+                                 example + "_cuda --backend cuda (see examples/example_support.hpp)");
     return b;
 }
 
@@ -163,12 +170,13 @@ inline bool help_requested(int argc, char** argv) {
 template <class B>
 void describe(const moonmoe::nn::Transformer<B>& model, const char* dir) {
     const moonmoe::ModelConfig& c = model.config;
-    std::printf("%s%s: %lld layers (%lld dense), hidden %lld, %lld heads, %lld experts (top-%lld, %lld shared), "
-                "vocab %lld, %lld parameters\n",
-                dir, std::is_same_v<B, moonmoe::cpu> ? "" : " (on the CUDA backend)", (long long)c.dims.layers,
-                (long long)c.dims.dense_layers, (long long)c.dims.hidden,
-                (long long)c.attention.heads, (long long)c.moe.experts, (long long)c.moe.top_k,
-                (long long)c.moe.shared, (long long)c.dims.vocab, (long long)moonmoe::count_parameters(c).total);
+    std::printf(
+        "%s%s: %lld layers (%lld dense), hidden %lld, %lld heads, %lld experts (top-%lld, %lld shared), "
+        "vocab %lld, %lld parameters\n",
+        dir, std::is_same_v<B, moonmoe::cpu> ? "" : " (on the CUDA backend)", (long long)c.dims.layers,
+        (long long)c.dims.dense_layers, (long long)c.dims.hidden, (long long)c.attention.heads,
+        (long long)c.moe.experts, (long long)c.moe.top_k, (long long)c.moe.shared, (long long)c.dims.vocab,
+        (long long)moonmoe::count_parameters(c).total);
 }
 
 }  // namespace example

@@ -15,12 +15,13 @@
 namespace {
 
 void usage(std::FILE* to, const char* argv0) {
-    std::fprintf(to,
-                 "usage: %s [--backend cpu|cuda] <checkpoint dir> <logits.safetensors> <token id>... [, <token id>...]...\n"
-                 "Runs one or more token sequences, packed in one batch, through a Hugging Face DeepSeek-V3-architecture\n"
-                 "checkpoint; writes `logits` [total tokens, vocab] and `sequence_lengths` to the safetensors file and\n"
-                 "prints the five most likely next tokens after each sequence.\n%s%s",
-                 argv0, example::sequences_help, example::backend_help);
+    std::fprintf(
+        to,
+        "usage: %s [--backend cpu|cuda] <checkpoint dir> <logits.safetensors> <token id>... [, <token id>...]...\n"
+        "Runs one or more token sequences, packed in one batch, through a Hugging Face DeepSeek-V3-architecture\n"
+        "checkpoint; writes `logits` [total tokens, vocab] and `sequence_lengths` to the safetensors file and\n"
+        "prints the five most likely next tokens after each sequence.\n%s%s",
+        argv0, example::sequences_help, example::backend_help);
 }
 
 void print_top5(const float* last, moonmoe::index_t V) {
@@ -66,9 +67,8 @@ int run(char** argv, const example::Sequences& seqs) {
     // the logits on the host, to write and to rank (on the GPU, the one copy back of this example)
     const std::vector<float> logits = moonmoe::to_host(model.forward(seqs.ids.data(), layout, cache));
     const std::vector<float> lengths(seqs.lengths.begin(), seqs.lengths.end());
-    const moonmoe::NamedTensor out[] = {
-        {"logits", {T, V}, std::span<const float>(logits.data(), std::size_t(T * V))},
-        {"sequence_lengths", {seqs.count()}, std::span<const float>(lengths)}};
+    const moonmoe::NamedTensor out[] = {{"logits", {T, V}, std::span<const float>(logits.data(), std::size_t(T * V))},
+                                        {"sequence_lengths", {seqs.count()}, std::span<const float>(lengths)}};
     moonmoe::write_tensors(argv[2], out);
     std::printf("wrote logits [%lld, %lld] of %lld sequence%s to %s\n", (long long)T, (long long)V,
                 (long long)seqs.count(), seqs.count() > 1 ? "s" : "", argv[2]);

@@ -16,7 +16,8 @@ namespace {
 
 void usage(std::FILE* to, const char* argv0) {
     std::fprintf(to,
-                 "usage: %s [--backend cpu|cuda] <checkpoint dir> <new tokens> <prompt token id>... [, <prompt token id>...]...\n"
+                 "usage: %s [--backend cpu|cuda] <checkpoint dir> <new tokens> <prompt token id>... [, <prompt token "
+                 "id>...]...\n"
                  "Greedy decoding of one or more prompts at once, each with its own latent KV cache; stops a sequence\n"
                  "at an end-of-sequence id from config.json or after <new tokens> tokens.\n%s%s",
                  argv0, example::sequences_help, example::backend_help);

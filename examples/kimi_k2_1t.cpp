@@ -58,9 +58,7 @@ void row(const char* what, index_t a, index_t b) {
 void rowf(const char* what, const char* unit, double a, double b) {
     std::printf("  %-44s %18.2f %-3s %18.2f %-3s\n", what, a, unit, b, unit);
 }
-void heading(const char* title) {
-    std::printf("\n%s\n  %-44s %22s %22s\n", title, "", "Kimi K2", "DeepSeek-V3");
-}
+void heading(const char* title) { std::printf("\n%s\n  %-44s %22s %22s\n", title, "", "Kimi K2", "DeepSeek-V3"); }
 
 template <class Model>
 void print_pipeline(const char* name) {
@@ -86,8 +84,8 @@ template <class Model>
 void print_memory(const char* name) {
     std::printf("\n%s, bytes held by the most loaded rank (BF16 weights, FP32 gradient buffer, ZeRO-1 %s state):\n",
                 name, Model::config.optimizer.muon.enabled ? "Muon + AdamW" : "AdamW");
-    std::printf("  %6s %6s %8s %12s %10s %10s %10s %10s %10s\n", "DP", "GPUs", "rank", "layers", "params",
-                "weights", "grads", "optimizer", "total");
+    std::printf("  %6s %6s %8s %12s %10s %10s %10s %10s %10s\n", "DP", "GPUs", "rank", "layers", "params", "weights",
+                "grads", "optimizer", "total");
     for (index_t dp : {1, 2, 8, 32}) {
         const moonmoe::RankMemory m = Model::memory_per_rank(dp);
         std::printf("  %6ld %6ld %8ld %5ld (%ld MoE) %8.2f B %7.2f GB %7.2f GB %7.2f GB %7.2f GB\n", long(dp),
@@ -110,7 +108,8 @@ template <class Model>
 constexpr std::array<moonmoe::RankMemory, 5> busiest_per_policy() {
     std::array<moonmoe::RankMemory, 5> out{};
     for (std::size_t i = 0; i < out.size(); ++i)
-        out[i] = moonmoe::most_loaded_rank(Model::config, kActivationDp, activation_setup(moonmoe::activation_steps::all[i]));
+        out[i] = moonmoe::most_loaded_rank(Model::config, kActivationDp,
+                                           activation_setup(moonmoe::activation_steps::all[i]));
     return out;
 }
 constexpr auto k2_busiest = busiest_per_policy<moonmoe::KimiK2>();
@@ -119,8 +118,8 @@ constexpr auto v3_busiest = busiest_per_policy<moonmoe::DeepSeekV3>();
 // its states are the ~30 GB of the report's §2.4.2, its activations about 54 GB more (an H800 has 80).
 static_assert(k2_busiest[3].pipeline_rank == 2 && k2_busiest[3].in_flight == 44);
 static_assert(k2_busiest[3].state_bytes() == moonmoe::KimiK2::memory_per_rank(kActivationDp).total_bytes());
-static_assert(k2_busiest[3].activation_bytes ==
-              88 * moonmoe::layer_activations(moonmoe::KimiK2::config, false, kSeqLen).bytes(moonmoe::activation_steps::fp8));
+static_assert(k2_busiest[3].activation_bytes == 88 * moonmoe::layer_activations(moonmoe::KimiK2::config, false, kSeqLen)
+                                                         .bytes(moonmoe::activation_steps::fp8));
 static_assert(k2_busiest[0].activation_bytes > 8 * k2_busiest[0].state_bytes());  // f32 caches: far beyond a GPU
 static_assert(k2_busiest[4].total_bytes() < 40'000'000'000);                      // offload: states + 3 units
 
@@ -130,10 +129,11 @@ constexpr index_t moe_layer_bytes(const moonmoe::ActivationsConfig& s) {
 }
 
 void print_activations() {
-    std::printf("\nActivations kept for backward, micro-batches of 1 x %ld tokens, on the most loaded rank of\n"
-                "Parallel<16, 16, %ld> (interleaved 1F1B, V = 2, one extra warm-up forward); GB = 1e9 bytes.\n"
-                "units: (micro-batch, chunk) pairs in flight at the rank's peak; states: weights, gradients, optimizer.\n",
-                long(kSeqLen), long(kActivationDp));
+    std::printf(
+        "\nActivations kept for backward, micro-batches of 1 x %ld tokens, on the most loaded rank of\n"
+        "Parallel<16, 16, %ld> (interleaved 1F1B, V = 2, one extra warm-up forward); GB = 1e9 bytes.\n"
+        "units: (micro-batch, chunk) pairs in flight at the rank's peak; states: weights, gradients, optimizer.\n",
+        long(kSeqLen), long(kActivationDp));
     std::printf("  %-22s | %-47s | %-47s\n", "", "Kimi K2", "DeepSeek-V3");
     std::printf("  %-22s |", "policy");
     for (int m = 0; m < 2; ++m)
@@ -150,10 +150,11 @@ void print_activations() {
                         r[m]->total_bytes() / 1e9);
         std::printf("\n");
     }
-    std::printf("  A unit is one chunk's layers for one micro-batch (2 MoE layers on the middle ranks). Under offload\n"
-                "  the GPU keeps 3 units (being computed, offloaded, prefetched) of the rank's largest chunk: the last\n"
-                "  rank, whose last chunk holds the head's f32 loss gradient (%ld x vocab x 4 B), becomes the busiest.\n",
-                long(kSeqLen));
+    std::printf(
+        "  A unit is one chunk's layers for one micro-batch (2 MoE layers on the middle ranks). Under offload\n"
+        "  the GPU keeps 3 units (being computed, offloaded, prefetched) of the rank's largest chunk: the last\n"
+        "  rank, whose last chunk holds the head's f32 loss gradient (%ld x vocab x 4 B), becomes the busiest.\n",
+        long(kSeqLen));
 }
 
 using Clock = std::chrono::steady_clock;
@@ -192,9 +193,10 @@ void print_norms_and_memory(auto& layer, double out_norm_squared, double grad_no
         grads += p.grad ? 4.0 * double(p.numel()) : 0.0;
     });
     constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
-    std::printf("  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
-                "  f32 gradients %.2f GiB)\n", std::sqrt(out_norm_squared), std::sqrt(grad_norm_squared), peak_rss_gib(),
-                stored / GiB, grads / GiB);
+    std::printf(
+        "  |output| = %.1f, |d input| = %.1f; peak resident memory %.2f GiB (weights %.2f GiB as stored,\n"
+        "  f32 gradients %.2f GiB)\n",
+        std::sqrt(out_norm_squared), std::sqrt(grad_norm_squared), peak_rss_gib(), stored / GiB, grads / GiB);
 }
 
 /// The gradient error FP8 storage of the MLP inputs causes at full width: the same forward and backward again with
@@ -221,20 +223,23 @@ void report_fp8_error(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& 
     layer.backward(dout.view(), cache, dh.view());
     const auto distance = [](const std::vector<float>& a, const std::vector<float>& b) {
         double d = 0, n = 0;
-        for (std::size_t i = 0; i < a.size(); ++i) d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
+        for (std::size_t i = 0; i < a.size(); ++i)
+            d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), n += double(b[i]) * b[i];
         return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
     };
     std::vector<std::pair<double, std::string>> errors;
     layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
         if (compared(p))
-            errors.emplace_back(distance(fp8.at(p.name), moonmoe::to_host(moonmoe::View<const float, 1, B>(p.grad, {p.numel()}))),
-                                p.name);
+            errors.emplace_back(
+                distance(fp8.at(p.name), moonmoe::to_host(moonmoe::View<const float, 1, B>(p.grad, {p.numel()}))),
+                p.name);
     });
     std::sort(errors.begin(), errors.end());
-    std::printf("  FP8 MLP inputs against unquantized ones, ||g_fp8 - g|| / ||g||: the input gradient %.4f; %zu\n"
-                "  parameter gradients: median %.4f, worst %.4f (%s)\n",
-                distance(moonmoe::to_host(dh_fp8), moonmoe::to_host(dh)), errors.size(),
-                errors[errors.size() / 2].first, errors.back().first, errors.back().second.c_str());
+    std::printf(
+        "  FP8 MLP inputs against unquantized ones, ||g_fp8 - g|| / ||g||: the input gradient %.4f; %zu\n"
+        "  parameter gradients: median %.4f, worst %.4f (%s)\n",
+        distance(moonmoe::to_host(dh_fp8), moonmoe::to_host(dh)), errors.size(), errors[errors.size() / 2].first,
+        errors.back().first, errors.back().second.c_str());
 }
 
 /// The layer's own forward and backward under an activation policy: the bytes its cache keeps, beside the
@@ -277,9 +282,10 @@ int run_whole_layer(Layer& layer, const moonmoe::ModelConfig& cfg, const Mat& h,
     const double predicted = double(here.bytes(storage));
     const double ep_rank = double(moonmoe::layer_activations(cfg, false, tokens).bytes(storage));
     std::printf("\n  layer                   %7.2f s forward %8.2f s backward\n", forward_seconds, backward_seconds);
-    std::printf("  kept for backward: %.2f MiB; the accounting: %.2f MiB for this layer (%ld pairs on its experts),\n"
-                "  %.2f MiB for EP rank 0 of Parallel<16, 16, DP> with %ld tokens on each rank\n", kept / MiB,
-                predicted / MiB, long(pairs), ep_rank / MiB, long(tokens));
+    std::printf(
+        "  kept for backward: %.2f MiB; the accounting: %.2f MiB for this layer (%ld pairs on its experts),\n"
+        "  %.2f MiB for EP rank 0 of Parallel<16, 16, DP> with %ld tokens on each rank\n",
+        kept / MiB, predicted / MiB, long(pairs), ep_rank / MiB, long(tokens));
     print_norms_and_memory(layer, out_norm, grad_norm);
     if (cfg.activations.fp8_mlp_inputs) report_fp8_error<B>(layer, cfg, h, dout, dh, tokens);
     return 0;
@@ -298,19 +304,22 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     moonmoe::ModelConfig cfg = moonmoe::KimiK2::config;
     cfg.precision = precision;
     cfg.activations = activations;  // --activations: the layer's own forward and backward, its kept bytes
-    constexpr index_t ep = moonmoe::KimiK2::config.parallel.ep,
-                      local = moonmoe::KimiK2::config.moe.experts / ep, H = moonmoe::KimiK2::config.dims.hidden;
-    std::printf("\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s,"
-                " %s compute, %s weights, activations %s:\n", long(tokens), gpu ? "GPU" : "CPU",
-                moonmoe::format_name(precision.compute), moonmoe::format_name(precision.weights),
-                moonmoe::activation_step_name(activations));
-    std::printf("  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
-                "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
-                "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
-                long(local), long(local - 1));
-    std::printf("  not computed: the other %ld experts (they live on the 15 other EP ranks; their tokens would\n"
-                "                leave and return by all-to-all), the other 60 layers, embeddings and head\n",
-                long(cfg.moe.experts - local));
+    constexpr index_t ep = moonmoe::KimiK2::config.parallel.ep, local = moonmoe::KimiK2::config.moe.experts / ep,
+                      H = moonmoe::KimiK2::config.dims.hidden;
+    std::printf(
+        "\nOne Kimi K2 decoder layer at full width, forward and backward, %ld tokens (one sequence), on the %s,"
+        " %s compute, %s weights, activations %s:\n",
+        long(tokens), gpu ? "GPU" : "CPU", moonmoe::format_name(precision.compute),
+        moonmoe::format_name(precision.weights), moonmoe::activation_step_name(activations));
+    std::printf(
+        "  computed:     MLA with 64 heads (q latent 1536, kv latent 512 + rope 64), RMSNorms, residuals, the\n"
+        "                sigmoid router over all 384 experts, the shared expert, and the routed experts of one\n"
+        "                expert-parallel rank (%ld of 384: experts 0..%ld of Parallel<16, 16, DP>'s rank 0)\n",
+        long(local), long(local - 1));
+    std::printf(
+        "  not computed: the other %ld experts (they live on the 15 other EP ranks; their tokens would\n"
+        "                leave and return by all-to-all), the other 60 layers, embeddings and head\n",
+        long(cfg.moe.experts - local));
 
     auto step = [](int i, const char* what) {
         std::printf("  [%d/5] %-44s", i, what);
@@ -328,11 +337,12 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     t = step(2, "initialising weights (uniform, fan-in scaled)");
     std::uint64_t seed = 1;
     layer.visit_params("layer", [&](const moonmoe::ParamRef& p) {
-        if (p.kind == moonmoe::ParamKind::vector) return;  // norm gains stay 1
-        if (p.kind == moonmoe::ParamKind::router_bias) return;  // the correction bias starts at 0
+        if (p.kind == moonmoe::ParamKind::vector) return;             // norm gains stay 1
+        if (p.kind == moonmoe::ParamKind::router_bias) return;        // the correction bias starts at 0
         const float bound = std::sqrt(3.0f / float(p.shape.back()));  // unit-variance outputs
         // drawn in f32 (for bf16-stored weights one matrix at a time, then rounded)
-        moonmoe::nn::write_values<B>(p, [&](moonmoe::View<float, 2, B> v) { Ops::fill_uniform(v, -bound, bound, seed); });
+        moonmoe::nn::write_values<B>(p,
+                                     [&](moonmoe::View<float, 2, B> v) { Ops::fill_uniform(v, -bound, bound, seed); });
         ++seed;
     });
     layer.refresh_working();  // Precision<BF16>: the products read bf16 copies of the masters just written
@@ -406,15 +416,18 @@ int run_full_width_layer(index_t tokens, moonmoe::PrecisionConfig precision, moo
     std::printf("\n  time per part            forward   backward\n");
     std::printf("  MLA (64 heads)          %7.2f s %8.2f s\n", fwd_attn, bwd_attn);
     if (gpu) {
-        std::printf("  MoE (router, %2ld routed  %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n"
-                    "       and shared expert)\n",
-                    long(local), fwd_moe, bwd_moe, long(routed_here), long(tokens * cfg.moe.top_k));
+        std::printf(
+            "  MoE (router, %2ld routed  %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n"
+            "       and shared expert)\n",
+            long(local), fwd_moe, bwd_moe, long(routed_here), long(tokens * cfg.moe.top_k));
     } else {
-        std::printf("  router (384 experts)    %7.2f s %8.2f s\n", forward_times.router, mt.router - forward_times.router);
+        std::printf("  router (384 experts)    %7.2f s %8.2f s\n", forward_times.router,
+                    mt.router - forward_times.router);
         std::printf("  routed experts (%2ld)     %7.2f s %8.2f s   %ld of %ld (token, expert) pairs are on this rank\n",
                     long(local), forward_times.experts, mt.experts - forward_times.experts, long(routed_here),
                     long(tokens * cfg.moe.top_k));
-        std::printf("  shared expert           %7.2f s %8.2f s\n", forward_times.shared, mt.shared - forward_times.shared);
+        std::printf("  shared expert           %7.2f s %8.2f s\n", forward_times.shared,
+                    mt.shared - forward_times.shared);
     }
     std::printf("  norms and residuals     %7.2f s %8.2f s\n", fwd_norm, bwd_norm);
     std::printf("  layer                   %7.2f s %8.2f s\n", forward_seconds, backward_seconds);
@@ -435,21 +448,22 @@ int main(int argc, char** argv) try {
     bool activations_given = false;
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-            std::printf("usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16]\n"
-                        "       [--activations f32|bf16|recompute|k2|k2-offload] [--tokens N | --accounting-only]\n"
-                        "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
-                        "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n"
-                        "  --backend: where the layer runs (default: the GPU in the nvcc build when one is present,\n"
-                        "  else the CPU)\n"
-                        "  --precision: the layer's compute policy, Precision<F32> (default) or Precision<BF16>\n"
-                        "  (docs/precision.md)\n"
-                        "  --weights bf16: the layer's matrices stored in bf16, Precision<BF16, Weights<BF16>>\n"
-                        "  (implies --precision bf16)\n"
-                        "  --activations: what the layer keeps for backward (docs/activation_memory.md): f32\n"
-                        "  (Activations<>), bf16 (Storage<BF16>), recompute (+ Recompute<KimiK2Selection>), k2\n"
-                        "  (KimiK2Activations: + MlpInputs<FP8>), k2-offload (+ Offload<true>, CUDA only); all but\n"
-                        "  f32 imply --precision bf16\n",
-                        argv[0]);
+            std::printf(
+                "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16]\n"
+                "       [--activations f32|bf16|recompute|k2|k2-offload] [--tokens N | --accounting-only]\n"
+                "  the Kimi K2 type's accounting beside DeepSeek-V3's, then one full-width K2 decoder layer\n"
+                "  forward and backward on N tokens (default 256); --accounting-only skips the layer\n"
+                "  --backend: where the layer runs (default: the GPU in the nvcc build when one is present,\n"
+                "  else the CPU)\n"
+                "  --precision: the layer's compute policy, Precision<F32> (default) or Precision<BF16>\n"
+                "  (docs/precision.md)\n"
+                "  --weights bf16: the layer's matrices stored in bf16, Precision<BF16, Weights<BF16>>\n"
+                "  (implies --precision bf16)\n"
+                "  --activations: what the layer keeps for backward (docs/activation_memory.md): f32\n"
+                "  (Activations<>), bf16 (Storage<BF16>), recompute (+ Recompute<KimiK2Selection>), k2\n"
+                "  (KimiK2Activations: + MlpInputs<FP8>), k2-offload (+ Offload<true>, CUDA only); all but\n"
+                "  f32 imply --precision bf16\n",
+                argv[0]);
             return 0;
         }
     const bool backend_given = [&] {
@@ -480,12 +494,15 @@ int main(int argc, char** argv) try {
             const std::string a = argv[++i];
             activations_given = true;
             if (a == "f32") activations = moonmoe::Activations<>::value;
-            else if (a == "bf16") activations = moonmoe::Activations<moonmoe::Storage<moonmoe::BF16>>::value;
+            else if (a == "bf16")
+                activations = moonmoe::Activations<moonmoe::Storage<moonmoe::BF16>>::value;
             else if (a == "recompute")
                 activations = moonmoe::Activations<moonmoe::Recompute<moonmoe::KimiK2Selection>,
                                                    moonmoe::Storage<moonmoe::BF16>>::value;
-            else if (a == "k2") activations = moonmoe::KimiK2Activations::value;
-            else if (a == "k2-offload") activations = moonmoe::KimiK2ActivationsOffloaded::value;
+            else if (a == "k2")
+                activations = moonmoe::KimiK2Activations::value;
+            else if (a == "k2-offload")
+                activations = moonmoe::KimiK2ActivationsOffloaded::value;
             else {
                 std::fprintf(stderr, "kimi_k2_1t: --activations is f32, bf16, recompute, k2 or k2-offload, got '%s'\n",
                              a.c_str());
@@ -498,9 +515,11 @@ int main(int argc, char** argv) try {
                 return 2;
             }
         } else {
-            std::fprintf(stderr, "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16] "
-                                 "[--activations f32|bf16|recompute|k2|k2-offload] "
-                                 "[--tokens N | --accounting-only]\n", argv[0]);
+            std::fprintf(stderr,
+                         "usage: %s [--backend cpu|cuda] [--precision f32|bf16] [--weights f32|bf16] "
+                         "[--activations f32|bf16|recompute|k2|k2-offload] "
+                         "[--tokens N | --accounting-only]\n",
+                         argv[0]);
             return 2;
         }
     }
@@ -530,10 +549,11 @@ int main(int argc, char** argv) try {
     row("ACTIVATED per token (without embed_tokens)", k2.active, v3.active);
     row("activated with embed_tokens too", k2.active_with_embeddings, v3.active_with_embeddings);
     row("activated without embed_tokens and lm_head", k2.active_without_embeddings, v3.active_without_embeddings);
-    std::printf("  ACTIVATED follows the published convention (embed_tokens is a lookup, not multiplied by): it is the\n"
-                "  count behind DeepSeek-V3's 37B and the K2 report's 32B (section 1), as for DeepSeek-V2's 21B and\n"
-                "  V2-Lite's 2.4B. The report's Table 2 (1.04T / 32.6B) follows no convention that the released\n"
-                "  config.json reproduces (it gives 1.026T); the exact counts above are what the weights hold.\n");
+    std::printf(
+        "  ACTIVATED follows the published convention (embed_tokens is a lookup, not multiplied by): it is the\n"
+        "  count behind DeepSeek-V3's 37B and the K2 report's 32B (section 1), as for DeepSeek-V2's 21B and\n"
+        "  V2-Lite's 2.4B. The report's Table 2 (1.04T / 32.6B) follows no convention that the released\n"
+        "  config.json reproduces (it gives 1.026T); the exact counts above are what the weights hold.\n");
 
     heading("Forward FLOPs per token at sequence length 4096");
     row("attention projections", k2_flops.attention_projections, v3_flops.attention_projections);
@@ -560,11 +580,11 @@ int main(int argc, char** argv) try {
                 long(par.pp), long(par.ep), long(par.model_parallel_ranks()),
                 six_bytes / double(par.model_parallel_ranks()) / 1e9);
     const auto busiest = moonmoe::KimiK2::memory_per_rank(1024);
-    std::printf("  The most loaded rank holds %ld MoE layers (%.2f B parameters): %.1f GB of weights and gradients;\n"
-                "  with ZeRO-1 over many replicas the optimizer state shrinks to %.2f GB at DP = 1024 (%.1f GB in all).\n",
-                long(busiest.moe_layers), busiest.params() / 1e9,
-                (busiest.weight_bytes + busiest.gradient_bytes) / 1e9, busiest.optimizer_bytes / 1e9,
-                busiest.total_bytes() / 1e9);
+    std::printf(
+        "  The most loaded rank holds %ld MoE layers (%.2f B parameters): %.1f GB of weights and gradients;\n"
+        "  with ZeRO-1 over many replicas the optimizer state shrinks to %.2f GB at DP = 1024 (%.1f GB in all).\n",
+        long(busiest.moe_layers), busiest.params() / 1e9, (busiest.weight_bytes + busiest.gradient_bytes) / 1e9,
+        busiest.optimizer_bytes / 1e9, busiest.total_bytes() / 1e9);
 
     print_memory<moonmoe::KimiK2>("Kimi K2");
     print_memory<moonmoe::DeepSeekV3>("DeepSeek-V3");

@@ -42,19 +42,22 @@ using namespace moonmoe::parallel;
 
 /// train_tiny's optimizer as a type: MuonClip at tau 30, Muon and AdamW at 2e-2 after 20 warm-up steps (then
 /// constant), the correction bias moving at 1e-3 per step.
-using TinyMuonClip = moonmoe::Optimizer<moonmoe::Muon<moonmoe::LearningRate<2e-2>>,
-                                        moonmoe::AdamW<moonmoe::LearningRate<2e-2>>, moonmoe::QKClip<30>,
-                                        moonmoe::WSD<moonmoe::Warmup<20>, moonmoe::Stable<1'000'000>, moonmoe::Decay<0>>,
-                                        moonmoe::BiasUpdateRate<1e-3>>;
+using TinyMuonClip = moonmoe::Optimizer<
+    moonmoe::Muon<moonmoe::LearningRate<2e-2>>, moonmoe::AdamW<moonmoe::LearningRate<2e-2>>, moonmoe::QKClip<30>,
+    moonmoe::WSD<moonmoe::Warmup<20>, moonmoe::Stable<1'000'000>, moonmoe::Decay<0>>, moonmoe::BiasUpdateRate<1e-3>>;
 
 /// The whole run as one type: train_tiny's model (with a layer more where the pipeline has more chunks than its
 /// three layers), TinyMuonClip, and the layout with V virtual stages and M micro-batches per token stream and step
 /// (0: 4, or PP when that is more, so that the pipeline fills).
 template <index_t PP, index_t EP, index_t DP, index_t V = 1, index_t M = 0>
-using TinyRun = train_tiny::TinyModel::with<
-    moonmoe::Dims<moonmoe::Hidden<128>, moonmoe::Layers<(PP * V > 3 ? PP * V : 3)>, moonmoe::DenseLayers<1>,
-                  moonmoe::Vocab<256>, moonmoe::DenseHidden<256>>,
-    TinyMuonClip, moonmoe::Parallel<PP, EP, DP, moonmoe::VirtualStages<V>, moonmoe::MicroBatches<(M ? M : PP > 4 ? PP : 4)>>>;
+using TinyRun =
+    train_tiny::TinyModel::with<moonmoe::Dims<moonmoe::Hidden<128>, moonmoe::Layers<(PP * V > 3 ? PP * V : 3)>,
+                                              moonmoe::DenseLayers<1>, moonmoe::Vocab<256>, moonmoe::DenseHidden<256>>,
+                                TinyMuonClip,
+                                moonmoe::Parallel<PP, EP, DP, moonmoe::VirtualStages<V>,
+                                                  moonmoe::MicroBatches<(M        ? M
+                                                                         : PP > 4 ? PP
+                                                                                  : 4)>>>;
 
 /// The runs compiled in, the first the default: --layout PP,EP,DP and --virtual V pick one.
 using Runs = std::tuple<TinyRun<2, 2, 2>, TinyRun<2, 2, 2, 2>, TinyRun<2, 1, 1>, TinyRun<1, 2, 1>, TinyRun<1, 1, 2>,
@@ -63,8 +66,10 @@ using Runs = std::tuple<TinyRun<2, 2, 2>, TinyRun<2, 2, 2, 2>, TinyRun<2, 1, 1>,
 
 /// The same run in one process: every token stream's micro-batches through the one model.
 template <class Model>
-using OneProcess = typename Model::template with<moonmoe::Parallel<1, 1, 1, moonmoe::MicroBatches<
-    Model::config.parallel.ep * Model::config.parallel.dp * Model::config.parallel.micro_batches>>>;
+using OneProcess = typename Model::template with<
+    moonmoe::Parallel<1, 1, 1,
+                      moonmoe::MicroBatches<Model::config.parallel.ep * Model::config.parallel.dp *
+                                            Model::config.parallel.micro_batches>>>;
 
 struct Options {
     index_t pp = 2, ep = 2, dp = 2, v = 1, steps = 60, sequences = 2, seq = 64;
@@ -75,37 +80,40 @@ struct Options {
 
 std::string layouts() {
     std::string list;
-    std::apply([&](auto... run) {
-        ((list += "    " + std::to_string(decltype(run)::config.parallel.pp) + "," +
-                  std::to_string(decltype(run)::config.parallel.ep) + "," +
-                  std::to_string(decltype(run)::config.parallel.dp) + "  --virtual " +
-                  std::to_string(decltype(run)::config.parallel.virtual_stages) + "  (" +
-                  std::to_string(decltype(run)::config.parallel.micro_batches) + " micro-batches)\n"),
-         ...);
-    }, Runs{});
+    std::apply(
+        [&](auto... run) {
+            ((list += "    " + std::to_string(decltype(run)::config.parallel.pp) + "," +
+                      std::to_string(decltype(run)::config.parallel.ep) + "," +
+                      std::to_string(decltype(run)::config.parallel.dp) + "  --virtual " +
+                      std::to_string(decltype(run)::config.parallel.virtual_stages) + "  (" +
+                      std::to_string(decltype(run)::config.parallel.micro_batches) + " micro-batches)\n"),
+             ...);
+        },
+        Runs{});
     return list;
 }
 
 void usage(std::FILE* to, const Options& d) {
-    std::fprintf(to,
-                 "usage: train_parallel [--layout PP,EP,DP] [--virtual V] [--steps N] [--text FILE] [--seed N]\n"
-                 "                      [--out DIR] [--save] [--no-reference] [--help]\n"
-                 "Run under mpirun with PP x EP x DP processes (default 2,2,2: mpirun -np 8). Trains train_tiny's Kimi\n"
-                 "K2-shaped model with pipeline (interleaved 1F1B), expert and ZeRO-1 data parallelism and MuonClip, then\n"
-                 "the same run in one process on rank 0; writes DIR/train_parallel.csv and .png (both loss curves) and\n"
-                 "DIR/train_parallel_ranks.csv (per rank: compute, communication and bubble seconds, bytes sent).\n"
-                 "  --layout PP,EP,DP   the process layout (default %ld,%ld,%ld), one of the model types compiled in:\n%s"
-                 "  --virtual V         model chunks per pipeline rank (default %ld)\n"
-                 "  --steps N           optimizer steps (default %ld)\n"
-                 "  --text FILE         training text, read as bytes (default %s)\n"
-                 "  --seed N            initial weights and batches (default %llu)\n"
-                 "  --out DIR           output directory (default .)\n"
-                 "  --save              save the parallel run: DIR/train_parallel_checkpoint (Hugging Face) and its\n"
-                 "                      optimizer state in DIR/train_parallel_optimizer\n"
-                 "  --no-reference      skip the one-process run\n"
-                 "  --help              this text\n",
-                 long(d.pp), long(d.ep), long(d.dp), layouts().c_str(), long(d.v), long(d.steps), d.text.c_str(),
-                 (unsigned long long)d.seed);
+    std::fprintf(
+        to,
+        "usage: train_parallel [--layout PP,EP,DP] [--virtual V] [--steps N] [--text FILE] [--seed N]\n"
+        "                      [--out DIR] [--save] [--no-reference] [--help]\n"
+        "Run under mpirun with PP x EP x DP processes (default 2,2,2: mpirun -np 8). Trains train_tiny's Kimi\n"
+        "K2-shaped model with pipeline (interleaved 1F1B), expert and ZeRO-1 data parallelism and MuonClip, then\n"
+        "the same run in one process on rank 0; writes DIR/train_parallel.csv and .png (both loss curves) and\n"
+        "DIR/train_parallel_ranks.csv (per rank: compute, communication and bubble seconds, bytes sent).\n"
+        "  --layout PP,EP,DP   the process layout (default %ld,%ld,%ld), one of the model types compiled in:\n%s"
+        "  --virtual V         model chunks per pipeline rank (default %ld)\n"
+        "  --steps N           optimizer steps (default %ld)\n"
+        "  --text FILE         training text, read as bytes (default %s)\n"
+        "  --seed N            initial weights and batches (default %llu)\n"
+        "  --out DIR           output directory (default .)\n"
+        "  --save              save the parallel run: DIR/train_parallel_checkpoint (Hugging Face) and its\n"
+        "                      optimizer state in DIR/train_parallel_optimizer\n"
+        "  --no-reference      skip the one-process run\n"
+        "  --help              this text\n",
+        long(d.pp), long(d.ep), long(d.dp), layouts().c_str(), long(d.v), long(d.steps), d.text.c_str(),
+        (unsigned long long)d.seed);
 }
 
 Options parse(int argc, char** argv) {
@@ -122,14 +130,22 @@ Options parse(int argc, char** argv) {
             if (std::sscanf(s.c_str(), "%ld,%ld,%ld%c", &a, &b, &c, &tail) != 3 || a < 1 || b < 1 || c < 1)
                 throw std::invalid_argument("--layout takes PP,EP,DP (three positive integers), got '" + s + "'");
             o.pp = a, o.ep = b, o.dp = c;
-        } else if (!std::strcmp(argv[i], "--virtual")) o.v = std::stol(value("--virtual"));
-        else if (!std::strcmp(argv[i], "--steps")) o.steps = std::stol(value("--steps"));
-        else if (!std::strcmp(argv[i], "--text")) o.text = value("--text");
-        else if (!std::strcmp(argv[i], "--seed")) o.seed = std::stoull(value("--seed"));
-        else if (!std::strcmp(argv[i], "--out")) o.out = value("--out");
-        else if (!std::strcmp(argv[i], "--save")) o.save = true;
-        else if (!std::strcmp(argv[i], "--no-reference")) o.reference = false;
-        else if (!std::strcmp(argv[i], "--backend")) value("--backend");  // cpu (anything else is refused in main)
+        } else if (!std::strcmp(argv[i], "--virtual"))
+            o.v = std::stol(value("--virtual"));
+        else if (!std::strcmp(argv[i], "--steps"))
+            o.steps = std::stol(value("--steps"));
+        else if (!std::strcmp(argv[i], "--text"))
+            o.text = value("--text");
+        else if (!std::strcmp(argv[i], "--seed"))
+            o.seed = std::stoull(value("--seed"));
+        else if (!std::strcmp(argv[i], "--out"))
+            o.out = value("--out");
+        else if (!std::strcmp(argv[i], "--save"))
+            o.save = true;
+        else if (!std::strcmp(argv[i], "--no-reference"))
+            o.reference = false;
+        else if (!std::strcmp(argv[i], "--backend"))
+            value("--backend");  // cpu (anything else is refused in main)
         else
             throw std::invalid_argument(std::string("unknown argument '") + argv[i] + "' (--help lists them)");
     }
@@ -215,8 +231,9 @@ std::vector<float> train(const Options& o, Communicator* world, index_t streams,
             const int width = 30, done = int(width * step / o.steps);
             const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             std::fprintf(stderr, "\r%-10s [%s%s] %4ld/%ld  loss %.3f  %6.1f s", label,
-                         std::string(std::size_t(done), '#').c_str(), std::string(std::size_t(width - done), '.').c_str(),
-                         long(step), long(o.steps), losses.back(), elapsed);
+                         std::string(std::size_t(done), '#').c_str(),
+                         std::string(std::size_t(width - done), '.').c_str(), long(step), long(o.steps), losses.back(),
+                         elapsed);
             if (step == o.steps) std::fprintf(stderr, "\n");
         }
     }
@@ -234,26 +251,30 @@ void run_layout(const Options& o, Communicator& world) {
     const int me = world.rank();
     const index_t streams = c.parallel.ep * c.parallel.dp;
     if (me == 0)
-        std::printf("train_parallel: %lld parameters, Parallel<%ld, %ld, %ld> V=%ld on %d processes; %ld steps of "
-                    "%ld x %ld micro-batches of %ld x %ld bytes from %s\n",
-                    (long long)Model::parameter_count(), long(c.parallel.pp), long(c.parallel.ep), long(c.parallel.dp),
-                    long(c.parallel.virtual_stages), world.size(), long(o.steps), long(streams),
-                    long(c.parallel.micro_batches), long(o.sequences), long(o.seq), o.text.c_str());
+        std::printf(
+            "train_parallel: %lld parameters, Parallel<%ld, %ld, %ld> V=%ld on %d processes; %ld steps of "
+            "%ld x %ld micro-batches of %ld x %ld bytes from %s\n",
+            (long long)Model::parameter_count(), long(c.parallel.pp), long(c.parallel.ep), long(c.parallel.dp),
+            long(c.parallel.virtual_stages), world.size(), long(o.steps), long(streams), long(c.parallel.micro_batches),
+            long(o.sequences), long(o.seq), o.text.c_str());
     Totals t;
     const std::vector<float> parallel =
         train<Model>(o, &world, streams, t, me == 0, "parallel", o.save ? o.out + "/train_parallel" : "");
 
     // per rank: where the time went, the bytes sent
-    std::vector<double> mine = {t.compute, t.communication, t.bubble, t.optimizer, t.total, t.bytes, t.optimizer_bytes,
-                                t.predicted.pipeline + t.predicted.expert, t.predicted.zero, t.parameters};
+    std::vector<double> mine = {
+        t.compute,        t.communication, t.bubble,          t.optimizer,
+        t.total,          t.bytes,         t.optimizer_bytes, t.predicted.pipeline + t.predicted.expert,
+        t.predicted.zero, t.parameters};
     std::vector<double> all(mine.size() * std::size_t(world.size()));
     world.all_gather(std::span<const double>(mine), std::span<double>(all));
     const double predicted = bubble_fraction(c.parallel, c.parallel.micro_batches);
     std::vector<std::string> rows;
     if (me == 0) {
         std::printf("per rank over %ld steps (seconds; bytes sent to other ranks):\n", long(o.steps));
-        std::printf("rank (pp,ep,dp)  params  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent "
-                    "per step: pipeline+EP (formula)   ZeRO-1 (flat ZeRO-1)\n");
+        std::printf(
+            "rank (pp,ep,dp)  params  compute  all-to-all+p2p  bubble  optimizer  total   bubble/busy   MB sent "
+            "per step: pipeline+EP (formula)   ZeRO-1 (flat ZeRO-1)\n");
         const RankLayout layout(c.parallel);
         double bubble_sum = 0, pipeline_sum = 0, longest = 0;
         for (int r = 0; r < world.size(); ++r) {
@@ -263,22 +284,25 @@ void run_layout(const Options& o, Communicator& world) {
         for (int r = 0; r < world.size(); ++r) {
             const double* v = all.data() + std::size_t(r) * mine.size();
             const Coordinates at = layout.coordinates(r);
-            const double busy = v[0];  // the pipeline's compute
+            const double busy = v[0];                            // the pipeline's compute
             bubble_sum += longest - busy, pipeline_sum += busy;  // idle: waits, and the flush of the slowest
             const double per_step = 1e6 * double(o.steps);
-            std::printf("%4d (%ld,%ld,%ld)  %6.0f  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f (%6.3f)\n",
-                        r, long(at.pp), long(at.ep), long(at.dp), v[9], v[0], v[1], v[2], v[3], v[4],
-                        100.0 * v[2] / busy, v[5] / per_step, v[7] / 1e6, v[6] / per_step, v[8] / 1e6);
+            std::printf(
+                "%4d (%ld,%ld,%ld)  %6.0f  %7.2f  %14.2f  %6.2f  %9.2f  %6.2f  %10.1f%%   %13.3f (%7.3f)   %6.3f "
+                "(%6.3f)\n",
+                r, long(at.pp), long(at.ep), long(at.dp), v[9], v[0], v[1], v[2], v[3], v[4], 100.0 * v[2] / busy,
+                v[5] / per_step, v[7] / 1e6, v[6] / per_step, v[8] / 1e6);
             rows.push_back(std::to_string(r) + "," + std::to_string(at.pp) + "," + std::to_string(at.ep) + "," +
-                           std::to_string(at.dp) + "," + std::to_string(v[9]) + "," + std::to_string(v[0]) + "," + std::to_string(v[1]) + "," +
-                           std::to_string(v[2]) + "," + std::to_string(v[3]) + "," + std::to_string(v[4]) + "," +
-                           std::to_string(v[5]) + "," + std::to_string(v[6]) + "," + std::to_string(v[7]) + "," +
-                           std::to_string(v[8]));
+                           std::to_string(at.dp) + "," + std::to_string(v[9]) + "," + std::to_string(v[0]) + "," +
+                           std::to_string(v[1]) + "," + std::to_string(v[2]) + "," + std::to_string(v[3]) + "," +
+                           std::to_string(v[4]) + "," + std::to_string(v[5]) + "," + std::to_string(v[6]) + "," +
+                           std::to_string(v[7]) + "," + std::to_string(v[8]));
         }
-        std::printf("pipeline bubble: measured %.1f%% (over all ranks, the time a rank idled while the slowest "
-                    "rank's pipeline ran, over the time it worked), interleaved 1F1B predicts (PP - 1) / (V M) = "
-                    "%.1f%% (equal chunks, free transfers, a core per process)\n",
-                    100.0 * bubble_sum / pipeline_sum, 100.0 * predicted);
+        std::printf(
+            "pipeline bubble: measured %.1f%% (over all ranks, the time a rank idled while the slowest "
+            "rank's pipeline ran, over the time it worked), interleaved 1F1B predicts (PP - 1) / (V M) = "
+            "%.1f%% (equal chunks, free transfers, a core per process)\n",
+            100.0 * bubble_sum / pipeline_sum, 100.0 * predicted);
     }
 
     std::vector<float> single;
@@ -304,7 +328,8 @@ void run_layout(const Options& o, Communicator& world) {
             f << '\n';
         }
         std::ofstream rf(ranks);
-        rf << "rank,pp,ep,dp,parameters,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_bytes,"
+        rf << "rank,pp,ep,dp,parameters,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_"
+              "bytes,"
               "formula_pipeline_ep_bytes_per_step,formula_flat_zero_bytes_per_step\n";
         for (const std::string& r : rows) rf << r << '\n';
         using namespace moonmoe::plot;
@@ -344,15 +369,17 @@ void run_layout(const Options& o, Communicator& world) {
 /// Runs the type of Runs whose layout the options name.
 void run(const Options& o, Communicator& world) {
     bool found = false;
-    std::apply([&](auto... run) {
-        const auto try_one = [&]<class Model>(Model) {
-            constexpr moonmoe::ParallelConfig p = Model::config.parallel;
-            if (found || p.pp != o.pp || p.ep != o.ep || p.dp != o.dp || p.virtual_stages != o.v) return;
-            found = true;
-            run_layout<Model>(o, world);
-        };
-        (try_one(run), ...);
-    }, Runs{});
+    std::apply(
+        [&](auto... run) {
+            const auto try_one = [&]<class Model>(Model) {
+                constexpr moonmoe::ParallelConfig p = Model::config.parallel;
+                if (found || p.pp != o.pp || p.ep != o.ep || p.dp != o.dp || p.virtual_stages != o.v) return;
+                found = true;
+                run_layout<Model>(o, world);
+            };
+            (try_one(run), ...);
+        },
+        Runs{});
     if (!found)
         throw std::invalid_argument("--layout " + std::to_string(o.pp) + "," + std::to_string(o.ep) + "," +
                                     std::to_string(o.dp) + " --virtual " + std::to_string(o.v) +
@@ -365,9 +392,11 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(stdout, Options{}), 0;
         if (!std::strcmp(argv[i], "--backend") && i + 1 < argc && std::strcmp(argv[i + 1], "cpu") != 0) {
-            std::fprintf(stderr, "train_parallel: --backend %s: this binary was built without CUDA; it runs the CPU "
-                                 "backend over MPI (the CUDA backend's communicator is NCCL's, parallel/nccl.hpp; "
-                                 "configure with -DMOONMOE_BUILD_CUDA=ON for the CUDA examples)\n", argv[i + 1]);
+            std::fprintf(stderr,
+                         "train_parallel: --backend %s: this binary was built without CUDA; it runs the CPU "
+                         "backend over MPI (the CUDA backend's communicator is NCCL's, parallel/nccl.hpp; "
+                         "configure with -DMOONMOE_BUILD_CUDA=ON for the CUDA examples)\n",
+                         argv[i + 1]);
             return 1;
         }
     }

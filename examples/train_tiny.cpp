@@ -3,7 +3,8 @@
 // (Muon + QK-Clip), which holds it at tau; the losses stay together. In the spirit of the K2 report's Figures 2
 // and 12.
 //
-//   train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR] [--help]
+//   train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N] [--out DIR]
+//   [--help]
 // --seed N (default 7) picks the initial weights and the batches (the same for both runs).
 // --threads N (default: moonmoe::default_threads(), the CPUs this process may use after its affinity mask and cgroup
 // CPU quota, or OMP_NUM_THREADS); a run is bitwise repeatable for a fixed thread count.
@@ -30,22 +31,23 @@ void progress_bar(const char* run, const train_tiny::StepLog& l, moonmoe::index_
 }
 
 void usage(std::FILE* to, const train_tiny::Options& d) {
-    std::fprintf(to,
-                 "usage: train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N]\n"
-                 "                  [--out DIR]\n"
-                 "Trains a Kimi K2-shaped tiny model on the bytes of a text twice from the same initialisation, with Muon\n"
-                 "and with MuonClip, and writes DIR/train_tiny.csv and DIR/train_tiny.png (loss and max logit per step).\n"
-                 "  --text FILE   training text, read as bytes (default %s)\n"
-                 "  --steps N     optimizer steps per run (default %ld)\n"
-                 "  --lr X        peak learning rate of Muon and AdamW (default %g)\n"
-                 "  --tau X       QK-Clip threshold (default %g)\n"
-                 "  --seed N      initial weights and batches, the same for both runs (default %llu)\n"
-                 "  --threads N   CPU threads (default: the CPUs this process may use, or OMP_NUM_THREADS); a run is\n"
-                 "                bitwise repeatable for a fixed thread count\n"
-                 "  --out DIR     output directory (default .)\n"
-                 "  --backend B   cpu or cuda (cuda: the train_tiny_cuda binary built by nvcc)\n"
-                 "  --help        this text\n",
-                 d.text.c_str(), long(d.steps), d.lr, d.tau, (unsigned long long)d.seed);
+    std::fprintf(
+        to,
+        "usage: train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] [--threads N]\n"
+        "                  [--out DIR]\n"
+        "Trains a Kimi K2-shaped tiny model on the bytes of a text twice from the same initialisation, with Muon\n"
+        "and with MuonClip, and writes DIR/train_tiny.csv and DIR/train_tiny.png (loss and max logit per step).\n"
+        "  --text FILE   training text, read as bytes (default %s)\n"
+        "  --steps N     optimizer steps per run (default %ld)\n"
+        "  --lr X        peak learning rate of Muon and AdamW (default %g)\n"
+        "  --tau X       QK-Clip threshold (default %g)\n"
+        "  --seed N      initial weights and batches, the same for both runs (default %llu)\n"
+        "  --threads N   CPU threads (default: the CPUs this process may use, or OMP_NUM_THREADS); a run is\n"
+        "                bitwise repeatable for a fixed thread count\n"
+        "  --out DIR     output directory (default .)\n"
+        "  --backend B   cpu or cuda (cuda: the train_tiny_cuda binary built by nvcc)\n"
+        "  --help        this text\n",
+        d.text.c_str(), long(d.steps), d.lr, d.tau, (unsigned long long)d.seed);
 }
 
 double mean_tail(const std::vector<train_tiny::StepLog>& h, std::size_t n) {
@@ -69,23 +71,29 @@ int main(int argc, char** argv) try {
             return std::string(argv[++i]);
         };
         if (!std::strcmp(argv[i], "--text")) o.text = value("--text");
-        else if (!std::strcmp(argv[i], "--steps")) o.steps = std::stol(value("--steps"));
-        else if (!std::strcmp(argv[i], "--lr")) o.lr = std::stod(value("--lr"));
-        else if (!std::strcmp(argv[i], "--tau")) o.tau = std::stod(value("--tau"));
-        else if (!std::strcmp(argv[i], "--seed")) o.seed = std::stoull(value("--seed"));
-        else if (!std::strcmp(argv[i], "--out")) out = value("--out");
+        else if (!std::strcmp(argv[i], "--steps"))
+            o.steps = std::stol(value("--steps"));
+        else if (!std::strcmp(argv[i], "--lr"))
+            o.lr = std::stod(value("--lr"));
+        else if (!std::strcmp(argv[i], "--tau"))
+            o.tau = std::stod(value("--tau"));
+        else if (!std::strcmp(argv[i], "--seed"))
+            o.seed = std::stoull(value("--seed"));
+        else if (!std::strcmp(argv[i], "--out"))
+            out = value("--out");
         else if (!std::strcmp(argv[i], "--threads")) {
             threads = std::stoi(value("--threads"));
             if (threads < 1) throw std::invalid_argument("--threads must be positive");
-        }
-        else throw std::invalid_argument(std::string("unknown argument '") + argv[i] +
-                                         "'; usage: train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] "
-                                         "[--threads N] [--out DIR] (--help explains each)");
+        } else
+            throw std::invalid_argument(
+                std::string("unknown argument '") + argv[i] +
+                "'; usage: train_tiny [--backend cpu|cuda] [--text FILE] [--steps N] [--lr X] [--tau X] [--seed N] "
+                "[--threads N] [--out DIR] (--help explains each)");
     }
     if (o.steps < 1) throw std::invalid_argument("--steps must be positive");
     if (threads > 0) moonmoe::set_threads(threads);
     std::printf("threads: %s\n", threads > 0 ? (std::to_string(threads) + " (--threads)").c_str()
-                                              : moonmoe::default_threads().describe().c_str());
+                                             : moonmoe::default_threads().describe().c_str());
     std::printf("train_tiny: %s, %lld parameters, %ld steps of %ld x %ld bytes from %s; lr %g, tau %g\n",
                 "a Kimi K2-shaped model (MLA, dense first layer, 8 experts top-2 + 1 shared)",
                 (long long)train_tiny::TinyModel::parameter_count(), long(o.steps), long(o.batch), long(o.seq),
@@ -96,7 +104,8 @@ int main(int argc, char** argv) try {
     for (int r = 0; r < 2; ++r) {
         const auto start = std::chrono::steady_clock::now();
         const auto progress = [&](const train_tiny::StepLog& l) {
-            progress_bar(names[r], l, o.steps, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+            progress_bar(names[r], l, o.steps,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         };
         example::with_backend(backend, [&]<class B>() {
             runs[r] = train_tiny::run<B>(o, r == 1, progress);
@@ -146,12 +155,15 @@ int main(int argc, char** argv) try {
             peak[r] = std::max(peak[r], l.max_logit_after), forward_peak[r] = std::max(forward_peak[r], l.max_logit);
             if (r == 1) clipped += l.heads_clipped, exhausted += l.clip_exhausted, above += l.max_logit_after > o.tau;
         }
-    std::printf("Muon alone: max logit after a step peaks at %.2f (%.2f x tau); final loss %.4f (mean of the last 20 "
-                "steps)\n", peak[0], peak[0] / o.tau, mean_tail(runs[0], 20));
-    std::printf("MuonClip:   max logit after a step peaks at %.2f (%.6f x tau; %ld steps ended above tau), %ld head "
-                "clips; the next batch's forward saw at most %.2f; final loss %.4f (%+.1f%%)\n",
-                peak[1], peak[1] / o.tau, long(above), long(clipped), forward_peak[1], mean_tail(runs[1], 20),
-                100.0 * (mean_tail(runs[1], 20) / mean_tail(runs[0], 20) - 1.0));
+    std::printf(
+        "Muon alone: max logit after a step peaks at %.2f (%.2f x tau); final loss %.4f (mean of the last 20 "
+        "steps)\n",
+        peak[0], peak[0] / o.tau, mean_tail(runs[0], 20));
+    std::printf(
+        "MuonClip:   max logit after a step peaks at %.2f (%.6f x tau; %ld steps ended above tau), %ld head "
+        "clips; the next batch's forward saw at most %.2f; final loss %.4f (%+.1f%%)\n",
+        peak[1], peak[1] / o.tau, long(above), long(clipped), forward_peak[1], mean_tail(runs[1], 20),
+        100.0 * (mean_tail(runs[1], 20) / mean_tail(runs[0], 20) - 1.0));
     if (exhausted > 0)  // the clip loop's promise did not hold on these steps: say so, never silently
         std::printf("MuonClip:   on %ld steps QK-Clip ran out of re-measure rounds with a head above tau\n",
                     long(exhausted));

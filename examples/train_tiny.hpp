@@ -22,20 +22,20 @@ namespace train_tiny {
 
 using moonmoe::index_t;
 
-using TinyModel = moonmoe::Model<
-    moonmoe::Dims<moonmoe::Hidden<128>, moonmoe::Layers<3>, moonmoe::DenseLayers<1>, moonmoe::Vocab<256>,
-                  moonmoe::DenseHidden<256>>,
-    moonmoe::Attention<moonmoe::MLA<moonmoe::Heads<4>, moonmoe::QRank<64>, moonmoe::KVRank<32>, moonmoe::NopeDim<16>,
-                                    moonmoe::RopeDim<8>, moonmoe::VDim<16>>>,
-    moonmoe::RoPE<moonmoe::MaxPositions<4096>, moonmoe::YaRN<moonmoe::OriginalMaxPositions<512>>>,
-    moonmoe::MoE<moonmoe::Experts<8>, moonmoe::TopK<2>, moonmoe::Shared<1>, moonmoe::ExpertHidden<64>>,
-    moonmoe::Parallel<1, 1, 1>>;
+using TinyModel =
+    moonmoe::Model<moonmoe::Dims<moonmoe::Hidden<128>, moonmoe::Layers<3>, moonmoe::DenseLayers<1>, moonmoe::Vocab<256>,
+                                 moonmoe::DenseHidden<256>>,
+                   moonmoe::Attention<moonmoe::MLA<moonmoe::Heads<4>, moonmoe::QRank<64>, moonmoe::KVRank<32>,
+                                                   moonmoe::NopeDim<16>, moonmoe::RopeDim<8>, moonmoe::VDim<16>>>,
+                   moonmoe::RoPE<moonmoe::MaxPositions<4096>, moonmoe::YaRN<moonmoe::OriginalMaxPositions<512>>>,
+                   moonmoe::MoE<moonmoe::Experts<8>, moonmoe::TopK<2>, moonmoe::Shared<1>, moonmoe::ExpertHidden<64>>,
+                   moonmoe::Parallel<1, 1, 1>>;
 
 struct Options {
     std::string text = "/usr/share/common-licenses/GPL-3";  // on every Debian system
     index_t steps = 300, batch = 8, seq = 64;
-    double lr = 2e-2;        ///< Muon and AdamW peak rate (RMS-matched, as in K2)
-    double tau = 30.0;       ///< QK-Clip threshold
+    double lr = 2e-2;   ///< Muon and AdamW peak rate (RMS-matched, as in K2)
+    double tau = 30.0;  ///< QK-Clip threshold
     index_t warmup = 20;
     float bias_rate = 1e-3f;  ///< auxiliary-loss-free balancing
     std::uint64_t seed = 7;
@@ -51,18 +51,19 @@ struct Options {
 struct StepLog {
     index_t step;
     float loss;
-    float max_logit;                 ///< over every layer and head, in this step's forward
-    std::vector<float> layer_max;    ///< per layer
+    float max_logit;               ///< over every layer and head, in this step's forward
+    std::vector<float> layer_max;  ///< per layer
     index_t heads_clipped;
-    float max_logit_after = NAN;     ///< on the same batch, with the weights this step left (measure_after_step)
-    bool clip_exhausted = false;     ///< QK-Clip's re-measure ran out of rounds with a head over tau
+    float max_logit_after = NAN;  ///< on the same batch, with the weights this step left (measure_after_step)
+    bool clip_exhausted = false;  ///< QK-Clip's re-measure ran out of rounds with a head over tau
 };
 
 inline std::vector<index_t> read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error(path + ": cannot open the training text");
     std::vector<index_t> ids;
-    for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) ids.push_back(index_t(static_cast<unsigned char>(*it)));
+    for (std::istreambuf_iterator<char> it(in), end; it != end; ++it)
+        ids.push_back(index_t(static_cast<unsigned char>(*it)));
     return ids;
 }
 
@@ -78,15 +79,19 @@ public:
 
     /// `clip` selects MuonClip, else Muon alone.
     Trainer(const Options& o, bool clip)
-        : layout(moonmoe::nn::TokenLayout::sequences(o.batch, o.seq)), o_(o), text_(read_bytes(o.text)),
-          ids_(static_cast<std::size_t>(o.batch * o.seq)), state_(o.seed * 0x9E3779B97F4A7C15ull + 1) {
+        : layout(moonmoe::nn::TokenLayout::sequences(o.batch, o.seq)),
+          o_(o),
+          text_(read_bytes(o.text)),
+          ids_(static_cast<std::size_t>(o.batch * o.seq)),
+          state_(o.seed * 0x9E3779B97F4A7C15ull + 1) {
         if (index_t(text_.size()) < o.seq + 1)
-            throw std::runtime_error(o.text + ": " + std::to_string(text_.size()) + " bytes, fewer than one sequence of " +
-                                     std::to_string(o.seq));
+            throw std::runtime_error(o.text + ": " + std::to_string(text_.size()) +
+                                     " bytes, fewer than one sequence of " + std::to_string(o.seq));
         std::uint64_t seed = o.seed;
         model.visit_params([&](const moonmoe::ParamRef& p) {  // N(0, 1/fan_in), gains 1, bias 0
             if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
-            const float std_dev = p.kind == moonmoe::ParamKind::embedding ? 1.0f : 1.0f / std::sqrt(float(p.shape.back()));
+            const float std_dev =
+                p.kind == moonmoe::ParamKind::embedding ? 1.0f : 1.0f / std::sqrt(float(p.shape.back()));
             moonmoe::backend::Ops<B>::fill_normal(moonmoe::View<float, 2, B>(p.value, {1, p.numel()}), 0.0f, std_dev,
                                                   seed++);
         });

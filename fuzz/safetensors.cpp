@@ -26,9 +26,9 @@ constexpr moonmoe::index_t max_decoded = moonmoe::index_t(1) << 20;
 /// One block dimension from one byte: the sizes checkpoints use, larger powers of two, and the overflow edges.
 std::int64_t block_dim(std::uint8_t b) {
     constexpr std::int64_t max = INT64_MAX, min = INT64_MIN;
-    constexpr std::int64_t edges[16] = {max, max - 1, min, min + 1, -1, INT32_MAX, 1LL << 31, 1LL << 32, 1LL << 62,
-                                        max / 2, max / 2 + 1, (1LL << 62) + 1, max / 3, (1LL << 32) + 1,
-                                        -(1LL << 31), 0};
+    constexpr std::int64_t edges[16] = {max,       max - 1,         min,          min + 1, -1,          INT32_MAX,
+                                        1LL << 31, 1LL << 32,       1LL << 62,    max / 2, max / 2 + 1, (1LL << 62) + 1,
+                                        max / 3,   (1LL << 32) + 1, -(1LL << 31), 0};
     if (b < 0xE0) return b;
     if (b < 0xF0) return std::int64_t(1) << (b - 0xE0 + 8);
     return edges[b - 0xF0];

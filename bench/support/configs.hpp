@@ -30,7 +30,8 @@ using Recomputed = moonmoe::Activations<moonmoe::Recompute<moonmoe::KimiK2Select
 inline constexpr moonmoe::ModelConfig k2_recompute = moonmoe::KimiK2::with<TrainingPrecision, Recomputed>::config;
 inline constexpr moonmoe::ModelConfig k2_fp8 =
     moonmoe::KimiK2::with<TrainingPrecision, moonmoe::KimiK2Activations>::config;
-inline constexpr moonmoe::ModelConfig small_fp8 = SmallModel::with<TrainingPrecision, moonmoe::KimiK2Activations>::config;
+inline constexpr moonmoe::ModelConfig small_fp8 =
+    SmallModel::with<TrainingPrecision, moonmoe::KimiK2Activations>::config;
 
 /// The routed experts a benchmark holds: K2's one expert-parallel rank, or every expert of the small model.
 inline moonmoe::index_t local_experts(const moonmoe::ModelConfig& cfg) {

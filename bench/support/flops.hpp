@@ -32,7 +32,8 @@ inline double mla_decode(const ModelConfig& c, index_t L) {
 
 /// Bytes a decode step must read at least once: every attention weight and the latent cache (float32).
 inline double mla_decode_bytes(const ModelConfig& c, index_t L) {
-    return 4.0 * (double(moonmoe::count_attention(c).matrices()) + double(L) * (c.attention.kv_rank + c.attention.rope_dim));
+    return 4.0 *
+           (double(moonmoe::count_attention(c).matrices()) + double(L) * (c.attention.kv_rank + c.attention.rope_dim));
 }
 
 inline double router_forward(const ModelConfig& c, index_t T) { return 2.0 * T * c.moe.experts * c.dims.hidden; }

@@ -96,7 +96,8 @@ inline double sgemm_rate() {
         double best = 1e30;
         for (int rep = 0; rep < 11; ++rep) {
             const auto t = Clock::now();
-            Ops::gemm(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f, a.view(), b.view(), 0.0f, c.view());
+            Ops::gemm(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f, a.view(), b.view(), 0.0f,
+                      c.view());
             wait_for_device();
             if (rep > 0) best = std::min(best, seconds_since(t));
         }
@@ -176,7 +177,8 @@ void init_params(Module& m, std::uint64_t seed = 1) {
     m.visit_params("m", [&](const moonmoe::ParamRef& p) {
         if (p.kind == moonmoe::ParamKind::vector || p.kind == moonmoe::ParamKind::router_bias) return;
         // f32 values, or (Weights<BF16>) drawn in f32 and rounded into the bf16 weight
-        moonmoe::nn::write_values<Backend>(p, [&](moonmoe::View<float, 2, Backend> v) { init_uniform_matrix(v, seed); });
+        moonmoe::nn::write_values<Backend>(p,
+                                           [&](moonmoe::View<float, 2, Backend> v) { init_uniform_matrix(v, seed); });
         ++seed;
     });
     if constexpr (requires { m.refresh_working(); }) m.refresh_working();  // Precision<BF16>'s working copies
@@ -298,13 +300,13 @@ inline int main(int argc, char** argv) try {
 // families can share a binary): a main() of its own, or, in moonmoe_cuda_bench (MOONMOE_BENCH_COMBINED), a
 // registration that bench/support/cuda_main.cpp's main() runs.
 #if defined(MOONMOE_BENCH_COMBINED)
-#define MOONMOE_BENCH_MAIN() \
-    [[maybe_unused]] static const bool moonmoe_bench_registered = \
+#define MOONMOE_BENCH_MAIN()                                                                                           \
+    [[maybe_unused]] static const bool moonmoe_bench_registered =                                                      \
         (bench::families().push_back(&bench::register_benchmarks), true);
 #else
-#define MOONMOE_BENCH_MAIN()                                   \
-    int main(int argc, char** argv) {                          \
-        bench::families().push_back(&bench::register_benchmarks); \
-        return bench::main(argc, argv);                         \
+#define MOONMOE_BENCH_MAIN()                                                                                           \
+    int main(int argc, char** argv) {                                                                                  \
+        bench::families().push_back(&bench::register_benchmarks);                                                      \
+        return bench::main(argc, argv);                                                                                \
     }
 #endif

@@ -5,7 +5,8 @@
 //   plot::Figure fig;
 //   fig.panels.push_back({.title = "Training loss", .x_label = "step", .y_label = "loss",
 //                         .series = {{.label = "Muon", .x = steps, .y = loss_muon, .color = plot::colors::blue},
-//                                    {.label = "MuonClip", .x = steps, .y = loss_clip, .color = plot::colors::orange}}});
+//                                    {.label = "MuonClip", .x = steps, .y = loss_clip, .color =
+//                                    plot::colors::orange}}});
 //   fig.panels.push_back({.title = "Max attention logit", .x_label = "step", .y_label = "max logit",
 //                         .series = {...}, .hlines = {{.y = 100, .label = "tau = 100"}}, .log_y = true});
 //   plot::write_png("curves.png", fig);  // also curves.plot.csv: panel,series,x,y
@@ -51,7 +52,7 @@ inline constexpr std::array<Rgb, 10> cycle{blue, orange, green, red, purple, bro
 
 /// One curve. `x` may be left empty, meaning 0, 1, ..., y.size()-1; otherwise it must have y's size.
 struct Series {
-    std::string label{};         // legend text; empty: not in the legend
+    std::string label{};  // legend text; empty: not in the legend
     std::vector<double> x{}, y{};
     std::optional<Rgb> color{};  // unset: colors::cycle[index of the series in its panel % 10]
     int width = 2;               // stroke width in pixels, clamped to [1, 12]
@@ -86,7 +87,7 @@ struct Figure {
     int width = 1200, height = 500;  // pixels, each in [64, 16384]
     std::string title{};             // optional, centred above all panels
     std::vector<Panel> panels{};
-    double font_size = 0;            // pixels; 0: from the cell size (about 15 for 600x500 cells)
+    double font_size = 0;  // pixels; 0: from the cell size (about 15 for 600x500 cells)
 };
 
 /// Where a panel's data go, in cairo's pixel coordinates (pixel (i, j) covers [i, i+1) x [j, j+1)). The axis box's
@@ -107,8 +108,12 @@ struct PlotArea {
 
 namespace detail {
 
-struct SurfaceFree { void operator()(cairo_surface_t* s) const { cairo_surface_destroy(s); } };
-struct ContextFree { void operator()(cairo_t* c) const { cairo_destroy(c); } };
+struct SurfaceFree {
+    void operator()(cairo_surface_t* s) const { cairo_surface_destroy(s); }
+};
+struct ContextFree {
+    void operator()(cairo_t* c) const { cairo_destroy(c); }
+};
 using Surface = std::unique_ptr<cairo_surface_t, SurfaceFree>;
 using Context = std::unique_ptr<cairo_t, ContextFree>;
 
@@ -229,7 +234,8 @@ inline void panel_limits(const Panel& p, PlotArea& a) {
     if (p.log_y) {  // padded in decades; a single value gets +-0.3 of one
         double lo = yl <= yh ? std::log10(yl) : 0, hi = yl <= yh ? std::log10(yh) : 1;
         if (lo == hi) lo -= 0.3, hi += 0.3;
-        else if (yl <= yh) pad(lo, hi, 0, 0, 0.05);
+        else if (yl <= yh)
+            pad(lo, hi, 0, 0, 0.05);
         yl = std::pow(10.0, lo), yh = std::pow(10.0, hi);
     } else {
         pad(yl, yh, 0.1, 1.0, 0.05);
@@ -239,7 +245,8 @@ inline void panel_limits(const Panel& p, PlotArea& a) {
         lo = mn.value_or(lo), hi = mx.value_or(hi);
         if (hi > lo) return;  // only one limit was given, on the wrong side of the data: a range beside it
         if (mn) hi = log ? lo * 10 : lo + std::max(std::abs(lo) * 0.1, 1.0);
-        else lo = log ? hi / 10 : hi - std::max(std::abs(hi) * 0.1, 1.0);
+        else
+            lo = log ? hi / 10 : hi - std::max(std::abs(hi) * 0.1, 1.0);
     };
     apply(xl, xh, p.x_min, p.x_max, false);
     apply(yl, yh, p.y_min, p.y_max, p.log_y);
@@ -308,7 +315,8 @@ inline std::vector<PlotArea> layout(cairo_t* cr, const Figure& fig) {
         a.bottom = std::max(a.top + 2, half(fig.height - pad - (p.x_label.empty() ? 0 : line) - line - tick));
         const int max_y = std::max(2, int((a.bottom - a.top) / (2.5 * fs)));
         if (p.log_y) std::tie(a.y_ticks, a.y_minor) = log_ticks(a.y_lo, a.y_hi, max_y);
-        else a.y_ticks = nice_ticks(a.y_lo, a.y_hi, max_y);
+        else
+            a.y_ticks = nice_ticks(a.y_lo, a.y_hi, max_y);
         a.y_labels = tick_labels(a.y_ticks);
         a.left = std::min(x1 - 3, half(x0 + pad + (p.y_label.empty() ? 0 : line) + widest(a.y_labels) + gap + tick));
         a.right = std::max(a.left + 2, half(x1 - pad - 2 * fs));
@@ -316,8 +324,7 @@ inline std::vector<PlotArea> layout(cairo_t* cr, const Figure& fig) {
         for (int max_x = std::max(2, int((a.right - a.left) / (3 * fs))); max_x >= 2; --max_x) {
             a.x_ticks = nice_ticks(a.x_lo, a.x_hi, max_x);
             a.x_labels = tick_labels(a.x_ticks);
-            if (a.x_ticks.size() < 2 || a.px(a.x_ticks[1]) - a.px(a.x_ticks[0]) >= widest(a.x_labels) + 1.5 * fs)
-                break;
+            if (a.x_ticks.size() < 2 || a.px(a.x_ticks[1]) - a.px(a.x_ticks[0]) >= widest(a.x_labels) + 1.5 * fs) break;
         }
         const double last = a.x_labels.empty() ? 0 : text_width(cr, a.x_labels.back()) / 2;
         a.right = std::max(a.left + 2, half(x1 - pad - std::max(last, 0.5 * fs)));
@@ -363,8 +370,8 @@ inline void draw_panel(cairo_t* cr, const Panel& p, const PlotArea& a, double fs
     cairo_rectangle(cr, a.left, a.top, w, h);
     for (double t : a.x_ticks) cairo_move_to(cr, std::floor(a.px(t)) + 0.5, a.bottom), cairo_rel_line_to(cr, 0, tick);
     for (double t : a.y_ticks) cairo_move_to(cr, a.left, std::floor(a.py(t)) + 0.5), cairo_rel_line_to(cr, -tick, 0);
-    for (double t : a.y_minor) cairo_move_to(cr, a.left, std::floor(a.py(t)) + 0.5),
-                               cairo_rel_line_to(cr, -tick / 2, 0);
+    for (double t : a.y_minor)
+        cairo_move_to(cr, a.left, std::floor(a.py(t)) + 0.5), cairo_rel_line_to(cr, -tick / 2, 0);
     stroke_style(cr, colors::black, 1, false), cairo_stroke(cr);
     const double x_text = a.bottom + tick + gap + 0.75 * fs;  // baseline of the x tick labels
     for (std::size_t i = 0; i < a.x_ticks.size(); ++i) text(cr, a.px(a.x_ticks[i]), x_text, a.x_labels[i], 0.5);
@@ -379,7 +386,12 @@ inline void draw_panel(cairo_t* cr, const Panel& p, const PlotArea& a, double fs
     }
 
     // The legend: series, then reference lines, that have a label.
-    struct Entry { const std::string* label; Rgb color; int width; bool dashed; };
+    struct Entry {
+        const std::string* label;
+        Rgb color;
+        int width;
+        bool dashed;
+    };
     std::vector<Entry> entries;
     for (std::size_t k = 0; k < p.series.size(); ++k)
         if (const Series& s = p.series[k]; !s.label.empty())

@@ -80,10 +80,13 @@ public:
         Model::config.parallel.pp == 1 && Model::config.parallel.ep == 1 && Model::config.parallel.dp == 1;
 
     /// One process (Parallel<1, 1, 1>).
-    explicit Trainer(const TrainerOptions& options = {}) requires one_process : config_(resolve_config(options, 1)) {
+    explicit Trainer(const TrainerOptions& options = {})
+        requires one_process
+        : config_(resolve_config(options, 1)) {
         kernels_ = moonmoe::backend::KernelOps<backend>::use(Model::kernels);
         if (options.checkpoint.empty()) part_ = std::make_unique<Part>(config_);
-        else part_ = std::make_unique<Part>(load_transformer<Model, backend>(options.checkpoint, options.load));
+        else
+            part_ = std::make_unique<Part>(load_transformer<Model, backend>(options.checkpoint, options.load));
         initialise(options);
         optimizer_ = std::make_unique<Optimizer>(*part_);
     }
@@ -162,7 +165,8 @@ public:
     /// parallel/checkpoint.hpp: atomic, transformers loads it).
     void save(const std::filesystem::path& dir, const parallel::SaveOptions& options = {}) {
         if (groups_) parallel::save_checkpoint(dir, *part_, *groups_, options);
-        else save_transformer(dir, *part_, options);
+        else
+            save_transformer(dir, *part_, options);
     }
 
     /// The optimizer state in `dir` as optimizer-<r>-of-<N>.safetensors files, which any layout resumes
@@ -193,8 +197,9 @@ private:
         ModelConfig c = Model::config;
         if (!options.checkpoint.empty()) c = resolve(Model::config, Checkpoint(options.checkpoint).config());
         else if (!c.is_static())
-            throw std::invalid_argument("moonmoe::Trainer: the model type leaves sizes Dynamic; give a checkpoint "
-                                        "(TrainerOptions::checkpoint) to read them from");
+            throw std::invalid_argument(
+                "moonmoe::Trainer: the model type leaves sizes Dynamic; give a checkpoint "
+                "(TrainerOptions::checkpoint) to read them from");
         if (c.parallel.dp == Dynamic) {
             const index_t per_replica = c.parallel.pp * c.parallel.ep;
             if (world_size % per_replica != 0)
@@ -224,7 +229,7 @@ private:
     std::string kernels_;
     std::unique_ptr<parallel::ProcessGroups> groups_;
     std::unique_ptr<Part> part_;
-    std::unique_ptr<Optimizer> optimizer_;  // one process
+    std::unique_ptr<Optimizer> optimizer_;                                                   // one process
     std::unique_ptr<parallel::DistributedOptimizer<OptimizerConfig, backend>> distributed_;  // parallel
     std::unique_ptr<parallel::Pipeline<backend>> pipeline_;
     index_t pipeline_micro_batches_ = 0;

@@ -11,17 +11,19 @@
 #include <moonmoe/moonmoe.hpp>
 
 #if !defined(MOONMOE_CONSUMER_NATIVE) && (defined(__AVX__) || defined(__AVX2__) || defined(__AVX512F__))
+// clang-format off: an #error line cannot break
 #error "moonmoe::moonmoe gave a consumer without flags an instruction set (__AVX__ is defined): the package must not add -march or -m flags"
+// clang-format on
 #endif
 
 namespace mm = moonmoe;
 namespace cd = moonmoe::backend::cpu_detail;
 
-using Small = mm::Model<mm::Dims<mm::Hidden<32>, mm::Layers<2>, mm::DenseLayers<1>, mm::Vocab<64>, mm::DenseHidden<48>>,
-                        mm::Attention<mm::MLA<mm::Heads<2>, mm::QRank<16>, mm::KVRank<8>, mm::NopeDim<8>,
-                                              mm::RopeDim<4>, mm::VDim<8>>>,
-                        mm::MoE<mm::Experts<4>, mm::TopK<2>, mm::Shared<1>, mm::ExpertHidden<8>>,
-                        mm::RoPE<mm::MaxPositions<256>, mm::YaRN<mm::OriginalMaxPositions<64>>>>;
+using Small = mm::Model<
+    mm::Dims<mm::Hidden<32>, mm::Layers<2>, mm::DenseLayers<1>, mm::Vocab<64>, mm::DenseHidden<48>>,
+    mm::Attention<mm::MLA<mm::Heads<2>, mm::QRank<16>, mm::KVRank<8>, mm::NopeDim<8>, mm::RopeDim<4>, mm::VDim<8>>>,
+    mm::MoE<mm::Experts<4>, mm::TopK<2>, mm::Shared<1>, mm::ExpertHidden<8>>,
+    mm::RoPE<mm::MaxPositions<256>, mm::YaRN<mm::OriginalMaxPositions<64>>>>;
 
 namespace {
 

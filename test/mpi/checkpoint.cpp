@@ -16,8 +16,8 @@
 // test/data/saved_parallel: the seeded TinyK2 (no training) saved by the (2,2,2) run, and transformers' logits on
 // it (tools/make_saved_reference.py --data test/data/saved_parallel). On 8 ranks the run saves it again, byte for
 // byte, and the checkpoint's logits are compared with transformers' (1e-5). To regenerate:
-//     MOONMOE_SAVE_PARALLEL_TO=test/data/saved_parallel mpirun -np 8 build/test/moonmoe_mpi_tests -tc='*saved_parallel*'
-//     python tools/make_saved_reference.py --data test/data/saved_parallel
+//     MOONMOE_SAVE_PARALLEL_TO=test/data/saved_parallel mpirun -np 8 build/test/moonmoe_mpi_tests
+//     -tc='*saved_parallel*' python tools/make_saved_reference.py --data test/data/saved_parallel
 // With MOONMOE_TRAINED_CHECKPOINTS_TO=<dir>, the trained TinyK2 of the (2,2,2) layout is saved there too
 // (parallel_2_2_2) with the one process's model (one_process), for make_saved_reference.py --compare.
 #include <doctest/doctest.h>
@@ -49,8 +49,8 @@ namespace mpi_checkpoint {
 
 using namespace moonmoe;
 using namespace moonmoe::parallel;
-using moonmoe::testing::scaled_error;
 using moonmoe::testing::random_ids;
+using moonmoe::testing::scaled_error;
 using moonmoe::testing::world;
 namespace fs = std::filesystem;
 
@@ -86,8 +86,8 @@ ModelConfig configure(ModelConfig c, const Layout& l) {
 
 /// A directory all ranks share, empty: made by rank 0 (per world size, so that the mpi.npN runs do not meet).
 fs::path shared_scratch(const std::string& name) {
-    const fs::path dir = fs::path(MOONMOE_TEST_BINARY_DIR) / "mpi_scratch" /
-                         ("np" + std::to_string(world().size())) / name;
+    const fs::path dir =
+        fs::path(MOONMOE_TEST_BINARY_DIR) / "mpi_scratch" / ("np" + std::to_string(world().size())) / name;
     if (world().rank() == 0) {
         fs::remove_all(dir);
         fs::create_directories(dir);
@@ -111,7 +111,8 @@ std::vector<std::string> entries(const fs::path& dir) {
 }
 
 std::vector<index_t> batch_of(index_t vocab, index_t replica, index_t micro_batch, int step) {
-    return random_ids(vocab, 9100 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
+    return random_ids(vocab,
+                      9100 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
 }
 
 Tensor<float, 2, cpu> logits_of(nn::Transformer<cpu>& model, const std::vector<index_t>& ids, index_t sequences) {
@@ -140,7 +141,8 @@ void reference_step(nn::Transformer<cpu>& model, optim::Optimizer<Clipped, cpu>&
             if (!p.grad) return;
             auto& g = grad[p.name];
             if (q == 0) g.assign(p.grad, p.grad + p.numel());
-            else for (index_t i = 0; i < p.numel(); ++i) g[std::size_t(i)] += p.grad[i];
+            else
+                for (index_t i = 0; i < p.numel(); ++i) g[std::size_t(i)] += p.grad[i];
         });
     }
     const float mean = 1.0f / float(batches.size());
@@ -289,7 +291,8 @@ Saved train_and_save(const std::string& model_name, const ModelConfig& base, con
     const Tensor<float, 2, cpu> got = logits_of(whole, ids, 2), want = logits_of(ref, ids, 2);
     const double error = scaled_error(got.data(), want.data(), got.numel());
     if (bitwise) CHECK(error == 0.0);
-    else CHECK(error <= 1e-5);
+    else
+        CHECK(error <= 1e-5);
     if (w.rank() == 0)
         MESSAGE(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << ": " << shards
                            << " shards; logits of the saved checkpoint against one process: " << error);
@@ -352,7 +355,8 @@ TEST_CASE("A parallel run saves one checkpoint of the whole model, and every lay
         }
 }
 
-TEST_CASE("saved_parallel: the (2,2,2) run saves the committed checkpoint byte for byte; transformers reads it as we do") {
+TEST_CASE(
+    "saved_parallel: the (2,2,2) run saves the committed checkpoint byte for byte; transformers reads it as we do") {
     if (world().size() != 8) return;
     Communicator& w = world();
     const Layout l{2, 2, 2, 1};
@@ -380,7 +384,8 @@ TEST_CASE("saved_parallel: the (2,2,2) run saves the committed checkpoint byte f
     const moonmoe::testing::Reference ref((committed / "reference.safetensors").string());
     const std::vector<index_t> ids = ref.i64("input_ids"), shape = ref.shape("input_ids");
     nn::Transformer<cpu>::Cache cache;
-    const Tensor<float, 2, cpu> logits = model.forward(ids.data(), nn::TokenLayout::sequences(shape[0], shape[1]), cache);
+    const Tensor<float, 2, cpu> logits =
+        model.forward(ids.data(), nn::TokenLayout::sequences(shape[0], shape[1]), cache);
     const std::vector<float> want = ref.f32("logits");
     const double error = scaled_error(logits.data(), want.data(), logits.numel());
     MESSAGE("saved_parallel: logits against transformers " << error);
@@ -389,8 +394,8 @@ TEST_CASE("saved_parallel: the (2,2,2) run saves the committed checkpoint byte f
 
 TEST_CASE("A failure on one rank fails the save on every rank and leaves the directory as it was") {
     Communicator& w = world();
-    const Layout l = layouts_for(w.size()).empty() ? Layout{1, 1, std::max<index_t>(1, w.size()), 1}
-                                                    : layouts_for(w.size()).front();
+    const Layout l =
+        layouts_for(w.size()).empty() ? Layout{1, 1, std::max<index_t>(1, w.size()), 1} : layouts_for(w.size()).front();
     const ModelConfig c = configure(TinyK2::config, l);
     ProcessGroups g(w, c.parallel);
     nn::Transformer<cpu> part(c, model_part(c, g.at));
@@ -405,7 +410,8 @@ TEST_CASE("A failure on one rank fails the save on every rank and leaves the dir
     if (w.rank() == 0) std::ofstream(dir / "notes.txt") << "mine";
     w.barrier();
     std::string message = message_of([&] { parallel::save_checkpoint(dir, part, g); });
-    CHECK(message.find("cannot save the parallel checkpoint; nothing changed: rank 0 (pp 0, ep 0, dp 0)") != std::string::npos);
+    CHECK(message.find("cannot save the parallel checkpoint; nothing changed: rank 0 (pp 0, ep 0, dp 0)") !=
+          std::string::npos);
     CHECK(message.find("notes.txt") != std::string::npos);
     w.barrier();
     if (w.rank() == 0) fs::remove(dir / "notes.txt");

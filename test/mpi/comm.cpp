@@ -30,7 +30,8 @@ TEST_CASE("all_reduce: sum and max over the world, f32, f64 and index_t") {
     w.all_reduce(std::span<index_t>(i), ReduceOp::sum);
     CHECK(i[0] == (index_t(n * (n - 1) / 2) << 40));
     std::vector<bf16> b(1);
-    CHECK_THROWS_WITH_AS(w.all_reduce(std::span<bf16>(b), ReduceOp::sum), doctest::Contains("reductions take f32"), comm_error);
+    CHECK_THROWS_WITH_AS(w.all_reduce(std::span<bf16>(b), ReduceOp::sum), doctest::Contains("reductions take f32"),
+                         comm_error);
 }
 
 TEST_CASE("all_to_all_v: counts exchanged first, every block arrives from the right rank, zero-count blocks included") {
@@ -74,7 +75,8 @@ TEST_CASE("reduce_scatter, all_gather and all_gather_v") {
 
     std::vector<float> mine = {float(r), float(10 * r)}, all(std::size_t(2 * n));
     w.all_gather(std::span<const float>(mine), std::span<float>(all));
-    for (int s = 0; s < n; ++s) CHECK((all[std::size_t(2 * s)] == float(s) && all[std::size_t(2 * s + 1)] == float(10 * s)));
+    for (int s = 0; s < n; ++s)
+        CHECK((all[std::size_t(2 * s)] == float(s) && all[std::size_t(2 * s + 1)] == float(10 * s)));
 
     // rank s contributes s % 2 elements (rank 0 none)
     std::vector<index_t> counts(static_cast<std::size_t>(n));

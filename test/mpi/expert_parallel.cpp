@@ -34,7 +34,13 @@ struct Routed {
 enum class Routing { random, one_expert };
 
 Routed route(index_t tokens, index_t k, index_t experts, Routing how, std::uint64_t seed) {
-    Routed r{tokens, k, experts, {}, Tensor<float, 2>({tokens, 8}), {}, Tensor<index_t, 1>({tokens * k}),
+    Routed r{tokens,
+             k,
+             experts,
+             {},
+             Tensor<float, 2>({tokens, 8}),
+             {},
+             Tensor<index_t, 1>({tokens * k}),
              Tensor<index_t, 2>({tokens, k})};
     std::mt19937_64 gen(seed);
     for (index_t t = 0; t < tokens; ++t) {
@@ -89,7 +95,9 @@ TEST_CASE("expert parallelism: the cases that hang real systems take the same co
     SUBCASE("every token routed to the same experts (the first rank's)") {
         identity_round_trip(route(7, 2, experts, Routing::one_expert, 9));
     }
-    SUBCASE("fewer tokens than ranks, in all") { identity_round_trip(route(r == n - 1 ? 1 : 0, 1, experts, Routing::random, 3)); }
+    SUBCASE("fewer tokens than ranks, in all") {
+        identity_round_trip(route(r == n - 1 ? 1 : 0, 1, experts, Routing::random, 3));
+    }
     SUBCASE("no tokens anywhere") { identity_round_trip(route(0, 2, experts, Routing::random, 1)); }
 }
 

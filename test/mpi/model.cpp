@@ -1,12 +1,12 @@
 // The whole parallel runtime against one process: for every Parallel<PP, EP, DP> layout the world size allows
 // (2 ranks: (2,1,1) V=2, (1,2,1), (1,1,2), (2,1,1) with K2's extra warm-up forward; 4 ranks: (4,1,1) V=2 without
-// and with it, (2,2,1), (1,2,2), (2,1,2); 8 ranks: (2,2,2), (1,4,2), (2,4,1) V=2), on the tiny Kimi K2 and DeepSeek-V3 models (with layers raised to PP x V where the model has
-// fewer), three training steps of the pipeline (parallel/pipeline.hpp) and ZeRO-1 MuonClip
-// (parallel/zero.hpp) against one process that runs every micro-batch of every replica on the whole model and
-// steps optim::Optimizer with the mean gradient. Checked each step: the loss of every micro-batch, the gradient of
-// every parameter after the reduce-scatter (each on its owner), and after the last step every weight; the bytes
-// each rank sends against parallel/traffic.hpp (the pipeline's exactly without EP; ZeRO's, summed over the ranks,
-// exactly flat ZeRO-1's).
+// and with it, (2,2,1), (1,2,2), (2,1,2); 8 ranks: (2,2,2), (1,4,2), (2,4,1) V=2), on the tiny Kimi K2 and DeepSeek-V3
+// models (with layers raised to PP x V where the model has fewer), three training steps of the pipeline
+// (parallel/pipeline.hpp) and ZeRO-1 MuonClip (parallel/zero.hpp) against one process that runs every micro-batch of
+// every replica on the whole model and steps optim::Optimizer with the mean gradient. Checked each step: the loss of
+// every micro-batch, the gradient of every parameter after the reduce-scatter (each on its owner), and after the last
+// step every weight; the bytes each rank sends against parallel/traffic.hpp (the pipeline's exactly without EP; ZeRO's,
+// summed over the ranks, exactly flat ZeRO-1's).
 //
 // Bitwise where the arithmetic is the same: with EP = 1 and at most two replicas every sum runs in the same order
 // (a pipeline accumulates a chunk's micro-batches in order; MPI's sum of two blocks is the one-process sum of two
@@ -37,8 +37,8 @@ namespace mpi_model {
 
 using namespace moonmoe;
 using namespace moonmoe::parallel;
-using moonmoe::testing::scaled_error;
 using moonmoe::testing::random_ids;
+using moonmoe::testing::scaled_error;
 using moonmoe::testing::world;
 
 namespace {
@@ -68,7 +68,8 @@ ModelConfig configure(ModelConfig c, const Layout& l, index_t micro_batches) {
 }
 
 std::vector<index_t> batch_of(index_t vocab, index_t replica, index_t micro_batch, int step) {
-    return random_ids(vocab, 7000 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
+    return random_ids(vocab,
+                      7000 + std::uint64_t(replica) * 131 + std::uint64_t(micro_batch) * 17 + std::uint64_t(step));
 }
 
 /// One process: every micro-batch of every replica on the whole model, the gradients averaged as the runtime
@@ -101,7 +102,8 @@ struct Reference {
                 if (!p.grad) return;
                 auto& g = grad[p.name];
                 if (q == 0) g.assign(p.grad, p.grad + p.numel());
-                else for (index_t i = 0; i < p.numel(); ++i) g[std::size_t(i)] += p.grad[i];
+                else
+                    for (index_t i = 0; i < p.numel(); ++i) g[std::size_t(i)] += p.grad[i];
             });
         }
         const float mean = 1.0f / float(R);
@@ -178,7 +180,8 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
             const float got = losses[std::size_t(m)];
             worst_loss = std::max(worst_loss, std::abs(double(got) - expected) / std::abs(double(expected)));
             if (bitwise) CHECK(got == expected);
-            else CHECK(got == doctest::Approx(expected).epsilon(1e-5));
+            else
+                CHECK(got == doctest::Approx(expected).epsilon(1e-5));
         }
         const Traffic before = g.traffic();
         REQUIRE_FALSE(opt.reduce_gradients());
@@ -195,7 +198,8 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
             const double e = scaled_error(p.grad, want.data(), p.numel());
             worst_grad = std::max(worst_grad, e);
             if (bitwise) CHECK(std::equal(p.grad, p.grad + p.numel(), want.begin()));
-            else CHECK(e <= 1e-5);
+            else
+                CHECK(e <= 1e-5);
         });
         const optim::StepReport a = opt.update(), b = ref.opt.step();
         // ZeRO-1's traffic summed over the world: flat ZeRO-1's (whole-parameter shares move the same bytes in all)
@@ -214,15 +218,17 @@ void check_layout(const std::string& model_name, ModelConfig base, const Layout&
         const double e = scaled_error(p.value, want.at(p.name), p.numel());
         worst_weight = std::max(worst_weight, e);
         if (bitwise) CHECK(e == 0.0);
-        else CHECK(e <= 1e-5);
+        else
+            CHECK(e <= 1e-5);
     });
     std::vector<double> worst = {worst_loss, worst_grad, worst_weight};
     w.all_reduce(std::span<double>(worst), ReduceOp::max);
     if (w.rank() == 0)
         MESSAGE(model_name << " Parallel<" << l.pp << ", " << l.ep << ", " << l.dp << "> V=" << l.v << " by " << driven
                            << std::string(l.extra_warmup ? " + extra warm-up" : "")
-                           << std::string(bitwise ? " (bitwise expected)" : "") << ": worst over ranks and 3 steps: loss "
-                           << worst[0] << ", gradient " << worst[1] << ", weight " << worst[2]);
+                           << std::string(bitwise ? " (bitwise expected)" : "")
+                           << ": worst over ranks and 3 steps: loss " << worst[0] << ", gradient " << worst[1]
+                           << ", weight " << worst[2]);
 }
 
 }  // namespace
@@ -239,8 +245,9 @@ TEST_CASE("Pipeline, expert and ZeRO-1 parallelism equal one process: tiny K2 an
     }
 }
 
-TEST_CASE("Expert parallelism without a pipeline: the part runs as the whole model (EP and EP x DP layouts), and "
-          "decoding between two steps changes nothing") {
+TEST_CASE(
+    "Expert parallelism without a pipeline: the part runs as the whole model (EP and EP x DP layouts), and "
+    "decoding between two steps changes nothing") {
     int ran = 0;
     for (const Layout& l : layouts_for(world().size())) {
         if (l.pp != 1 || l.ep == 1) continue;
@@ -302,7 +309,8 @@ TEST_CASE("Every rank loads its part of a Hugging Face checkpoint and trains on 
             const std::vector<index_t> targets = nn::causal_targets(mine[std::size_t(m)].data(), layout);
             const float expected = nn::cross_entropy<cpu>(logits.view(), targets.data());
             if (l.ep == 1) CHECK(r.losses[std::size_t(m)] == expected);
-            else CHECK(r.losses[std::size_t(m)] == doctest::Approx(expected).epsilon(1e-5));
+            else
+                CHECK(r.losses[std::size_t(m)] == doctest::Approx(expected).epsilon(1e-5));
         }
     }
 }
@@ -317,13 +325,15 @@ TEST_CASE("Which checkpoint tensors a part leaves to the other parts, and which 
     CHECK(moonmoe::detail::held_by_another_part(p, c, "model.layers.1.self_attn.o_proj.weight"));
     CHECK(moonmoe::detail::held_by_another_part(p, c, "lm_head.weight"));
     CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.self_attn.o_proj.weight"));
-    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.7.self_attn.o_proj.weight"));  // beyond the model
-    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.embed_tokens.weight"));                  // the part holds it
+    CHECK_FALSE(
+        moonmoe::detail::held_by_another_part(p, c, "model.layers.7.self_attn.o_proj.weight"));  // beyond the model
+    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.embed_tokens.weight"));       // the part holds it
     CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.unknown.weight"));
     p.first_expert = 2, p.expert_count = 2;
     CHECK(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.5.up_proj.weight"));
     CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.3.up_proj.weight"));
-    CHECK_FALSE(moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.8.up_proj.weight"));  // no such expert
+    CHECK_FALSE(
+        moonmoe::detail::held_by_another_part(p, c, "model.layers.0.mlp.experts.8.up_proj.weight"));  // no such expert
 }
 
 }  // namespace mpi_model

@@ -40,7 +40,9 @@ double scaled_error(std::span<const float> a, std::span<const float> b) {
 }
 
 template <int R>
-std::span<const float> all(const Tensor<float, R>& t) { return {t.data(), std::size_t(t.numel())}; }
+std::span<const float> all(const Tensor<float, R>& t) {
+    return {t.data(), std::size_t(t.numel())};
+}
 
 /// Under activation policy `a` (both layers), with the input kept by the layers or handed to backward (recomputed
 /// norm outputs); `tol` bounds the scaled differences.
@@ -58,7 +60,8 @@ void run(index_t tokens_here, std::uint64_t seed, const ActivationsConfig& a = {
     // the same weights everywhere: the full layer from seeds, the EP layer's share copied from it
     std::uint64_t s = 7;
     full.visit_params("moe", [&](const ParamRef& p) {
-        Ops::fill_normal(View<float, 2>(p.value, {1, p.numel()}), 0.0f, p.kind == ParamKind::router_bias ? 0.05f : 0.3f, s++);
+        Ops::fill_normal(View<float, 2>(p.value, {1, p.numel()}), 0.0f, p.kind == ParamKind::router_bias ? 0.05f : 0.3f,
+                         s++);
     });
     std::map<std::string, std::vector<float>> values;
     full.visit_params("moe", [&](const ParamRef& p) { values[p.name].assign(p.value, p.value + p.numel()); });
@@ -111,7 +114,8 @@ void run(index_t tokens_here, std::uint64_t seed, const ActivationsConfig& a = {
     std::size_t at = 0;
     full.visit_params("moe", [&](const ParamRef& p) {
         if (p.kind != ParamKind::expert_matrix) return;
-        const std::vector<float> total(summed.begin() + std::ptrdiff_t(at), summed.begin() + std::ptrdiff_t(at + std::size_t(p.numel())));
+        const std::vector<float> total(summed.begin() + std::ptrdiff_t(at),
+                                       summed.begin() + std::ptrdiff_t(at + std::size_t(p.numel())));
         at += std::size_t(p.numel());
         ep.visit_params("moe", [&](const ParamRef& q) {
             if (q.name != p.name) return;

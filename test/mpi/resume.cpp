@@ -82,7 +82,8 @@ std::map<std::string, std::vector<float>> state_tensors(const fs::path& dir) {
 }
 
 fs::path scratch(const std::string& name) {
-    return fs::path(MOONMOE_TEST_BINARY_DIR) / "mpi_scratch" / ("resume_np" + std::to_string(world().size()) + "_" + name);
+    return fs::path(MOONMOE_TEST_BINARY_DIR) / "mpi_scratch" /
+           ("resume_np" + std::to_string(world().size()) + "_" + name);
 }
 
 template <class A, class B>
@@ -150,8 +151,9 @@ TEST_CASE("Trainer<Model> in the world's layout trains as the one-process Traine
     }
 }
 
-TEST_CASE("A run saved in one layout (weights and ZeRO-1 optimizer state) resumes in another with the losses of the "
-          "uninterrupted run") {
+TEST_CASE(
+    "A run saved in one layout (weights and ZeRO-1 optimizer state) resumes in another with the losses of the "
+    "uninterrupted run") {
     switch (world().size()) {
     case 2:
         check_resume<Tiny<2, 1, 1>, Tiny<1, 2, 1>>();
@@ -192,8 +194,8 @@ TEST_CASE("parallel::load_optimizer_state names what is wrong: a missing file, t
     world().barrier();
     {
         Trainer<Data> again(world());
-        const std::string expected = world().size() == 1 ? "no optimizer-<rank>-of-<ranks>.safetensors file"
-                                                         : last + " is missing";
+        const std::string expected =
+            world().size() == 1 ? "no optimizer-<rank>-of-<ranks>.safetensors file" : last + " is missing";
         CHECK_THROWS_WITH_AS(again.load_optimizer_state(state), doctest::Contains(expected.c_str()), io_error);
     }
     world().barrier();

@@ -66,7 +66,8 @@ TEST_CASE("ZeRO-1 with distributed Muon equals one process: three MuonClip steps
         }
         CHECK(loss == doctest::Approx(expected).epsilon(1e-5));
         reference.visit_params([&](const ParamRef& p) {
-            if (p.grad) for (index_t i = 0; i < p.numel(); ++i) p.grad[i] /= float(n);
+            if (p.grad)
+                for (index_t i = 0; i < p.numel(); ++i) p.grad[i] /= float(n);
         });
         const Traffic before = w.traffic();
         const optim::StepReport a = dist.step(), b = one.step();
@@ -94,8 +95,9 @@ TEST_CASE("ZeRO-1 with distributed Muon equals one process: three MuonClip steps
                     << model_floats << " trained floats: " << flat << ")");
 }
 
-TEST_CASE("ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its own parameters only, the bf16 weights "
-          "equal one process's") {
+TEST_CASE(
+    "ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its own parameters only, the bf16 weights "
+    "equal one process's") {
     using Stored16 = TinyK2::with<Precision<BF16, Weights<BF16>>>;
     Communicator& w = world();
     const int n = w.size(), me = w.rank();
@@ -129,7 +131,8 @@ TEST_CASE("ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its ow
             reference.train_step(ids.data(), layout);
         }
         reference.visit_params([&](const ParamRef& p) {
-            if (p.grad) for (index_t i = 0; i < p.numel(); ++i) p.grad[i] /= float(n);
+            if (p.grad)
+                for (index_t i = 0; i < p.numel(); ++i) p.grad[i] /= float(n);
         });
         const optim::StepReport a = dist.step(), b = one.step();
         CHECK(a.clip.total() == b.clip.total());
@@ -155,8 +158,8 @@ TEST_CASE("ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its ow
             CHECK(std::abs(v[i] - r[i]) <= std::abs(r[i]) * 0x1p-7f);  // one bf16 ulp of r
         }
     });
-    MESSAGE("rank " << me << " of " << n << ": masters " << masters << " of " << all << " bf16 weights; "
-                    << differing << " of " << elements << " values one bf16 rounding from one process's");
+    MESSAGE("rank " << me << " of " << n << ": masters " << masters << " of " << all << " bf16 weights; " << differing
+                    << " of " << elements << " values one bf16 rounding from one process's");
     CHECK(differing <= elements / 1000);
     if (n <= 2) CHECK(differing == 0);  // the reduce-scatter sums two replicas in the reference's order
 }

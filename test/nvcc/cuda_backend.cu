@@ -79,11 +79,11 @@ void random_primitives(M<float> x, std::uint64_t seed) {
     Random::fill_normal(x, 0.0f, 1.0f, seed);
 }
 
-void attention_primitives(View<float, 3, Cuda> x, View<const index_t, 1, Cuda> positions, View<const float, 1, Cuda> inv_freq,
-                          const backend::AttentionQueries<Cuda>& q, const backend::AttentionKeys<Cuda>& kv,
-                          std::span<const index_t> offsets, View<float, 3, Cuda> o, View<float, 1, Cuda> lse,
-                          View<float, 1, Cuda> max_logit, View<const float, 3, Cuda> d_o,
-                          const backend::AttentionGrads<Cuda>& grads) {
+void attention_primitives(View<float, 3, Cuda> x, View<const index_t, 1, Cuda> positions,
+                          View<const float, 1, Cuda> inv_freq, const backend::AttentionQueries<Cuda>& q,
+                          const backend::AttentionKeys<Cuda>& kv, std::span<const index_t> offsets,
+                          View<float, 3, Cuda> o, View<float, 1, Cuda> lse, View<float, 1, Cuda> max_logit,
+                          View<const float, 3, Cuda> d_o, const backend::AttentionGrads<Cuda>& grads) {
     using Attention = backend::AttentionOps<Cuda>;
     Attention::rope(x, positions, inv_freq, 1.0f, true, false);
     Attention::attention_forward(q, kv, offsets, 0.1f, o, lse, max_logit);

@@ -62,8 +62,9 @@ void expect_close(const std::string& what, const std::vector<float>& fast, const
     double err = 0.0, mag = 1.0;
     std::size_t bad = 0;
     for (std::size_t i = 0; i < ref.size(); ++i) {
-        const bool same_kind = std::isnan(ref[i]) ? std::isnan(fast[i]) : std::isfinite(ref[i]) ? std::isfinite(fast[i])
-                                                                                                 : ref[i] == fast[i];
+        const bool same_kind = std::isnan(ref[i])      ? std::isnan(fast[i])
+                               : std::isfinite(ref[i]) ? std::isfinite(fast[i])
+                                                       : ref[i] == fast[i];
         if (!same_kind) {
             ++bad;
             continue;
@@ -337,13 +338,15 @@ TEST_CASE("fast router: route_select against the portable path, NaN logits and a
          config(512, 32, 1, 1, ScoreFunc::sigmoid, true, true, 1.0, GroupScoreFunc::top_two_sum), 1, false},
         // NaN: a NaN choice ranks above every number, ties to the lower expert (fn::ranks_above); a group holding
         // one has a NaN score and ranks first; under softmax a NaN logit makes every score of its token NaN.
-        {"Kimi K2, NaN logits", config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum),
-         300, false, true, false},
+        {"Kimi K2, NaN logits",
+         config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum), 300, false, true,
+         false},
         {"Kimi K2, a NaN bias",
          config(384, 8, 1, 1, ScoreFunc::sigmoid, true, true, 2.827, GroupScoreFunc::top_two_sum), 100, false, false,
          true},
         {"DeepSeek-V3 groups, NaN logits and a NaN bias",
-         config(256, 8, 8, 4, ScoreFunc::sigmoid, true, true, 2.5, GroupScoreFunc::top_two_sum), 300, false, true, true},
+         config(256, 8, 8, 4, ScoreFunc::sigmoid, true, true, 2.5, GroupScoreFunc::top_two_sum), 300, false, true,
+         true},
         {"64 groups (two per lane), NaN logits",
          config(128, 4, 64, 8, ScoreFunc::sigmoid, true, false, 1.0, GroupScoreFunc::top_two_sum), 50, false, true,
          false},

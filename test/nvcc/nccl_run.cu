@@ -86,7 +86,8 @@ void runtime(Communicator& world) {
         const auto r = pipeline.run(batches, layout);
         for (index_t m = 0; m < M; ++m) {  // the one-process step: each micro-batch's loss gradient / M
             typename nn::Transformer<Dev>::Cache cache;
-            Tensor<float, 2, Dev> logits = whole.forward(batches[std::size_t(m)].data(), layout, cache, nn::Pass::training);
+            Tensor<float, 2, Dev> logits =
+                whole.forward(batches[std::size_t(m)].data(), layout, cache, nn::Pass::training);
             Tensor<float, 2, Dev> dlogits(logits.shape());
             const std::vector<index_t> targets = nn::causal_targets(batches[std::size_t(m)].data(), layout);
             const float loss = nn::cross_entropy<Dev>(logits.view(), targets.data(), dlogits.view());
@@ -99,9 +100,8 @@ void runtime(Communicator& world) {
     }
     expect(worst_loss == 0.0, "Pipeline over NCCL: every micro-batch's loss equals the one-process model's");
     std::map<std::string, std::vector<float>> want;
-    whole.visit_params([&](const ParamRef& p) {
-        want[p.name] = to_host(View<const float, 1, Dev>(p.value, {p.numel()}));
-    });
+    whole.visit_params(
+        [&](const ParamRef& p) { want[p.name] = to_host(View<const float, 1, Dev>(p.value, {p.numel()})); });
     double worst = 0;
     part.visit_params([&](const ParamRef& p) {
         const std::vector<float> got = to_host(View<const float, 1, Dev>(p.value, {p.numel()}));
@@ -111,7 +111,8 @@ void runtime(Communicator& world) {
             diff = std::max(diff, std::abs(double(got[i]) - w[i])), scale = std::max(scale, std::abs(double(w[i])));
         worst = std::max(worst, scale > 0 ? diff / scale : diff);
     });
-    std::printf("     weights after 3 MuonClip steps: largest difference %.3g of the tensor's largest magnitude\n", worst);
+    std::printf("     weights after 3 MuonClip steps: largest difference %.3g of the tensor's largest magnitude\n",
+                worst);
     expect(worst <= 1e-5, "ZeRO-1 over NCCL: the weights after three MuonClip steps equal the one-process run's");
 }
 
@@ -125,8 +126,7 @@ __device__ unsigned long long now_ns() {
 /// Waits `delay_ns`, then writes `value` everywhere: work still running when the host posts what follows it.
 __global__ void late_fill(float* data, int n, float value, unsigned long long delay_ns) {
     const unsigned long long start = now_ns();
-    while (now_ns() - start < delay_ns) {
-    }
+    while (now_ns() - start < delay_ns) {}
     for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) data[i] = value;
 }
 
@@ -134,7 +134,7 @@ constexpr int n_values = 1 << 16;
 
 void fill_late(Tensor<float, 1, Dev>& t, float value, std::chrono::milliseconds delay) {
     late_fill<<<1, 256, 0, backend::current_stream()>>>(t.data(), int(t.numel()), value,
-                                                          (unsigned long long)(delay.count()) * 1000000ull);
+                                                        (unsigned long long)(delay.count()) * 1000000ull);
     MOONMOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -224,7 +224,8 @@ void streams(Communicator& c) {
             c.all_gather(std::span<const float>(a.data(), n_values), std::span<float>(out.data(), n_values));
         }
         backend::StreamGuard on(s2.get());
-        expect(all_equal(to_host(out), 3.0f), "all_gather under a StreamGuard gathers what that stream wrote before it");
+        expect(all_equal(to_host(out), 3.0f),
+               "all_gather under a StreamGuard gathers what that stream wrote before it");
     }
 
     {  // waiting inside the request's own group can never complete: refused at once

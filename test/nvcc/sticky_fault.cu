@@ -32,8 +32,7 @@ __global__ void write_through(float* p) { *p = 1.0f; }
 /// Waits until the stream has run the faulting kernel, without a moonmoe call, so that the releases of the
 /// unwinding scopes are the first calls to meet the fault (cudaStreamQuery returns the sticky error once it is there).
 void wait_for_fault(cudaStream_t s) {
-    while (cudaStreamQuery(s) == cudaErrorNotReady) {
-    }
+    while (cudaStreamQuery(s) == cudaErrorNotReady) {}
 }
 
 /// What the next checked call throws: the cuda_error's message, or a note that nothing (or something else) was thrown.

@@ -7,8 +7,9 @@ namespace mm = moonmoe;
 
 using Mixed = mm::TinyK2::with<mm::Backend<mm::cuda, mm::CudaKernels<true, false, false, true>>>;
 static_assert(std::is_same_v<Mixed::backend, mm::cuda>);
-static_assert(Mixed::kernels.attention && !Mixed::kernels.rmsnorm && !Mixed::kernels.router && Mixed::kernels.grouped_gemm);
-static_assert(!mm::TinyK2::kernels.any());                                            // portable by default
+static_assert(Mixed::kernels.attention && !Mixed::kernels.rmsnorm && !Mixed::kernels.router &&
+              Mixed::kernels.grouped_gemm);
+static_assert(!mm::TinyK2::kernels.any());  // portable by default
 static_assert(mm::TinyK2::with<mm::Backend<mm::cuda, mm::FastKernels>>::kernels.rmsnorm);
 
 // NSProducts: symmetric blocks in f32, full products in bf16 (measured faster there), or as given

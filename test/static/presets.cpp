@@ -4,14 +4,12 @@
 
 namespace mm = moonmoe;
 
-using KimiK2 = mm::Model<
-    mm::Dims<mm::Hidden<7168>, mm::Layers<61>, mm::DenseLayers<1>, mm::Vocab<163840>>,
-    mm::Attention<mm::MLA<mm::Heads<64>, mm::QRank<1536>, mm::KVRank<512>, mm::NopeDim<128>, mm::RopeDim<64>,
-                          mm::VDim<128>>>,
-    mm::MoE<mm::Experts<384>, mm::TopK<8>, mm::Shared<1>, mm::ExpertHidden<2048>>,
-    mm::Optimizer<mm::Muon<>, mm::QKClip<100>>,
-    mm::Parallel<16, 16, mm::Dynamic>,
-    mm::Backend<mm::cpu>>;
+using KimiK2 =
+    mm::Model<mm::Dims<mm::Hidden<7168>, mm::Layers<61>, mm::DenseLayers<1>, mm::Vocab<163840>>,
+              mm::Attention<mm::MLA<mm::Heads<64>, mm::QRank<1536>, mm::KVRank<512>, mm::NopeDim<128>, mm::RopeDim<64>,
+                                    mm::VDim<128>>>,
+              mm::MoE<mm::Experts<384>, mm::TopK<8>, mm::Shared<1>, mm::ExpertHidden<2048>>,
+              mm::Optimizer<mm::Muon<>, mm::QKClip<100>>, mm::Parallel<16, 16, mm::Dynamic>, mm::Backend<mm::cpu>>;
 static_assert(KimiK2::parameter_count() == 1'026'408'232'448);
 
 static_assert(mm::KimiK2::parameter_count() == 1'026'408'232'448);

@@ -13,8 +13,9 @@ int main(int argc, char** argv) {
     bool named_well = true;
     for (const doctest::detail::TestCase& t : doctest::detail::getRegisteredTests())
         if (std::strchr(t.m_name, ';')) {
-            std::fprintf(stderr, "%s:%d: the test name \"%s\" contains ';', which ctest's discovery splits into names "
-                                 "that match no test: use another character\n",
+            std::fprintf(stderr,
+                         "%s:%d: the test name \"%s\" contains ';', which ctest's discovery splits into names "
+                         "that match no test: use another character\n",
                          t.m_file.c_str(), t.m_line, t.m_name);
             named_well = false;
         }

@@ -78,34 +78,61 @@ void check_error(F&& f, std::initializer_list<std::string_view> parts) {
 
 /// Every field of the model description (dims, attention, RoPE, MoE) equal; exact, including the doubles.
 inline void check_same_model(const moonmoe::ModelConfig& a, const moonmoe::ModelConfig& b) {
-#define IO_TESTING_SAME(field)   \
-    do {                         \
-        INFO(#field);            \
-        CHECK(a.field == b.field); \
+#define IO_TESTING_SAME(field)                                                                                         \
+    do {                                                                                                               \
+        INFO(#field);                                                                                                  \
+        CHECK(a.field == b.field);                                                                                     \
     } while (0)
-    IO_TESTING_SAME(dims.hidden); IO_TESTING_SAME(dims.layers); IO_TESTING_SAME(dims.dense_layers);
-    IO_TESTING_SAME(dims.vocab); IO_TESTING_SAME(dims.dense_hidden); IO_TESTING_SAME(dims.norm_eps);
-    IO_TESTING_SAME(attention.kind); IO_TESTING_SAME(attention.heads); IO_TESTING_SAME(attention.kv_heads);
-    IO_TESTING_SAME(attention.q_rank); IO_TESTING_SAME(attention.kv_rank); IO_TESTING_SAME(attention.nope_dim);
-    IO_TESTING_SAME(attention.rope_dim); IO_TESTING_SAME(attention.v_dim);
-    IO_TESTING_SAME(rope.theta); IO_TESTING_SAME(rope.max_positions); IO_TESTING_SAME(rope.interleave);
-    IO_TESTING_SAME(rope.yarn); IO_TESTING_SAME(rope.factor); IO_TESTING_SAME(rope.original_max_positions);
-    IO_TESTING_SAME(rope.beta_fast); IO_TESTING_SAME(rope.beta_slow); IO_TESTING_SAME(rope.mscale);
+    IO_TESTING_SAME(dims.hidden);
+    IO_TESTING_SAME(dims.layers);
+    IO_TESTING_SAME(dims.dense_layers);
+    IO_TESTING_SAME(dims.vocab);
+    IO_TESTING_SAME(dims.dense_hidden);
+    IO_TESTING_SAME(dims.norm_eps);
+    IO_TESTING_SAME(attention.kind);
+    IO_TESTING_SAME(attention.heads);
+    IO_TESTING_SAME(attention.kv_heads);
+    IO_TESTING_SAME(attention.q_rank);
+    IO_TESTING_SAME(attention.kv_rank);
+    IO_TESTING_SAME(attention.nope_dim);
+    IO_TESTING_SAME(attention.rope_dim);
+    IO_TESTING_SAME(attention.v_dim);
+    IO_TESTING_SAME(rope.theta);
+    IO_TESTING_SAME(rope.max_positions);
+    IO_TESTING_SAME(rope.interleave);
+    IO_TESTING_SAME(rope.yarn);
+    IO_TESTING_SAME(rope.factor);
+    IO_TESTING_SAME(rope.original_max_positions);
+    IO_TESTING_SAME(rope.beta_fast);
+    IO_TESTING_SAME(rope.beta_slow);
+    IO_TESTING_SAME(rope.mscale);
     IO_TESTING_SAME(rope.mscale_all_dim);
-    IO_TESTING_SAME(moe.experts); IO_TESTING_SAME(moe.top_k); IO_TESTING_SAME(moe.shared);
-    IO_TESTING_SAME(moe.expert_hidden); IO_TESTING_SAME(moe.groups); IO_TESTING_SAME(moe.top_groups);
-    IO_TESTING_SAME(moe.score); IO_TESTING_SAME(moe.correction_bias); IO_TESTING_SAME(moe.norm_top_k);
+    IO_TESTING_SAME(moe.experts);
+    IO_TESTING_SAME(moe.top_k);
+    IO_TESTING_SAME(moe.shared);
+    IO_TESTING_SAME(moe.expert_hidden);
+    IO_TESTING_SAME(moe.groups);
+    IO_TESTING_SAME(moe.top_groups);
+    IO_TESTING_SAME(moe.score);
+    IO_TESTING_SAME(moe.correction_bias);
+    IO_TESTING_SAME(moe.norm_top_k);
     IO_TESTING_SAME(moe.routed_scale);
 }
 
 /// check_same_model plus the parts a config.json does not carry (optimizer, parallel layout, backend).
 inline void check_same_config(const moonmoe::ModelConfig& a, const moonmoe::ModelConfig& b) {
     check_same_model(a, b);
-    IO_TESTING_SAME(optimizer.muon.enabled); IO_TESTING_SAME(optimizer.muon.learning_rate);
-    IO_TESTING_SAME(optimizer.adamw.learning_rate); IO_TESTING_SAME(optimizer.qk_clip.enabled);
+    IO_TESTING_SAME(optimizer.muon.enabled);
+    IO_TESTING_SAME(optimizer.muon.learning_rate);
+    IO_TESTING_SAME(optimizer.adamw.learning_rate);
+    IO_TESTING_SAME(optimizer.qk_clip.enabled);
     IO_TESTING_SAME(optimizer.qk_clip.tau);
-    IO_TESTING_SAME(parallel.pp); IO_TESTING_SAME(parallel.ep); IO_TESTING_SAME(parallel.dp);
-    IO_TESTING_SAME(parallel.virtual_stages); IO_TESTING_SAME(parallel.micro_batches); IO_TESTING_SAME(parallel.split);
+    IO_TESTING_SAME(parallel.pp);
+    IO_TESTING_SAME(parallel.ep);
+    IO_TESTING_SAME(parallel.dp);
+    IO_TESTING_SAME(parallel.virtual_stages);
+    IO_TESTING_SAME(parallel.micro_batches);
+    IO_TESTING_SAME(parallel.split);
     IO_TESTING_SAME(backend);
 #undef IO_TESTING_SAME
 }

@@ -30,7 +30,8 @@ using module_backend_t = typename module_backend<std::remove_cv_t<Module>>::type
 template <class Module>
 void for_params(Module& m, const ParamVisitor& f) {
     if constexpr (requires { m.visit_params(f); }) m.visit_params(f);
-    else m.visit_params("module", f);
+    else
+        m.visit_params("module", f);
 }
 
 /// [rows, cols] of N(0, stddev^2) on backend B; the same values on every backend (RandomOps is counter-based).

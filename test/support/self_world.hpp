@@ -63,7 +63,8 @@ protected:
                                 parallel::ReduceOp) override {
         copy(out, in, counts[0], e);
     }
-    void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t>, parallel::Element e) override {
+    void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t>,
+                            parallel::Element e) override {
         copy(out, in, n, e);
     }
     std::unique_ptr<parallel::Request> isend_bytes(const void*, index_t, parallel::Element, int, int) override {

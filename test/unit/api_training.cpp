@@ -51,7 +51,7 @@ TEST_CASE("Quick start loop: a seeded TinyK2, train_step then step(), 20 steps o
         opt.step();
         MESSAGE("step " << step << " loss " << losses.back());
     }
-    CHECK(losses.front() == doctest::Approx(std::log(256.0)).epsilon(0.02));  // near-uniform logits at init
+    CHECK(losses.front() == doctest::Approx(std::log(256.0)).epsilon(0.02));           // near-uniform logits at init
     for (std::size_t s = 1; s < losses.size(); ++s) CHECK(losses[s] < losses[s - 1]);  // every step helps
     CHECK(losses.back() < 0.5f * losses.front());
 }
@@ -81,7 +81,8 @@ TEST_CASE("step() leaves every gradient it stepped with at zero, the same loop w
     CHECK(zeroed.back() < accumulated.back());
 }
 
-TEST_CASE("micro-batches accumulate until step(): two train_steps sum their gradients, and a skipped step clears them") {
+TEST_CASE(
+    "micro-batches accumulate until step(): two train_steps sum their gradients, and a skipped step clears them") {
     nn::Transformer<> model(TinyK2::config);
     nn::init_weights(model, {.seed = 3});
     const std::vector<index_t> ids = quick_start_batch();
@@ -118,10 +119,11 @@ TEST_CASE("backward twice on one cache, or without a forward, is refused with wh
     const auto layout = nn::TokenLayout::sequences(1, 32);
     nn::Transformer<>::Cache cache;
     Tensor<float, 2> dlogits({32, 256});
-    CHECK_THROWS_WITH_AS(model.backward(dlogits.view(), cache),
-                         doctest::Contains("the cache holds no forward (or its forward threw); run forward(ids, layout, "
-                                           "cache, nn::Pass::training) before backward"),
-                         std::logic_error);
+    CHECK_THROWS_WITH_AS(
+        model.backward(dlogits.view(), cache),
+        doctest::Contains("the cache holds no forward (or its forward threw); run forward(ids, layout, "
+                          "cache, nn::Pass::training) before backward"),
+        std::logic_error);
     // an inference forward (the default) fed no training statistics: its backward is refused, naming the mark
     model.forward(ids.data(), layout, cache);
     CHECK_THROWS_WITH_AS(model.backward(dlogits.view(), cache),
@@ -142,14 +144,15 @@ TEST_CASE("backward twice on one cache, or without a forward, is refused with wh
                                            "activations its forward stored, so each forward allows one backward. Run "
                                            "forward again"),
                          std::logic_error);
-    CHECK(gradients(model) == once);  // nothing was added by the refused call
+    CHECK(gradients(model) == once);                               // nothing was added by the refused call
     model.forward(ids.data(), layout, cache, nn::Pass::training);  // a new forward makes the cache usable again
     model.backward(dlogits.view(), cache);
     const std::vector<float> twice = gradients(model);
     for (std::size_t i = 0; i < once.size(); i += 997) CHECK(twice[i] == doctest::Approx(2.0 * once[i]).epsilon(1e-5));
 }
 
-TEST_CASE("init_weights: N(0, initializer_range^2) matrices and embedding, norms 1, correction bias 0, by (seed, name)") {
+TEST_CASE(
+    "init_weights: N(0, initializer_range^2) matrices and embedding, norms 1, correction bias 0, by (seed, name)") {
     nn::Transformer<> model(TinyV3::config);
     nn::init_weights(model, {.seed = 11, .initializer_range = 0.05});
     int matrices = 0;

@@ -18,7 +18,8 @@ namespace {
 
 /// Heads [rows, heads, dim] of a wide matrix whose head h starts at column col0 + h * head_stride.
 template <class T, class B>
-View<T, 3, B> heads(T* data, index_t pitch, index_t rows, index_t col0, index_t heads, index_t head_stride, index_t dim) {
+View<T, 3, B> heads(T* data, index_t pitch, index_t rows, index_t col0, index_t heads, index_t head_stride,
+                    index_t dim) {
     return View<T, 3, B>(data + col0, {rows, heads, dim}, {pitch, head_stride, 1});
 }
 
@@ -29,7 +30,8 @@ struct Problem {
     index_t dim[2];
     bool shared_rope_key;  ///< part 1's key has one head for all (head stride 0), MLA's k_pe
     Mat q[2], k[2], v;
-    Problem(index_t T_, index_t H_, index_t KV_, int parts_, index_t d0, index_t d1, index_t dv_, bool shared, std::uint64_t seed)
+    Problem(index_t T_, index_t H_, index_t KV_, int parts_, index_t d0, index_t d1, index_t dv_, bool shared,
+            std::uint64_t seed)
         : T(T_), H(H_), KV(KV_), dv(dv_), parts(parts_), dim{d0, d1}, shared_rope_key(shared) {
         for (int p = 0; p < parts; ++p) {
             q[p] = random_matrix(T, H * dim[p], seed + 10 * p);
@@ -51,7 +53,8 @@ struct OnDevice {
         for (int p = 0; p < pr.parts; ++p) {
             q[p] = on<B>(pr.q[p]), k[p] = on<B>(pr.k[p]);
             queries.q[p] = heads<const float, B>(q[p].data(), pr.H * pr.dim[p], pr.T, 0, pr.H, pr.dim[p], pr.dim[p]);
-            keys.k[p] = heads<const float, B>(k[p].data(), k[p].size(1), pr.T, 0, pr.KV, pr.key_head_stride(p), pr.dim[p]);
+            keys.k[p] =
+                heads<const float, B>(k[p].data(), k[p].size(1), pr.T, 0, pr.KV, pr.key_head_stride(p), pr.dim[p]);
         }
         v = on<B>(pr.v);
         keys.v = heads<const float, B>(v.data(), pr.KV * pr.dv, pr.T, 0, pr.KV, pr.dv, pr.dv);
@@ -71,7 +74,8 @@ std::vector<double> reference_p(const Problem& pr, index_t q0, index_t n, index_
             double dot = 0;
             for (int p = 0; p < pr.parts; ++p) {
                 const index_t kc = p == 1 && pr.shared_rope_key ? 0 : g * pr.dim[p];
-                for (index_t c = 0; c < pr.dim[p]; ++c) dot += double(pr.q[p](q0 + i, h * pr.dim[p] + c)) * pr.k[p](k0 + j, kc + c);
+                for (index_t c = 0; c < pr.dim[p]; ++c)
+                    dot += double(pr.q[p](q0 + i, h * pr.dim[p] + c)) * pr.k[p](k0 + j, kc + c);
             }
             s[std::size_t(j)] = scale * dot;
             m = std::max(m, s[std::size_t(j)]);
@@ -87,7 +91,8 @@ std::vector<double> reference_p(const Problem& pr, index_t q0, index_t n, index_
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, against double loops", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, against double loops", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::AttentionOps<B>;
     const index_t rows = 5, H = 3, D = 8, pitch = H * D + 3;
     const Mat x = random_matrix(rows, pitch, 20);
@@ -101,8 +106,8 @@ TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, 
             CAPTURE(interleave);
             CAPTURE(transpose);
             auto xd = on<B>(x);
-            Ops::rope(heads<float, B>(xd.data(), pitch, rows, 1, H, D, D), positions.view(), freq.view(), af, interleave,
-                      transpose);
+            Ops::rope(heads<float, B>(xd.data(), pitch, rows, 1, H, D, D), positions.view(), freq.view(), af,
+                      interleave, transpose);
             const Mat y = host(xd);
             for (index_t r = 0; r < rows; ++r)
                 for (index_t h = 0; h < H; ++h)
@@ -112,7 +117,7 @@ TEST_CASE_TEMPLATE("rope: HF's rotation (interleaved or not) and its transpose, 
                         const index_t lo = interleave ? 2 * i : i, hi = interleave ? 2 * i + 1 : i + D / 2;
                         const index_t col = 1 + h * D;
                         double expect_lo, expect_hi;  // stored positions of the pair after the call
-                        if (!transpose) {  // output in half-split order
+                        if (!transpose) {             // output in half-split order
                             const double a = x(r, col + lo), b = x(r, col + hi);
                             CHECK(y(r, col + i) == doctest::Approx(a * c - b * s).epsilon(1e-4));
                             CHECK(y(r, col + i + D / 2) == doctest::Approx(b * c + a * s).epsilon(1e-4));
@@ -145,8 +150,9 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
         Tensor<float, 1> before({H});
         for (index_t h = 0; h < H; ++h) before(h) = h == 1 ? 100.0f : -INFINITY;  // a larger maximum from before stays
         auto max_logit = on<B>(before);
-        Ops::attention_forward(d.queries, d.keys, offsets, scale, heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv),
-                               lse.view(), max_logit.view());
+        Ops::attention_forward(d.queries, d.keys, offsets, scale,
+                               heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv), lse.view(),
+                               max_logit.view());
         const Mat oh = host(o);
         const std::vector<float> lh = to_host(lse), mh = to_host(max_logit);
         std::vector<double> expect_max(std::size_t(H), -INFINITY);
@@ -155,10 +161,12 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
             const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
             for (index_t h = 0; h < H; ++h) {
                 std::vector<double> lse_ref;
-                const std::vector<double> P = reference_p(pr, t0, S, t0, S, h, scale, &lse_ref, &expect_max[std::size_t(h)]);
+                const std::vector<double> P =
+                    reference_p(pr, t0, S, t0, S, h, scale, &lse_ref, &expect_max[std::size_t(h)]);
                 const index_t g = h / (H / pr.KV);
                 for (index_t i = 0; i < S; ++i) {
-                    CHECK(lh[std::size_t(t0 * H + h * S + i)] == doctest::Approx(lse_ref[std::size_t(i)]).epsilon(1e-5));
+                    CHECK(lh[std::size_t(t0 * H + h * S + i)] ==
+                          doctest::Approx(lse_ref[std::size_t(i)]).epsilon(1e-5));
                     for (index_t c = 0; c < pr.dv; ++c) {
                         double e = 0;
                         for (index_t j = 0; j < S; ++j) e += P[std::size_t(i * S + j)] * pr.v(t0 + j, g * pr.dv + c);
@@ -167,7 +175,8 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
                 }
             }
         }
-        for (index_t h = 0; h < H; ++h) CHECK(mh[std::size_t(h)] == doctest::Approx(expect_max[std::size_t(h)]).epsilon(1e-5));
+        for (index_t h = 0; h < H; ++h)
+            CHECK(mh[std::size_t(h)] == doctest::Approx(expect_max[std::size_t(h)]).epsilon(1e-5));
         const std::vector<index_t> short_offsets = {0, 3, 8};  // one row left out
         CHECK_THROWS_AS(Ops::attention_forward(d.queries, d.keys, short_offsets, scale,
                                                heads<float, B>(o.data(), H * pr.dv, T, 0, H, pr.dv, pr.dv), lse.view(),
@@ -176,9 +185,10 @@ TEST_CASE_TEMPLATE("attention_forward over packed sequences: o, log-sum-exps and
     }
 }
 
-TEST_CASE_TEMPLATE("attention_forward with NaN scores: max_logit is the largest number among the scores, a NaN already "
-                   "there stays, the rows that see a NaN get NaN o and lse",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "attention_forward with NaN scores: max_logit is the largest number among the scores, a NaN already "
+    "there stays, the rows that see a NaN get NaN o and lse",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::AttentionOps<B>;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     // 4 rows, 4 heads of one dim, scale 1: every score is a product of small integers, exact on every backend.
@@ -190,8 +200,10 @@ TEST_CASE_TEMPLATE("attention_forward with NaN scores: max_logit is the largest 
     const float k[4][4] = {{2, 1, -1, nan}, {1, 3, 2, 2}, {nan, -2, 1, 3}, {1, 1, 3, -2}};
     for (index_t t = 0; t < 4; ++t)
         for (index_t h = 0; h < 4; ++h) pr.q[0](t, h) = q[t][h], pr.k[0](t, h) = k[t][h];
-    const bool nan_row[4][4] = {
-        {false, false, false, true}, {false, true, false, true}, {true, false, false, true}, {true, false, false, true}};
+    const bool nan_row[4][4] = {{false, false, false, true},
+                                {false, true, false, true},
+                                {true, false, false, true},
+                                {true, false, false, true}};
     OnDevice<B> d(pr);
     Tensor<float, 2, B> o({4, 4});
     Tensor<float, 1, B> lse({16});
@@ -249,11 +261,13 @@ TEST_CASE_TEMPLATE("attention_backward: dq, dk, dv against double loops (grouped
             grads.dk[p] = heads<float, B>(dk[p].data(), KV * pr.dim[p], T, 0, KV, pr.dim[p], pr.dim[p]);
         }
         grads.dv = heads<float, B>(dvt.data(), KV * dv, T, 0, KV, dv, dv);
-        Ops::attention_backward(d.queries, d.keys, offsets, scale, heads<const float, B>(o.data(), H * dv, T, 0, H, dv, dv),
-                                lse.view(), heads<const float, B>(dOd.data(), H * dv, T, 0, H, dv, dv), grads);
+        Ops::attention_backward(d.queries, d.keys, offsets, scale,
+                                heads<const float, B>(o.data(), H * dv, T, 0, H, dv, dv), lse.view(),
+                                heads<const float, B>(dOd.data(), H * dv, T, 0, H, dv, dv), grads);
         // the double reference
         std::vector<Mat> eq, ek;
-        for (int p = 0; p < pr.parts; ++p) eq.push_back(Mat({T, H * pr.dim[p]})), ek.push_back(Mat({T, KV * pr.dim[p]}));
+        for (int p = 0; p < pr.parts; ++p)
+            eq.push_back(Mat({T, H * pr.dim[p]})), ek.push_back(Mat({T, KV * pr.dim[p]}));
         std::vector<double> edv(std::size_t(T * KV * dv), 0.0), edq, edk;
         std::vector<std::vector<double>> gq(2), gk(2);
         for (int p = 0; p < pr.parts; ++p)
@@ -266,29 +280,36 @@ TEST_CASE_TEMPLATE("attention_backward: dq, dk, dv against double loops (grouped
                 for (index_t j = 0; j < S; ++j)
                     for (index_t c = 0; c < dv; ++c)
                         for (index_t i = 0; i < S; ++i)
-                            edv[std::size_t((t0 + j) * KV * dv + g * dv + c)] += P[std::size_t(i * S + j)] * dO(t0 + i, h * dv + c);
+                            edv[std::size_t((t0 + j) * KV * dv + g * dv + c)] +=
+                                P[std::size_t(i * S + j)] * dO(t0 + i, h * dv + c);
                 for (index_t i = 0; i < S; ++i) {
                     double rowdot = 0;
                     for (index_t c = 0; c < dv; ++c) rowdot += double(dO(t0 + i, h * dv + c)) * oh(t0 + i, h * dv + c);
                     for (index_t j = 0; j < S; ++j) {
                         double dp = 0;
-                        for (index_t c = 0; c < dv; ++c) dp += double(dO(t0 + i, h * dv + c)) * pr.v(t0 + j, g * dv + c);
+                        for (index_t c = 0; c < dv; ++c)
+                            dp += double(dO(t0 + i, h * dv + c)) * pr.v(t0 + j, g * dv + c);
                         const double ds = P[std::size_t(i * S + j)] * (dp - rowdot) * scale;
                         for (int p = 0; p < pr.parts; ++p)
                             for (index_t c = 0; c < pr.dim[p]; ++c) {
-                                gq[p][std::size_t((t0 + i) * H * pr.dim[p] + h * pr.dim[p] + c)] += ds * pr.k[p](t0 + j, g * pr.dim[p] + c);
-                                gk[p][std::size_t((t0 + j) * KV * pr.dim[p] + g * pr.dim[p] + c)] += ds * pr.q[p](t0 + i, h * pr.dim[p] + c);
+                                gq[p][std::size_t((t0 + i) * H * pr.dim[p] + h * pr.dim[p] + c)] +=
+                                    ds * pr.k[p](t0 + j, g * pr.dim[p] + c);
+                                gk[p][std::size_t((t0 + j) * KV * pr.dim[p] + g * pr.dim[p] + c)] +=
+                                    ds * pr.q[p](t0 + i, h * pr.dim[p] + c);
                             }
                     }
                 }
             }
         }
         const Mat dvh = host(dvt);
-        for (index_t i = 0; i < T * KV * dv; ++i) CHECK(dvh.data()[i] == doctest::Approx(edv[std::size_t(i)]).epsilon(1e-4));
+        for (index_t i = 0; i < T * KV * dv; ++i)
+            CHECK(dvh.data()[i] == doctest::Approx(edv[std::size_t(i)]).epsilon(1e-4));
         for (int p = 0; p < pr.parts; ++p) {
             const Mat dqh = host(dq[p]), dkh = host(dk[p]);
-            for (index_t i = 0; i < dqh.numel(); ++i) CHECK(dqh.data()[i] == doctest::Approx(gq[p][std::size_t(i)]).epsilon(1e-4));
-            for (index_t i = 0; i < dkh.numel(); ++i) CHECK(dkh.data()[i] == doctest::Approx(gk[p][std::size_t(i)]).epsilon(1e-4));
+            for (index_t i = 0; i < dqh.numel(); ++i)
+                CHECK(dqh.data()[i] == doctest::Approx(gq[p][std::size_t(i)]).epsilon(1e-4));
+            for (index_t i = 0; i < dkh.numel(); ++i)
+                CHECK(dkh.data()[i] == doctest::Approx(gk[p][std::size_t(i)]).epsilon(1e-4));
         }
     }
 }
@@ -307,7 +328,8 @@ TEST_CASE_TEMPLATE("attention_decode: new rows against caches of different lengt
         Mat q[2];
         for (int p = 0; p < parts; ++p) q[p] = random_matrix(3, H * dim[p], 80 + p);
         std::vector<Problem> caches;  // host keys / values of each sequence (its queries unused)
-        for (index_t s = 0; s < 2; ++s) caches.emplace_back(lengths[std::size_t(s)], H, KV, parts, dim[0], dim[1], dv, false, 90 + 10 * s);
+        for (index_t s = 0; s < 2; ++s)
+            caches.emplace_back(lengths[std::size_t(s)], H, KV, parts, dim[0], dim[1], dv, false, 90 + 10 * s);
         std::vector<OnDevice<B>> dev;
         for (const Problem& c : caches) dev.emplace_back(c);
         std::vector<backend::AttentionKeys<B>> keys;
@@ -348,7 +370,8 @@ TEST_CASE("CPU attention's softmax: causal rows, log-sum-exp and the visible max
     for (index_t i = 0; i < 4; ++i) {
         const index_t last = std::min<index_t>(2 + i, 5);
         double z = 0.0;
-        for (index_t t = 0; t <= last; ++t) z += std::exp(double(orig(i, t))), expect_top = std::max(expect_top, orig(i, t));
+        for (index_t t = 0; t <= last; ++t)
+            z += std::exp(double(orig(i, t))), expect_top = std::max(expect_top, orig(i, t));
         CHECK(lse[i] == doctest::Approx(std::log(z)).epsilon(1e-6));
         for (index_t t = 0; t < 6; ++t)
             CHECK(s(i, t) == doctest::Approx(t <= last ? std::exp(double(orig(i, t))) / z : 0.0).epsilon(1e-6));

@@ -81,9 +81,9 @@ TEST_CASE_TEMPLATE("BlasOps::gemm<double>: every transpose combination", B, MOON
             const auto out = host(C);
             for (index_t i = 0; i < m; ++i)
                 for (index_t j = 0; j < n; ++j)
-                    CHECK(out(i, j) == doctest::Approx(-1.5 * product<double>(Ah.view(), ta, Bh.view(), tb, i, j) +
-                                                       0.25 * Ch(i, j))
-                                           .epsilon(1e-12));
+                    CHECK(out(i, j) ==
+                          doctest::Approx(-1.5 * product<double>(Ah.view(), ta, Bh.view(), tb, i, j) + 0.25 * Ch(i, j))
+                              .epsilon(1e-12));
         }
 }
 
@@ -109,9 +109,9 @@ TEST_CASE_TEMPLATE("BlasOps::gemm: no inner dimension scales C, beta 0 ignores C
     for (float z : to_host(Z)) CHECK(std::isfinite(z));
 
     auto wrong = on<B>(Tensor<float, 2, cpu>({2, 3}));
-    CHECK_THROWS_WITH_AS(backend::BlasOps<B>::template gemm<float>(Trans::no, Trans::yes, 1.0f, X.view(), Y.view(), 0.0f,
-                                                                   wrong.view()),
-                         "gemm: op(A) [2, 5] times op(B) [5, 2] into C [2, 3]", shape_error);
+    CHECK_THROWS_WITH_AS(
+        backend::BlasOps<B>::template gemm<float>(Trans::no, Trans::yes, 1.0f, X.view(), Y.view(), 0.0f, wrong.view()),
+        "gemm: op(A) [2, 5] times op(B) [5, 2] into C [2, 3]", shape_error);
 }
 
 TEST_CASE_TEMPLATE("BlasOps::linear: y = x W^T, and accumulated", B, MOONMOE_TEST_BACKENDS) {
@@ -154,7 +154,8 @@ TEST_CASE_TEMPLATE("BlasOps::syrk: C = alpha A A^T + beta C, both triangles, flo
     const auto out = host(C);
     for (index_t i = 0; i < 11; ++i)
         for (index_t j = 0; j < 11; ++j)
-            CHECK(out(i, j) == doctest::Approx(product<double>(Ah.view(), false, Ah.view(), true, i, j)).epsilon(1e-12));
+            CHECK(out(i, j) ==
+                  doctest::Approx(product<double>(Ah.view(), false, Ah.view(), true, i, j)).epsilon(1e-12));
     auto wrong = on<B>(Tensor<double, 2, cpu>({11, 10}));
     CHECK_THROWS_WITH_AS(backend::BlasOps<B>::template syrk<double>(1.0, A.view(), 0.0, wrong.view()),
                          "syrk: A [11, 7] gives an [11, 11] result, C is [11, 10]", shape_error);
@@ -177,15 +178,17 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_strided_batched: one product per matrix, a zer
             View<const float, 2> ah(Ah.data() + p * m * k, {m, k});
             for (index_t i = 0; i < m; ++i)
                 for (index_t j = 0; j < n; ++j)
-                    CHECK(out(p * m + i, j) == doctest::Approx(2.0 * product<float>(ah, false, Bh.view(), tb, i, j) -
-                                                               Ch(p * m + i, j))
-                                                   .epsilon(tolerance(k)));
+                    CHECK(out(p * m + i, j) ==
+                          doctest::Approx(2.0 * product<float>(ah, false, Bh.view(), tb, i, j) - Ch(p * m + i, j))
+                              .epsilon(tolerance(k)));
         }
     }
 }
 
-TEST_CASE_TEMPLATE("BlasOps::gemm_strided_batched: refuses a zero C stride for more than one product, and negative "
-                   "counts or strides", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "BlasOps::gemm_strided_batched: refuses a zero C stride for more than one product, and negative "
+    "counts or strides",
+    B, MOONMOE_TEST_BACKENDS) {
     // Every product would write the same C: a race on a GPU, the last product's result on the CPU.
     auto A = on<B>(random_host(3, 4, 28)), Bm = on<B>(random_host(4, 2, 29)), C = on<B>(random_host(3, 2, 30));
     const auto before = host(C);
@@ -198,14 +201,16 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_strided_batched: refuses a zero C stride for m
                                                                    Bm.view(), 0, 1.0f, C.view(), 6),
                          doctest::Contains("gemm_strided_batched: negative count or stride"), shape_error);
     // One product may keep C where it is (stride 0), as may a batch of none.
-    backend::BlasOps<B>::gemm_strided_batched(1, Trans::no, Trans::no, 1.0f, A.view(), 0, Bm.view(), 0, 0.0f,
-                                              C.view(), 0);
-    backend::BlasOps<B>::gemm_strided_batched(0, Trans::no, Trans::no, 1.0f, A.view(), 0, Bm.view(), 0, 0.0f,
-                                              C.view(), 0);
+    backend::BlasOps<B>::gemm_strided_batched(1, Trans::no, Trans::no, 1.0f, A.view(), 0, Bm.view(), 0, 0.0f, C.view(),
+                                              0);
+    backend::BlasOps<B>::gemm_strided_batched(0, Trans::no, Trans::no, 1.0f, A.view(), 0, Bm.view(), 0, 0.0f, C.view(),
+                                              0);
 }
 
-TEST_CASE_TEMPLATE("BlasOps::gemm_grouped: one product per segment of rows, empty groups skipped, W used as stored "
-                   "or transposed", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "BlasOps::gemm_grouped: one product per segment of rows, empty groups skipped, W used as stored "
+    "or transposed",
+    B, MOONMOE_TEST_BACKENDS) {
     const std::vector<index_t> offsets{0, 3, 3, 10};  // group 1 has no rows
     const index_t groups = 3, rows = 10, k = 6, n = 5;
     for (bool tw : {false, true}) {
@@ -225,7 +230,8 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_grouped: one product per segment of rows, empt
                                            .epsilon(tolerance(k)));
         }
     }
-    auto X = on<B>(random_host(rows, k, 22)), Y = on<B>(random_host(rows, n, 23)), Wm = on<B>(random_host(groups * k, n, 24));
+    auto X = on<B>(random_host(rows, k, 22)), Y = on<B>(random_host(rows, n, 23)),
+         Wm = on<B>(random_host(groups * k, n, 24));
     View<const float, 3, B> W(Wm.data(), {groups, k, n});
     const std::vector<index_t> short_offsets{0, 3, 9};
     CHECK_THROWS_WITH_AS(backend::BlasOps<B>::gemm_grouped(Trans::no, 1.0f, X.view(), W, 0.0f, Y.view(), short_offsets),
@@ -235,8 +241,10 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_grouped: one product per segment of rows, empt
                          "gemm_grouped: offsets decrease at group 1", shape_error);
 }
 
-TEST_CASE_TEMPLATE("BlasOps::gemm_grouped_weight_grad: dW_g = alpha dY_g^T X_g + beta dW_g, an empty group only "
-                   "scaled", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "BlasOps::gemm_grouped_weight_grad: dW_g = alpha dY_g^T X_g + beta dW_g, an empty group only "
+    "scaled",
+    B, MOONMOE_TEST_BACKENDS) {
     const std::vector<index_t> offsets{0, 4, 4, 9};
     const index_t groups = 3, rows = 9, k = 6, n = 5;
     auto dYh = random_host(rows, n, 25), Xh = random_host(rows, k, 26), dWh = random_host(groups * n, k, 27);
@@ -299,8 +307,9 @@ TEST_CASE("to_cublas: the four transpose combinations swap the operands, keep th
                          shape_error);
 }
 
-TEST_CASE("to_cublas then the column-major host call reproduces the row-major product (pitched rows, every "
-          "transpose)") {
+TEST_CASE(
+    "to_cublas then the column-major host call reproduces the row-major product (pitched rows, every "
+    "transpose)") {
     const index_t m = 6, n = 7, k = 5;
     for (bool ta : {false, true})
         for (bool tb : {false, true}) {

@@ -33,7 +33,8 @@ TEST_CASE("gemm: every transpose combination, alpha and beta, against double loo
             Ops::gemm(Trans(ta), Trans(tb), 0.5f, A.view(), B.view(), 2.0f, C.view());
             for (index_t i = 0; i < m; ++i)
                 for (index_t j = 0; j < n; ++j)
-                    CHECK(C(i, j) == doctest::Approx(0.5 * reference(A, ta, B, tb, i, j) + 2.0 * C0(i, j)).epsilon(1e-5));
+                    CHECK(C(i, j) ==
+                          doctest::Approx(0.5 * reference(A, ta, B, tb, i, j) + 2.0 * C0(i, j)).epsilon(1e-5));
         }
 }
 
@@ -63,7 +64,8 @@ TEST_CASE("gemm, few rows times a big weight (the unpacked path): every row / co
             CAPTURE(m);
             CAPTURE(k);
             const index_t n = 67;
-            Mat A = random_matrix(m, k + 3, 1), B = random_matrix(n, k, 2), C = random_matrix(m, n + 5, 3), C0 = C.clone();
+            Mat A = random_matrix(m, k + 3, 1), B = random_matrix(n, k, 2), C = random_matrix(m, n + 5, 3),
+                C0 = C.clone();
             View<const float, 2> a(A.data() + 3, {m, k}, {k + 3, 1});  // a column slice: row pitch k + 3
             View<float, 2> c(C.data() + 2, {m, n}, {n + 5, 1});
             Ops::gemm(Trans::no, Trans::yes, 0.5f, a, B.view(), m % 2 ? 0.0f : 2.0f, c);
@@ -83,7 +85,8 @@ TEST_CASE("gemm_strided_batched equals one gemm per matrix") {
     const index_t count = 5, m = 7, n = 4, k = 9;
     Mat A = random_matrix(count * m, k, 6), B = random_matrix(count * n, k, 7), C({count * m, n});
     Ops::gemm_strided_batched(count, Trans::no, Trans::yes, 1.0f, View<const float, 2>(A.data(), {m, k}), m * k,
-                      View<const float, 2>(B.data(), {n, k}), n * k, 0.0f, View<float, 2>(C.data(), {m, n}), m * n);
+                              View<const float, 2>(B.data(), {n, k}), n * k, 0.0f, View<float, 2>(C.data(), {m, n}),
+                              m * n);
     for (index_t c = 0; c < count; ++c)
         for (index_t i = 0; i < m; ++i)
             for (index_t j = 0; j < n; ++j) {
@@ -116,7 +119,8 @@ TEST_CASE("views: slices, reshapes and their errors") {
     CHECK(&s(1, 0) == &m(1, 2));
     CHECK_FALSE(s.contiguous());
     CHECK_THROWS_WITH_AS(s.reshape<1>({12}), "reshape: cannot view [4, 3] (strided) as [12]", shape_error);
-    CHECK_THROWS_WITH_AS(m.view().slice(0, 3, 7), "slice: range [3, 7) of dimension 0 is outside shape [4, 6]", shape_error);
+    CHECK_THROWS_WITH_AS(m.view().slice(0, 3, 7), "slice: range [3, 7) of dimension 0 is outside shape [4, 6]",
+                         shape_error);
     CHECK(m.reshape<3>({2, 2, 6})(1, 1, 5) == m(3, 5));
     CHECK_THROWS_AS(Mat({3, -1}), shape_error);
     Mat c = m.clone();

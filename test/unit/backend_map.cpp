@@ -76,7 +76,8 @@ TEST_CASE_TEMPLATE("MapOps::map: functors of one to four views, pitched slices, 
             const double gr = gradh(i, j), mm = mh(i, j) + 0.1 * (gr - mh(i, j)), vv = 0.95 * vh(i, j) + 0.05 * gr * gr;
             CHECK(m1(i, j) == doctest::Approx(mm).epsilon(1e-6));
             CHECK(v1(i, j) == doctest::Approx(vv).epsilon(1e-6));
-            CHECK(w1(i, j) == doctest::Approx(0.99 * wh(i, j) - 1e-2 * mm / (std::sqrt(vv) / 0.5 + 1e-8)).epsilon(1e-5));
+            CHECK(w1(i, j) ==
+                  doctest::Approx(0.99 * wh(i, j) - 1e-2 * mm / (std::sqrt(vv) / 0.5 + 1e-8)).epsilon(1e-5));
         }
 
     // Convert: float to double.
@@ -137,7 +138,8 @@ TEST_CASE_TEMPLATE("MapOps::fill, copy between pitched views, transpose", B, MOO
         for (index_t j = 0; j < cols; ++j) CHECK(ch(i, j) == ah(0, 4 + j));
     // A source read down its columns (a^T as [cols, rows]): element by element, not row by row.
     auto d = on<B>(Tensor<float, 2, cpu>({cols, rows}));
-    backend::MapOps<B>::template copy<float>(View<const float, 2, B>(a.data() + 4, {cols, rows}, {1, cols + 4}), d.view());
+    backend::MapOps<B>::template copy<float>(View<const float, 2, B>(a.data() + 4, {cols, rows}, {1, cols + 4}),
+                                             d.view());
     const auto dh = host(d);
     for (index_t i = 0; i < cols; ++i)
         for (index_t j = 0; j < rows; ++j) CHECK(dh(i, j) == ah(j, 4 + i));

@@ -92,7 +92,7 @@ TEST_CASE_TEMPLATE("StreamGuard switches this thread's current stream and restor
             backend::cuda_stream_t seen_elsewhere = b.get();
             std::thread([&] { seen_elsewhere = backend::current_stream(); }).join();
             CHECK(seen_elsewhere == initial);  // another thread is on its own default stream
-            Tensor<float, 1, B> t({4});  // work on the guarded stream, then its crossing
+            Tensor<float, 1, B> t({4});        // work on the guarded stream, then its crossing
             for (float x : to_host(t)) CHECK(x == 0.0f);
         }
         CHECK(backend::current_stream() == a.get());
@@ -109,8 +109,10 @@ TEST_CASE_TEMPLATE("cuda_error messages name the call, the error and where the c
     static_assert(!backend::host_visible<B>, "module code must not index CUDA tensor data, emulated or not");
 }
 
-TEST_CASE_TEMPLATE("A failure where nothing may throw is thrown by the next checked call, and later errors name the "
-                   "first failing call", B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "A failure where nothing may throw is thrown by the next checked call, and later errors name the "
+    "first failing call",
+    B, moonmoe::cuda) {
     using namespace backend::cuda_detail;
     failure_record().forget();
     const CallStatus ok{}, invalid{"cudaErrorInvalidResourceHandle", "invalid resource handle"},
@@ -121,12 +123,15 @@ TEST_CASE_TEMPLATE("A failure where nothing may throw is thrown by the next chec
 
     // A destructor's failure, then a call that succeeds: that call throws the destructor's failure, once.
     note(invalid, "cudaEventDestroy(event_)", "offload.hpp", 50);
-    const std::string destroy = "cudaEventDestroy(event_) failed with cudaErrorInvalidResourceHandle (invalid "
-                                "resource handle) at offload.hpp:50 where nothing may throw (a destructor or release)";
+    const std::string destroy =
+        "cudaEventDestroy(event_) failed with cudaErrorInvalidResourceHandle (invalid "
+        "resource handle) at offload.hpp:50 where nothing may throw (a destructor or release)";
     CHECK(failure_record().first() == destroy);
     CHECK_THROWS_WITH_AS(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7),
-                         ("moonmoe: " + destroy + "; thrown at the next checked call, cudaStreamSynchronize(s) at "
-                          "memory.hpp:7").c_str(),
+                         ("moonmoe: " + destroy +
+                          "; thrown at the next checked call, cudaStreamSynchronize(s) at "
+                          "memory.hpp:7")
+                             .c_str(),
                          backend::cuda_error);
     CHECK_NOTHROW(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7));
 
@@ -135,23 +140,27 @@ TEST_CASE_TEMPLATE("A failure where nothing may throw is thrown by the next chec
     CHECK_THROWS_WITH_AS(check(fault, "cudaMemcpyAsync(d, s, n, k, stream)", "memory.hpp", 9),
                          ("moonmoe: cudaMemcpyAsync(d, s, n, k, stream) failed with cudaErrorIllegalAddress (an "
                           "illegal memory access was encountered) at memory.hpp:9; the first CUDA call to fail in this "
-                          "process: " + destroy + "; since then, where it could not throw: cudaFreeAsync(p, "
+                          "process: " +
+                          destroy +
+                          "; since then, where it could not throw: cudaFreeAsync(p, "
                           "current_stream()) failed with cudaErrorIllegalAddress (an illegal memory access was "
                           "encountered) at memory.hpp:20 where nothing may throw (a destructor or release)")
                              .c_str(),
                          backend::cuda_error);
-    CHECK_THROWS_WITH_AS(check(fault, "cudaMallocAsync(&p, bytes, current_stream())", "memory.hpp", 11),
-                         doctest::Contains(("at memory.hpp:11; the first CUDA call to fail in this process: " + destroy)
-                                               .c_str()),
-                         backend::cuda_error);
+    CHECK_THROWS_WITH_AS(
+        check(fault, "cudaMallocAsync(&p, bytes, current_stream())", "memory.hpp", 11),
+        doctest::Contains(("at memory.hpp:11; the first CUDA call to fail in this process: " + destroy).c_str()),
+        backend::cuda_error);
     failure_record().forget();
     CHECK(failure_record().first().empty());
     CHECK_NOTHROW(check(ok, "cudaStreamSynchronize(s)", "memory.hpp", 7));
 }
 
 #if MOONMOE_CUDA_EMULATED
-TEST_CASE_TEMPLATE("After a device fault, tensors released while an exception unwinds do not throw, and the next "
-                   "crossing names the first failing call", B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "After a device fault, tensors released while an exception unwinds do not throw, and the next "
+    "crossing names the first failing call",
+    B, moonmoe::cuda) {
     using namespace backend::cuda_detail;
     failure_record().forget();
     auto& stats = backend::Memory<B>::stats();
@@ -173,7 +182,8 @@ TEST_CASE_TEMPLATE("After a device fault, tensors released while an exception un
     CHECK(stats.current.load() == before + 4 * sizeof(float));  // a's and b's bytes are no longer counted
     const std::string first = failure_record().first();
     CHECK(first.rfind("cudaFreeAsync(p, current_stream()) failed with cudaErrorIllegalAddress (an illegal memory "
-                      "access was encountered) at ", 0) == 0);
+                      "access was encountered) at ",
+                      0) == 0);
     CHECK(first.find("memory.hpp:") != std::string::npos);
     CHECK_THROWS_WITH_AS(to_host(outer),
                          doctest::Contains(("; the first CUDA call to fail in this process: " + first).c_str()),
@@ -187,8 +197,10 @@ TEST_CASE_TEMPLATE("After a device fault, tensors released while an exception un
 }
 #endif
 
-TEST_CASE_TEMPLATE("allocate_or_reclaim: out of memory, the pool's unused memory goes back to the driver and the "
-                   "request is tried once more, then refused with the pool's numbers", B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "allocate_or_reclaim: out of memory, the pool's unused memory goes back to the driver and the "
+    "request is tried once more, then refused with the pool's numbers",
+    B, moonmoe::cuda) {
     using backend::cuda_detail::allocate_or_reclaim;
     // A device with `device_free` bytes and a pool holding `chunks` unused blocks of `chunk` bytes: a request fits
     // one of them or the device's free memory; reclaim (trim) gives the blocks back to the device.
@@ -234,8 +246,10 @@ TEST_CASE_TEMPLATE("allocate_or_reclaim: out of memory, the pool's unused memory
           "(70.00 GiB), 73551314944 bytes (68.50 GiB) of it in use");
 }
 
-TEST_CASE_TEMPLATE("HostOffload: tensors to pinned host memory and back, bit for bit, device memory released while "
-                   "away, host buffers reused", B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "HostOffload: tensors to pinned host memory and back, bit for bit, device memory released while "
+    "away, host buffers reused",
+    B, moonmoe::cuda) {
     auto& device = backend::Memory<B>::stats();
     backend::HostOffload off;
     std::vector<float> values(3 * 1000);

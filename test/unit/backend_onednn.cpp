@@ -57,18 +57,27 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
     std::mt19937 gen(seed);
     const index_t ar = c.ta == Trans::no ? c.m : c.k, ac = c.ta == Trans::no ? c.k : c.m;
     const index_t br = c.tb == Trans::no ? c.k : c.n, bc = c.tb == Trans::no ? c.n : c.k;
-    const std::vector<bf16> a = random_bf16(std::size_t(ar * (ac + c.pad)), gen), b = random_bf16(std::size_t(br * (bc + c.pad)), gen);
+    const std::vector<bf16> a = random_bf16(std::size_t(ar * (ac + c.pad)), gen),
+                            b = random_bf16(std::size_t(br * (bc + c.pad)), gen);
     std::vector<TC> cmat(std::size_t(c.m * (c.n + c.pad)));
     std::normal_distribution<float> d;
     for (TC& x : cmat) {
         if constexpr (std::is_same_v<TC, bf16>) x = bf16::from_float(d(gen));
-        else x = d(gen);
+        else
+            x = d(gen);
     }
-    const auto at = [&](index_t i, index_t p) { return double((c.ta == Trans::no ? a[std::size_t(i * (ac + c.pad) + p)] : a[std::size_t(p * (ac + c.pad) + i)]).to_float()); };
-    const auto bt = [&](index_t p, index_t j) { return double((c.tb == Trans::no ? b[std::size_t(p * (bc + c.pad) + j)] : b[std::size_t(j * (bc + c.pad) + p)]).to_float()); };
+    const auto at = [&](index_t i, index_t p) {
+        return double((c.ta == Trans::no ? a[std::size_t(i * (ac + c.pad) + p)] : a[std::size_t(p * (ac + c.pad) + i)])
+                          .to_float());
+    };
+    const auto bt = [&](index_t p, index_t j) {
+        return double((c.tb == Trans::no ? b[std::size_t(p * (bc + c.pad) + j)] : b[std::size_t(j * (bc + c.pad) + p)])
+                          .to_float());
+    };
     const auto cv = [&](index_t i, index_t j) {
         if constexpr (std::is_same_v<TC, bf16>) return double(cmat[std::size_t(i * (c.n + c.pad) + j)].to_float());
-        else return double(cmat[std::size_t(i * (c.n + c.pad) + j)]);
+        else
+            return double(cmat[std::size_t(i * (c.n + c.pad) + j)]);
     };
     Run<TC> r;
     for (index_t i = 0; i < c.m; ++i)
@@ -77,7 +86,8 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
             for (index_t p = 0; p < c.k; ++p) sum += at(i, p) * bt(p, j), size += std::abs(at(i, p) * bt(p, j));
             const double want = c.alpha * sum + (c.beta != 0.0f ? c.beta * cv(i, j) : 0.0);
             r.want.push_back(want);
-            double bound = (double(c.k) + 2) * std::ldexp(1.0, -23) * (std::abs(c.alpha) * size + std::abs(c.beta * cv(i, j)));
+            double bound =
+                (double(c.k) + 2) * std::ldexp(1.0, -23) * (std::abs(c.alpha) * size + std::abs(c.beta * cv(i, j)));
             if constexpr (std::is_same_v<TC, bf16>) bound += std::ldexp(std::abs(want), -8);  // C's own rounding
             r.bound.push_back(bound + 1e-30);
         }
@@ -114,7 +124,9 @@ void check_path(const char* path) {
         std::size_t first = r.got.size();
         for (std::size_t i = 0; i < r.got.size(); ++i)
             if (!(std::abs(r.got[i] - r.want[i]) <= r.bound[i])) first = std::min(first, i), ++bad;
-        if (bad) MESSAGE("first bad " << first << ": " << r.got[first] << " want " << r.want[first] << " bound " << r.bound[first]);
+        if (bad)
+            MESSAGE("first bad " << first << ": " << r.got[first] << " want " << r.want[first] << " bound "
+                                 << r.bound[first]);
         CHECK(bad == 0);
     }
 }
@@ -145,7 +157,8 @@ TEST_CASE("gemm_bf16 on the CPU: the path in use is reported, and asking for one
 #endif
 }
 
-TEST_CASE("gemm_bf16 on the CPU, both paths: every transpose, alpha and beta, f32 and bf16 C, pitched, against double") {
+TEST_CASE(
+    "gemm_bf16 on the CPU, both paths: every transpose, alpha and beta, f32 and bf16 C, pitched, against double") {
     const Bf16GemmChoice restore;
     backend::set_bf16_gemm(Bf16Gemm::widened_f32);
     check_path<float>("widened f32");

@@ -29,7 +29,8 @@ Tensor<float, 1> flat(std::vector<float> v) {
 }
 }  // namespace
 
-TEST_CASE_TEMPLATE("sum_squares: the squared Frobenius norm in double, of whole and strided views", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("sum_squares: the squared Frobenius norm in double, of whole and strided views", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::OptimOps<B>;
     const Tensor<float, 2> x = random_of<float>(37, 53, 1);
     const Tensor<double, 2> xd = random_of<double>(19, 23, 2);
@@ -74,10 +75,12 @@ TEST_CASE_TEMPLATE("scaled_copy: dst = factor op(src), as stored and transposed,
     for (index_t i = 0; i < 45; ++i)
         for (index_t j = 0; j < 70; ++j) CHECK(u(i, j) == src(i, j) * 0.37f);
     Tensor<float, 2, B> wrong({45, 70});
-    CHECK_THROWS_AS(Ops::template scaled_copy<float>(Trans::yes, d_src.view(), factor.view(), wrong.view()), shape_error);
+    CHECK_THROWS_AS(Ops::template scaled_copy<float>(Trans::yes, d_src.view(), factor.view(), wrong.view()),
+                    shape_error);
 }
 
-TEST_CASE_TEMPLATE("first_nonfinite: the lowest view holding a NaN or an infinity, or the count", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("first_nonfinite: the lowest view holding a NaN or an infinity, or the count", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::OptimOps<B>;
     const index_t sizes[] = {3, 20000, 40000, 1, 300};
     std::vector<Tensor<float, 1>> xs;
@@ -129,7 +132,8 @@ TEST_CASE_TEMPLATE("zero_all: every element of every view, nothing outside them"
     }
 }
 
-TEST_CASE_TEMPLATE("scale_rows: each row by its factor, rows with factor 1 stay bit for bit", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("scale_rows: each row by its factor, rows with factor 1 stay bit for bit", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::OptimOps<B>;
     Tensor<float, 2> w = random_of<float>(12, 40, 5);
     w(3, 5) = NAN;  // a factor of 1 leaves even a NaN's bits alone
@@ -156,12 +160,14 @@ TEST_CASE_TEMPLATE("scale_rows: each row by its factor, rows with factor 1 stay 
             if (!(i == 3 && j == 5)) CHECK(g(i, j) == w(i, j) * 0.25f);
 }
 
-TEST_CASE_TEMPLATE("adamw_update: fn::AdamWUpdate on every element, against the formula in double", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("adamw_update: fn::AdamWUpdate on every element, against the formula in double", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::OptimOps<B>;
     const index_t n = 40000;  // several 16k blocks and a partial one
     const Mat r = random_matrix(4, n, 6);
     Tensor<float, 1> w({n}), g({n}), m({n}), v({n});
-    for (index_t i = 0; i < n; ++i) w(i) = r(0, i), g(i) = 0.1f * r(1, i), m(i) = 0.01f * r(2, i), v(i) = 1e-4f * std::abs(r(3, i));
+    for (index_t i = 0; i < n; ++i)
+        w(i) = r(0, i), g(i) = 0.1f * r(1, i), m(i) = 0.01f * r(2, i), v(i) = 1e-4f * std::abs(r(3, i));
     const fn::AdamWUpdate f{.decay = 0.998f, .b1 = 0.9f, .b2 = 0.95f, .step = 1e-3f, .root2 = 0.3f, .eps = 1e-8f};
     auto dw = on<B>(w), dg = on<B>(g), dm = on<B>(m), dv = on<B>(v);
     Ops::adamw_update(f, dw.view(), dg.view(), dm.view(), dv.view());
@@ -170,7 +176,8 @@ TEST_CASE_TEMPLATE("adamw_update: fn::AdamWUpdate on every element, against the 
         const double gi = g(i);
         const double mi = double(m(i)) + (1.0 - double(f.b1)) * (gi - double(m(i)));
         const double vi = double(v(i)) * double(f.b2) + (1.0 - double(f.b2)) * gi * gi;
-        const double wi = double(w(i)) * double(f.decay) - double(f.step) * mi / (std::sqrt(vi) / double(f.root2) + double(f.eps));
+        const double wi =
+            double(w(i)) * double(f.decay) - double(f.step) * mi / (std::sqrt(vi) / double(f.root2) + double(f.eps));
         CHECK(hm(i) == doctest::Approx(mi).epsilon(1e-6));
         CHECK(hv(i) == doctest::Approx(vi).epsilon(1e-6));
         CHECK(hw(i) == doctest::Approx(wi).epsilon(1e-6));

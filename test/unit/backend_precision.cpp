@@ -72,8 +72,10 @@ static_assert(bf16::from_float(std::numeric_limits<float>::max()).bits == 0x7F80
 static_assert(bf16::from_float(std::numeric_limits<float>::quiet_NaN()).is_nan());
 static_assert(convert<float>(convert<bf16>(0.5f)) == 0.5f && convert<double>(bf16{0xC000}) == -2.0);
 
-TEST_CASE_TEMPLATE("bf16: f32 -> bf16 rounds as torch.bfloat16 does (ties, subnormals, max, inf, NaN), scalar and "
-                   "MapOps::cast", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "bf16: f32 -> bf16 rounds as torch.bfloat16 does (ties, subnormals, max, inf, NaN), scalar and "
+    "MapOps::cast",
+    B, MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("bf16") + "/conversions.safetensors");
     const std::vector<float> in = f32_raw(ref, "f32_to_bf16.input");
     const std::vector<std::uint16_t> want = u16(ref, "f32_to_bf16.output");
@@ -114,7 +116,8 @@ TEST_CASE_TEMPLATE("bf16: f32 -> bf16 rounds as torch.bfloat16 does (ties, subno
     CHECK(to_inf >= 4);
 }
 
-TEST_CASE_TEMPLATE("bf16: bf16 -> f32 is exact, as torch widens it, scalar and MapOps::cast", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("bf16: bf16 -> f32 is exact, as torch widens it, scalar and MapOps::cast", B,
+                   MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("bf16") + "/conversions.safetensors");
     const std::vector<std::uint16_t> in = u16(ref, "bf16_to_f32.input");
     const std::vector<float> want = f32_raw(ref, "bf16_to_f32.output");
@@ -138,8 +141,10 @@ TEST_CASE_TEMPLATE("bf16: bf16 -> f32 is exact, as torch widens it, scalar and M
     }
 }
 
-TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identity on every bit pattern but NaN's, "
-                   "f32 -> bf16 -> f32 -> bf16 is stable, f32 -> f64 -> f32 is exact", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "MapOps::cast round trips: bf16 -> f32 -> bf16 is the identity on every bit pattern but NaN's, "
+    "f32 -> bf16 -> f32 -> bf16 is stable, f32 -> f64 -> f32 is exact",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     std::vector<bf16> all(0x10000);
     for (std::uint32_t b = 0; b < 0x10000; ++b) all[b] = bf16{std::uint16_t(b)};
@@ -150,8 +155,7 @@ TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identit
     Ops::template cast<bf16, float>(wide.view(), back.view());
     const auto got = host(back);
     int mismatches = 0;
-    for (std::uint32_t b = 0; b < 0x10000; ++b)
-        mismatches += got.data()[b].bits != (all[b].is_nan() ? 0x7FC0 : b);
+    for (std::uint32_t b = 0; b < 0x10000; ++b) mismatches += got.data()[b].bits != (all[b].is_nan() ? 0x7FC0 : b);
     CHECK(mismatches == 0);
 
     Tensor<float, 2, cpu> f({64, 96});
@@ -183,8 +187,10 @@ TEST_CASE_TEMPLATE("MapOps::cast round trips: bf16 -> f32 -> bf16 is the identit
     CHECK_THROWS_WITH_AS(bad(), doctest::Contains("cast"), shape_error);
 }
 
-TEST_CASE_TEMPLATE("BlasOps::gemm_bf16: every transpose, f32 and bf16 C, alpha and beta, pitched slices, against a "
-                   "double loop over the bf16 operands", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "BlasOps::gemm_bf16: every transpose, f32 and bf16 C, alpha and beta, pitched slices, against a "
+    "double loop over the bf16 operands",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     for (bool ta : {false, true})
         for (bool tb : {false, true})
@@ -198,8 +204,10 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_bf16: every transpose, f32 and bf16 C, alpha a
                     const index_t ra = ta ? k : m, ca = ta ? m : k, rb = tb ? n : k, cb = tb ? k : n;
                     const auto Ah = random_bf16(ra, ca + 3, 1), Bh = random_bf16(rb, cb + 5, 2);
                     const auto A = on<B>(Ah), Bm = on<B>(Bh);
-                    View<const bf16, 2, B> a(A.data() + 3, {ra, ca}, {ca + 3, 1}), b(Bm.data() + 5, {rb, cb}, {cb + 5, 1});
-                    View<const bf16, 2> ah(Ah.data() + 3, {ra, ca}, {ca + 3, 1}), bh(Bh.data() + 5, {rb, cb}, {cb + 5, 1});
+                    View<const bf16, 2, B> a(A.data() + 3, {ra, ca}, {ca + 3, 1}),
+                        b(Bm.data() + 5, {rb, cb}, {cb + 5, 1});
+                    View<const bf16, 2> ah(Ah.data() + 3, {ra, ca}, {ca + 3, 1}),
+                        bh(Bh.data() + 5, {rb, cb}, {cb + 5, 1});
                     const float alpha = 0.75f;
                     const auto expected = [&](index_t i, index_t j, double c0) {
                         double s = 0.0;
@@ -273,15 +281,16 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_bf16_strided_batched: a batch with a shared op
     const auto A = on<B>(Ah), Bm = on<B>(Bh);
     Tensor<bf16, 2, B> C({count * m, n});
     backend::Ops<B>::template gemm_bf16_strided_batched<bf16>(
-        count, Trans::no, Trans::yes, 1.0f, View<const bf16, 2, B>(A.data(), {m, k}, {k, 1}), m * k, Bm.view(), 0,
-        0.0f, View<bf16, 2, B>(C.data(), {m, n}, {n, 1}), m * n);
+        count, Trans::no, Trans::yes, 1.0f, View<const bf16, 2, B>(A.data(), {m, k}, {k, 1}), m * k, Bm.view(), 0, 0.0f,
+        View<bf16, 2, B>(C.data(), {m, n}, {n, 1}), m * n);
     const auto out = host(C);
     for (index_t b = 0; b < count; ++b)
         for (index_t i = 0; i < m; ++i)
             for (index_t j = 0; j < n; ++j) {
                 double s = 0.0;
                 for (index_t p = 0; p < k; ++p) s += as_double(Ah(b * m + i, p)) * as_double(Bh(j, p));
-                CHECK(std::abs(as_double(out(b * m + i, j)) - s) <= 1e-4 * (1 + std::abs(s)) + std::ldexp(std::abs(s), -8));
+                CHECK(std::abs(as_double(out(b * m + i, j)) - s) <=
+                      1e-4 * (1 + std::abs(s)) + std::ldexp(std::abs(s), -8));
             }
 }
 
@@ -306,8 +315,12 @@ std::vector<float> ns_on(const std::vector<float>& g, index_t rows, index_t cols
 
 TEST_CASE_TEMPLATE("Newton-Schulz in bf16 follows torch.optim.Muon's bf16 iteration", B, MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("bf16") + "/newton_schulz_bf16.safetensors");
-    struct Case { const char* name; index_t rows, cols; };
-    for (const Case c : {Case{"wide", 32, 64}, Case{"tall", 64, 32}, Case{"square", 48, 48}, Case{"wide_large", 96, 160}}) {
+    struct Case {
+        const char* name;
+        index_t rows, cols;
+    };
+    for (const Case c :
+         {Case{"wide", 32, 64}, Case{"tall", 64, 32}, Case{"square", 48, 48}, Case{"wide_large", 96, 160}}) {
         CAPTURE(std::string(c.name));
         const std::vector<float> g = ref.f32(std::string(c.name) + ".g"), exact = ref.f32(std::string(c.name) + ".f64");
         const std::vector<float> torch = ref.f32(std::string(c.name) + ".torch");  // bf16, widened exactly
@@ -335,16 +348,17 @@ TEST_CASE_TEMPLATE("Newton-Schulz in bf16 follows torch.optim.Muon's bf16 iterat
 #if !defined(__CUDACC__)
         if (c.rows * c.cols <= 48 * 48) CHECK(same / n >= 0.99);
 #endif
-        CHECK(rms <= 0.5 * rms32);                       // much closer to torch than the f32 iteration
-        CHECK(d_torch <= 6.0 * std::ldexp(1.0, -9));     // a few ulps of the largest entries (below 0.5)
+        CHECK(rms <= 0.5 * rms32);                    // much closer to torch than the f32 iteration
+        CHECK(d_torch <= 6.0 * std::ldexp(1.0, -9));  // a few ulps of the largest entries (below 0.5)
         // as far from f64 as torch's bf16 is (8 bits), which f32 is not
         CHECK(e_ours <= 1.5 * e_torch);
         CHECK(e_ours >= 0.25 * e_torch);
     }
 }
 
-TEST_CASE_TEMPLATE("Newton-Schulz in bf16: the symmetric products (blocks on and below the diagonal) equal the full ones",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "Newton-Schulz in bf16: the symmetric products (blocks on and below the diagonal) equal the full ones", B,
+    MOONMOE_TEST_BACKENDS) {
     // 600 x 700 (wide) and 700 x 600 (tall): X X^T and A A of 600 x 600 in 3 x 3 blocks of 256 rows, partial ones
     // at the edge; every element is one block product's, as it is one full product's.
     for (const auto& [rows, cols] : {std::pair<index_t, index_t>{600, 700}, std::pair<index_t, index_t>{700, 600}}) {
@@ -361,14 +375,16 @@ TEST_CASE_TEMPLATE("Newton-Schulz in bf16: the symmetric products (blocks on and
         const std::vector<float> a = to_host(sym), b = to_host(full);
         std::size_t same = 0;
         double worst = 0;
-        for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == b[i], worst = std::max(worst, double(std::abs(a[i] - b[i])));
-        MESSAGE("bf16 NS " << rows << " x " << cols << ": symmetric vs full products " << 100.0 * double(same) / double(a.size())
-                           << "% bitwise equal, max |diff| " << worst);
+        for (std::size_t i = 0; i < a.size(); ++i)
+            same += a[i] == b[i], worst = std::max(worst, double(std::abs(a[i] - b[i])));
+        MESSAGE("bf16 NS " << rows << " x " << cols << ": symmetric vs full products "
+                           << 100.0 * double(same) / double(a.size()) << "% bitwise equal, max |diff| " << worst);
         CHECK(worst <= 4.0 * std::ldexp(1.0, -9));  // a few bf16 ulps of the entries (below 0.5) at most
     }
 }
 
-TEST_CASE_TEMPLATE("Muon<NSPrecision<BF16>> steps as torch.optim.Muon (bf16 Newton-Schulz) does", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("Muon<NSPrecision<BF16>> steps as torch.optim.Muon (bf16 Newton-Schulz) does", B,
+                   MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("optim") + "/muon_torch.safetensors");
     MuonConfig cfg = Muon<NSPrecision<BF16>>::value;
     REQUIRE(cfg.ns_precision == NumberFormat::bf16);

@@ -26,9 +26,17 @@ using IdxMat = Tensor<index_t, 2>;
 MoEConfig routing_config(index_t experts, index_t k, index_t groups = 1, index_t top_groups = 1,
                          ScoreFunc score = ScoreFunc::sigmoid, GroupScoreFunc group_score = GroupScoreFunc::top_two_sum,
                          bool correction_bias = true, bool norm_top_k = true, double routed_scale = 2.5) {
-    return MoEConfig{.experts = experts, .top_k = k, .shared = 0, .expert_hidden = 4, .groups = groups,
-                     .top_groups = top_groups, .score = score, .correction_bias = correction_bias,
-                     .norm_top_k = norm_top_k, .routed_scale = routed_scale, .group_score = group_score};
+    return MoEConfig{.experts = experts,
+                     .top_k = k,
+                     .shared = 0,
+                     .expert_hidden = 4,
+                     .groups = groups,
+                     .top_groups = top_groups,
+                     .score = score,
+                     .correction_bias = correction_bias,
+                     .norm_top_k = norm_top_k,
+                     .routed_scale = routed_scale,
+                     .group_score = group_score};
 }
 
 IdxMat index_matrix(index_t rows, index_t cols, const std::vector<index_t>& values) {
@@ -88,8 +96,8 @@ void check_selection(const MoEConfig& cfg, const Mat& logits, const Mat& bias) {
     auto b = on<B>(bias);
     Tensor<index_t, 2, B> idx({T, K});
     Tensor<float, 2, B> weight({T, K});
-    Ops::route_select(cfg, scores.view(), b.view().template reshape<1>(Shape<1>{E}), View<const index_t, 2, B>{}, idx.view(),
-                      weight.view());
+    Ops::route_select(cfg, scores.view(), b.view().template reshape<1>(Shape<1>{E}), View<const index_t, 2, B>{},
+                      idx.view(), weight.view());
     const IdxMat got_idx = host(idx);
     const Mat got_w = host(weight), got_s = host(scores);
     for (index_t t = 0; t < T; ++t) {
@@ -133,14 +141,15 @@ TEST_CASE_TEMPLATE("route_select: ties go to the lower index, for experts and fo
     auto b = on<B>(zero);
     Tensor<index_t, 2, B> idx({3, 3});
     Tensor<float, 2, B> weight({3, 3});
-    Ops::route_select(routing_config(8, 3), scores.view(), b.view().template reshape<1>(Shape<1>{8}), View<const index_t, 2, B>{},
-                      idx.view(), weight.view());
+    Ops::route_select(routing_config(8, 3), scores.view(), b.view().template reshape<1>(Shape<1>{8}),
+                      View<const index_t, 2, B>{}, idx.view(), weight.view());
     const IdxMat got = host(idx);
     for (index_t t = 0; t < 3; ++t)
         for (index_t j = 0; j < 3; ++j) CHECK(got(t, j) == j);
 }
 
-TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets their weights", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets their weights", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::RoutingOps<B>;
     const MoEConfig cfg = routing_config(8, 2);
     const Mat logits = random_matrix(3, 8, 5), bias = random_matrix(1, 8, 6);
@@ -150,7 +159,8 @@ TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets t
     auto f = on<B>(fixed);
     Tensor<index_t, 2, B> idx({3, 2});
     Tensor<float, 2, B> weight({3, 2});
-    Ops::route_select(cfg, scores.view(), b.view().template reshape<1>(Shape<1>{8}), f.view(), idx.view(), weight.view());
+    Ops::route_select(cfg, scores.view(), b.view().template reshape<1>(Shape<1>{8}), f.view(), idx.view(),
+                      weight.view());
     const IdxMat got = host(idx);
     const Mat w = host(weight);
     for (index_t t = 0; t < 3; ++t) {
@@ -164,9 +174,10 @@ TEST_CASE_TEMPLATE("route_select: a fixed selection keeps its experts and gets t
     }
 }
 
-TEST_CASE_TEMPLATE("route_select with NaNs: a NaN choice ranks above every number (torch.topk's order), ties to the "
-                   "lower index, and its weight is NaN",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "route_select with NaNs: a NaN choice ranks above every number (torch.topk's order), ties to the "
+    "lower index, and its weight is NaN",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::RoutingOps<B>;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     const auto sig = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
@@ -180,22 +191,42 @@ TEST_CASE_TEMPLATE("route_select with NaNs: a NaN choice ranks above every numbe
     const double N = std::numeric_limits<double>::quiet_NaN();
     const double s6 = sig(6), s7 = sig(7), z_bias = s7 + s6 + sig(3);  // case "a NaN bias"
     const std::vector<Case> cases = {
-        {"two NaN logits (one with the sign bit), normalised: both chosen first, every weight NaN", routing_config(8, 3),
-         {1, nan, 3, 4, 5, 6, 7, -nan}, std::vector<float>(8, 0.0f), {1, 7, 6}, {N, N, N}},
+        {"two NaN logits (one with the sign bit), normalised: both chosen first, every weight NaN",
+         routing_config(8, 3),
+         {1, nan, 3, 4, 5, 6, 7, -nan},
+         std::vector<float>(8, 0.0f),
+         {1, 7, 6},
+         {N, N, N}},
         {"not normalised: only the NaN experts' weights are NaN",
          routing_config(8, 3, 1, 1, ScoreFunc::sigmoid, GroupScoreFunc::top_two_sum, true, false, 2.0),
-         {1, nan, 3, 4, 5, 6, 7, -nan}, std::vector<float>(8, 0.0f), {1, 7, 6}, {N, N, 2.0 * s7}},
-        {"a NaN bias: its expert is chosen first, the weights (from the scores) stay numbers", routing_config(8, 3),
-         {1, 2, 3, 4, 5, 6, 7, 0}, {0, 0, nan, 0, 0, 0, 0, 0}, {2, 6, 5},
+         {1, nan, 3, 4, 5, 6, 7, -nan},
+         std::vector<float>(8, 0.0f),
+         {1, 7, 6},
+         {N, N, 2.0 * s7}},
+        {"a NaN bias: its expert is chosen first, the weights (from the scores) stay numbers",
+         routing_config(8, 3),
+         {1, 2, 3, 4, 5, 6, 7, 0},
+         {0, 0, nan, 0, 0, 0, 0, 0},
+         {2, 6, 5},
          {2.5 * sig(3) / z_bias, 2.5 * s7 / z_bias, 2.5 * s6 / z_bias}},
-        {"groups by their top two: a NaN makes its group's score NaN, kept first", routing_config(8, 2, 4, 2),
-         {0, 1, 2, nan, 4, 5, -1, -2}, std::vector<float>(8, 0.0f), {3, 5}, {N, N}},
+        {"groups by their top two: a NaN makes its group's score NaN, kept first",
+         routing_config(8, 2, 4, 2),
+         {0, 1, 2, nan, 4, 5, -1, -2},
+         std::vector<float>(8, 0.0f),
+         {3, 5},
+         {N, N}},
         {"groups by their maximum (others' choices 0): the NaN group kept",
          routing_config(8, 2, 4, 1, ScoreFunc::sigmoid, GroupScoreFunc::max, false, false, 1.0),
-         {0, 1, 2, nan, 4, 5, -1, -2}, std::vector<float>(8, 0.0f), {3, 2}, {N, sig(2)}},
+         {0, 1, 2, nan, 4, 5, -1, -2},
+         std::vector<float>(8, 0.0f),
+         {3, 2},
+         {N, sig(2)}},
         {"softmax: one NaN logit makes every score NaN, the first experts win the tie",
          routing_config(8, 3, 1, 1, ScoreFunc::softmax, GroupScoreFunc::max, false, false, 1.0),
-         {1, 2, 3, nan, 5, 6, 7, 8}, std::vector<float>(8, 0.0f), {0, 1, 2}, {N, N, N}},
+         {1, 2, 3, nan, 5, 6, 7, 8},
+         std::vector<float>(8, 0.0f),
+         {0, 1, 2},
+         {N, N, N}},
     };
     for (const Case& c : cases) {
         const std::string name = c.name;
@@ -216,7 +247,8 @@ TEST_CASE_TEMPLATE("route_select with NaNs: a NaN choice ranks above every numbe
         for (index_t j = 0; j < K; ++j) {
             CAPTURE(j);
             if (std::isnan(c.weight[std::size_t(j)])) CHECK(std::isnan(got_w[std::size_t(j)]));
-            else CHECK(got_w[std::size_t(j)] == doctest::Approx(c.weight[std::size_t(j)]).epsilon(1e-6));
+            else
+                CHECK(got_w[std::size_t(j)] == doctest::Approx(c.weight[std::size_t(j)]).epsilon(1e-6));
         }
     }
 }
@@ -235,8 +267,8 @@ TEST_CASE_TEMPLATE("route_backward: d logits from dweight and the balance-loss g
             auto b = on<B>(bias);
             Tensor<index_t, 2, B> idx({T, K});
             Tensor<float, 2, B> weight({T, K}), dlogits({T, E});
-            Ops::route_select(cfg, scores.view(), b.view().template reshape<1>(Shape<1>{E}), View<const index_t, 2, B>{},
-                              idx.view(), weight.view());
+            Ops::route_select(cfg, scores.view(), b.view().template reshape<1>(Shape<1>{E}),
+                              View<const index_t, 2, B>{}, idx.view(), weight.view());
             auto dw = on<B>(dweight);
             auto ag = on<B>(aux);
             Ops::route_backward(cfg, scores.view(), idx.view(), dw.view(), ag.view(), dlogits.view());
@@ -252,8 +284,8 @@ TEST_CASE_TEMPLATE("route_backward: d logits from dweight and the balance-loss g
                 double sd = 0.0;
                 for (index_t e = 0; e < E; ++e) sd += ds[e] * s(t, e);
                 for (index_t e = 0; e < E; ++e) {
-                    const double want = score == ScoreFunc::sigmoid ? ds[e] * s(t, e) * (1.0 - s(t, e))
-                                                                    : s(t, e) * (ds[e] - sd);
+                    const double want =
+                        score == ScoreFunc::sigmoid ? ds[e] * s(t, e) * (1.0 - s(t, e)) : s(t, e) * (ds[e] - sd);
                     CHECK(got(t, e) == doctest::Approx(want).epsilon(1e-5).scale(1.0));
                 }
             }
@@ -408,17 +440,18 @@ TEST_CASE("MoE: stacked expert weights are handed out per expert with HF names, 
         const bool down = p.name.find("down_proj") != std::string::npos;
         CHECK(p.shape == std::vector<index_t>{down ? 6 : 4, down ? 4 : 6});
         const index_t e = std::stoi(p.name.substr(p.name.find("experts.") + 8)) - 2;
-        const auto& stack = down ? moe.experts.down_proj : p.name.find("gate_proj") != std::string::npos
-                                                                ? moe.experts.gate_proj
-                                                                : moe.experts.up_proj;
+        const auto& stack = down                                            ? moe.experts.down_proj
+                            : p.name.find("gate_proj") != std::string::npos ? moe.experts.gate_proj
+                                                                            : moe.experts.up_proj;
         CHECK(p.value == stack.value.data() + e * 24);
         CHECK(p.grad == stack.grad.data() + e * 24);
     });
-    CHECK(names == std::vector<std::string>{
-                       "mlp.gate.weight", "mlp.gate.e_score_correction_bias", "mlp.experts.2.gate_proj.weight",
-                       "mlp.experts.2.up_proj.weight", "mlp.experts.2.down_proj.weight", "mlp.experts.3.gate_proj.weight",
-                       "mlp.experts.3.up_proj.weight", "mlp.experts.3.down_proj.weight", "mlp.experts.4.gate_proj.weight",
-                       "mlp.experts.4.up_proj.weight", "mlp.experts.4.down_proj.weight"});
+    CHECK(names == std::vector<std::string>{"mlp.gate.weight", "mlp.gate.e_score_correction_bias",
+                                            "mlp.experts.2.gate_proj.weight", "mlp.experts.2.up_proj.weight",
+                                            "mlp.experts.2.down_proj.weight", "mlp.experts.3.gate_proj.weight",
+                                            "mlp.experts.3.up_proj.weight", "mlp.experts.3.down_proj.weight",
+                                            "mlp.experts.4.gate_proj.weight", "mlp.experts.4.up_proj.weight",
+                                            "mlp.experts.4.down_proj.weight"});
 }
 
 TEST_CASE("MoE: an expert-parallel split sums to the whole block, forward and backward") {
@@ -447,10 +480,12 @@ TEST_CASE("MoE: an expert-parallel split sums to the whole block, forward and ba
     low.backward(dy.view(), c_low, dx_parts.view());
     high.backward(dy.view(), c_high, dx_parts.view(), nn::Accumulate::yes);
     // each rank's dweight holds its own pairs, and the router's backward is linear in it: the parts sum to the whole
-    for (index_t i = 0; i < T * H; ++i) CHECK(dx.data()[i] == doctest::Approx(dx_parts.data()[i]).epsilon(1e-5).scale(1.0));
+    for (index_t i = 0; i < T * H; ++i)
+        CHECK(dx.data()[i] == doctest::Approx(dx_parts.data()[i]).epsilon(1e-5).scale(1.0));
     for (index_t i = 0; i < whole.gate.weight.grad.numel(); ++i)
-        CHECK(whole.gate.weight.grad.data()[i] ==
-              doctest::Approx(low.gate.weight.grad.data()[i] + high.gate.weight.grad.data()[i]).epsilon(1e-5).scale(1.0));
+        CHECK(
+            whole.gate.weight.grad.data()[i] ==
+            doctest::Approx(low.gate.weight.grad.data()[i] + high.gate.weight.grad.data()[i]).epsilon(1e-5).scale(1.0));
     std::map<std::string, std::pair<const float*, index_t>> grads;
     whole.visit_params("m", [&](const ParamRef& p) { grads[p.name] = {p.grad, p.numel()}; });
     for (nn::MoE<>* part : {&low, &high})

@@ -51,7 +51,7 @@ TEST_CASE_TEMPLATE("rmsnorm_forward: y = w x / rms, rstd per row", B, MOONMOE_TE
 
 TEST_CASE_TEMPLATE("rmsnorm_backward: dx written or added, dweight accumulated over more than one row chunk", B,
                    MOONMOE_TEST_BACKENDS) {
-    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
+    using Ops = backend::RowOps<B>;    // the family alone: Ops<cuda> needs every family
     const index_t rows = 150, n = 19;  // three 64-row chunks for dweight
     const Mat x = random_matrix(rows, n, 3), dy = random_matrix(rows, n, 4), dx0 = random_matrix(rows, n, 5);
     const Tensor<float, 1> w = random_vector(n, 6, 1.0f), dw0 = random_vector(n, 7);
@@ -86,7 +86,8 @@ TEST_CASE_TEMPLATE("rmsnorm_backward: dx written or added, dweight accumulated o
     }
 }
 
-TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ignored rows zero", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ignored rows zero", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
     const index_t T = 6, V = 11;
     const Mat z = random_matrix(T, V, 8, 3.0f);
@@ -107,7 +108,8 @@ TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ign
         const double lse = m + std::log(sum);
         if (y >= 0) total += lse - z(t, y);
         for (index_t v = 0; v < V; ++v) {
-            const double expect = y < 0 ? 0.0 : (std::exp(double(z(t, v)) - lse) - (v == y ? 1.0 : 0.0)) / double(count);
+            const double expect =
+                y < 0 ? 0.0 : (std::exp(double(z(t, v)) - lse) - (v == y ? 1.0 : 0.0)) / double(count);
             CHECK(dzh(t, v) == doctest::Approx(expect).epsilon(1e-5));
         }
     }
@@ -117,9 +119,10 @@ TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ign
     CHECK(to_host(loss_only)[0] == to_host(loss)[0]);
 }
 
-TEST_CASE_TEMPLATE("embedding_gather and embedding_scatter_add (repeated ids add in token order)", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("embedding_gather and embedding_scatter_add (repeated ids add in token order)", B,
+                   MOONMOE_TEST_BACKENDS) {
     using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
-    const index_t V = 5, n = 300;  // more than one column block
+    const index_t V = 5, n = 300;    // more than one column block
     const Mat table = random_matrix(V, n, 9), dy = random_matrix(4, n, 10), dt0 = random_matrix(V, n, 11);
     const std::vector<index_t> ids = {2, 0, 2, 4};
     const auto idd = on<B>(indices(ids));

@@ -80,19 +80,18 @@ TEST_CASE("ik_llama.cpp's K2 count is ours plus its split attn_k_b / attn_v_b co
 // Models without query compression (q_lora_rank null), declared the obvious way: Score<Softmax> alone gives
 // DeepSeek-V2-Lite's router (no correction bias). Exact integers: an independent count of transformers 5.23's
 // DeepseekV2ForCausalLM on the meta device (test/static/deepseek_v2.cpp says how).
-using DeepSeekV2Lite = Model<
-    Dims<Hidden<2048>, Layers<27>, DenseLayers<1>, Vocab<102400>, DenseHidden<10944>>,
-    Attention<MLA<Heads<16>, QRank<NoQCompression>, KVRank<512>, NopeDim<128>, RopeDim<64>, VDim<128>>>,
-    MoE<Experts<64>, TopK<6>, Shared<2>, ExpertHidden<1408>, Score<Softmax>, RoutedScale<1.0>>>;
-using DeepSeekV2 = Model<
-    Dims<Hidden<5120>, Layers<60>, DenseLayers<1>, Vocab<102400>, DenseHidden<12288>>,
-    Attention<MLA<Heads<128>, QRank<1536>, KVRank<512>, NopeDim<128>, RopeDim<64>, VDim<128>>>,
-    MoE<Experts<160>, TopK<6>, Shared<2>, ExpertHidden<1536>, Groups<8>, TopGroups<3>, Score<Softmax>,
-        RoutedScale<16.0>>>;
-using Moonlight16B = Model<
-    Dims<Hidden<2048>, Layers<27>, DenseLayers<1>, Vocab<163840>, DenseHidden<11264>>,
-    Attention<MLA<Heads<16>, QRank<NoQCompression>, KVRank<512>, NopeDim<128>, RopeDim<64>, VDim<128>>>,
-    MoE<Experts<64>, TopK<6>, Shared<2>, ExpertHidden<1408>, RoutedScale<2.446>>>;
+using DeepSeekV2Lite =
+    Model<Dims<Hidden<2048>, Layers<27>, DenseLayers<1>, Vocab<102400>, DenseHidden<10944>>,
+          Attention<MLA<Heads<16>, QRank<NoQCompression>, KVRank<512>, NopeDim<128>, RopeDim<64>, VDim<128>>>,
+          MoE<Experts<64>, TopK<6>, Shared<2>, ExpertHidden<1408>, Score<Softmax>, RoutedScale<1.0>>>;
+using DeepSeekV2 = Model<Dims<Hidden<5120>, Layers<60>, DenseLayers<1>, Vocab<102400>, DenseHidden<12288>>,
+                         Attention<MLA<Heads<128>, QRank<1536>, KVRank<512>, NopeDim<128>, RopeDim<64>, VDim<128>>>,
+                         MoE<Experts<160>, TopK<6>, Shared<2>, ExpertHidden<1536>, Groups<8>, TopGroups<3>,
+                             Score<Softmax>, RoutedScale<16.0>>>;
+using Moonlight16B =
+    Model<Dims<Hidden<2048>, Layers<27>, DenseLayers<1>, Vocab<163840>, DenseHidden<11264>>,
+          Attention<MLA<Heads<16>, QRank<NoQCompression>, KVRank<512>, NopeDim<128>, RopeDim<64>, VDim<128>>>,
+          MoE<Experts<64>, TopK<6>, Shared<2>, ExpertHidden<1408>, RoutedScale<2.446>>>;
 
 TEST_CASE("direct q_proj layouts: DeepSeek-V2-Lite 15.7B exactly and Moonlight-16B-A3B totals") {
     constexpr ParameterCounts lite = DeepSeekV2Lite::parameters();
@@ -163,7 +162,6 @@ TEST_CASE("forward FLOPs per token: 2 per weight touched plus causal attention")
     CHECK(double(f.forward_backward) == doctest::Approx(6.0 * double(p.active)).epsilon(0.10));
 }
 
-
 // ---- activation memory ----
 
 namespace storage = activation_steps;
@@ -230,14 +228,17 @@ TEST_CASE("each storage policy saves exactly what it says, at K2's and V3's widt
             index_t values = T * (2 * H + H + 2 * a.q_rank + 2 * a.kv_rank + a.heads * dqk +
                                   a.heads * (a.nope_dim + a.v_dim) + a.rope_dim + a.heads * a.v_dim);
             if (dense) values += T * (H + 2 * c.dims.dense_hidden);
-            else values += T * H + T * K * (H + 2 * I) + T * (H + 2 * S * I);  // router.u, experts (EP 16), shared
+            else
+                values += T * H + T * K * (H + 2 * I) + T * (H + 2 * S * I);  // router.u, experts (EP 16), shared
             CHECK(k.bytes(storage::keep_f32) - k.bytes(storage::keep_bf16) == 2 * values);
             // (b) - (c): 2 bytes per element of the norm outputs and the MLA up-projections' outputs
             const index_t norms = T * (H + a.q_rank + a.kv_rank) + (dense ? T * H : 2 * T * H);
             const index_t up = T * a.heads * (dqk + a.nope_dim + a.v_dim);
             CHECK(k.bytes(storage::keep_bf16) - k.bytes(storage::recompute) == 2 * (norms + up));
             // (c) - (d): the MLP inputs from 2 bytes to 1 byte plus 4 per 128 columns of a row
-            const auto fp8_saving = [](index_t rows, index_t cols) { return rows * cols - 4 * rows * ((cols + 127) / 128); };
+            const auto fp8_saving = [](index_t rows, index_t cols) {
+                return rows * cols - 4 * rows * ((cols + 127) / 128);
+            };
             const index_t saved = dense ? 2 * fp8_saving(T, c.dims.dense_hidden)
                                         : 2 * fp8_saving(T * K, I) + fp8_saving(T * K, H) + 2 * fp8_saving(T, S * I);
             CHECK(k.bytes(storage::recompute) - k.bytes(storage::fp8) == saved);
@@ -329,7 +330,8 @@ TEST_CASE("the first pipeline rank holds Megatron's 1 + (PP - 1) / (PP V) micro-
             const index_t first = pipeline_in_flight(pp, v, m, 0, 0, one).units;
             // each unit is one chunk: L / (PP V) layers of the rank's L / PP
             if (v == 1) CHECK(first == pp);
-            else CHECK(double(first) / double(v) == doctest::Approx(pp * (1.0 + double(pp - 1) / double(pp * v))));
+            else
+                CHECK(double(first) / double(v) == doctest::Approx(pp * (1.0 + double(pp - 1) / double(pp * v))));
             for (index_t rank = 1; rank < pp; ++rank) CHECK(pipeline_in_flight(pp, v, m, 0, rank, one).units < first);
             CHECK(pipeline_in_flight(pp, v, m, 1, 0, one).units == first + 1);  // K2's extra warm-up forward
             // a longer step holds no more, whatever the chunks weigh
@@ -358,7 +360,8 @@ TEST_CASE("Kimi K2 on Parallel<16, 16, 32>: states, activations and the most loa
     // offload: three units of the rank's largest chunk on the GPU
     ActivationSetup offloaded = k2;
     offloaded.activations = storage::offload;
-    CHECK(rank_memory(c, 2, 32, offloaded).activation_bytes == 3 * 2 * layer_activations(c, false, 4096).bytes(storage::fp8));
+    CHECK(rank_memory(c, 2, 32, offloaded).activation_bytes ==
+          3 * 2 * layer_activations(c, false, 4096).bytes(storage::fp8));
     // without activations nothing changes
     CHECK(most_loaded_rank(c, 32).total_bytes() == KimiK2::memory_per_rank(32).total_bytes());
     CHECK(KimiK2::memory_per_rank(32).activation_bytes == 0);
@@ -450,8 +453,8 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
     c.precision.compute = compute;
     const ActivationsConfig& policy = c.activations;
     testing::SelfWorld group;
-    nn::DecoderLayer<cpu> layer(c, index, 0, -1,
-                                expert_group ? std::make_shared<parallel::ExpertParallelDispatcher<cpu>>(group) : nullptr);
+    nn::DecoderLayer<cpu> layer(
+        c, index, 0, -1, expert_group ? std::make_shared<parallel::ExpertParallelDispatcher<cpu>>(group) : nullptr);
     testing::randomize(layer, 5);
     layer.refresh_working();
     Tensor<float, 2> x = testing::random_matrix(T, H, 6), y({T, H});
@@ -497,7 +500,8 @@ ModelConfig with_activations(ModelConfig c, const ActivationsConfig& a) {
 
 TEST_CASE("the bytes a forward allocates for backward are layer_activations' under keep_f32, tensor by tensor") {
     using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
-    using TinyNoQ = TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
+    using TinyNoQ =
+        TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
     for (NumberFormat compute : {NumberFormat::f32, NumberFormat::bf16}) {
         for (index_t index : {0, 1}) {
             check_layer_caches(TinyK2::config, index, false, compute);
@@ -511,7 +515,8 @@ TEST_CASE("the bytes a forward allocates for backward are layer_activations' und
 
 TEST_CASE("under every activation policy the caches hold layer_activations' bytes of that policy") {
     using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
-    using TinyNoQ = TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
+    using TinyNoQ =
+        TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
     const ActivationsConfig policies[] = {
         Activations<Recompute<NormOutputs>>::value,
         Activations<Recompute<UpProjections>>::value,
@@ -544,8 +549,8 @@ TEST_CASE("the model type's activation policy is one of the report's steps, by i
     CHECK(BF::with<KimiK2Activations>::config.activations == storage::fp8);
     CHECK(std::string(activation_step_name(BF::with<KimiK2Activations>::config.activations)) == "(d) + fp8 MLP inputs");
     // any order; the two named parts are K2's selection
-    CHECK(BF::with<Activations<Recompute<NormOutputs, UpProjections>, MlpInputs<FP8>, Storage<BF16>>>::config.activations ==
-          storage::fp8);
+    CHECK(BF::with<Activations<Recompute<NormOutputs, UpProjections>, MlpInputs<FP8>, Storage<BF16>>>::config
+              .activations == storage::fp8);
     // a combination that is no step is named as such and counts what it says
     using Mixed = TinyK2::with<Activations<Recompute<UpProjections>>>;
     CHECK(std::string(activation_step_name(Mixed::config.activations)) == "Activations<...>");

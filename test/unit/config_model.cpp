@@ -34,9 +34,9 @@ TEST_CASE("components and arguments are order-independent and default to Kimi K2
     CHECK(same_shape(A::config, B::config));
     CHECK(A::config.dims.hidden == 256);
     CHECK(A::config.moe.top_k == 2);
-    CHECK(A::config.dims.vocab == 163840);        // K2 default
-    CHECK(A::config.attention.kv_rank == 512);     // K2 default
-    CHECK(A::config.moe.routed_scale == 2.827);    // K2 default
+    CHECK(A::config.dims.vocab == 163840);       // K2 default
+    CHECK(A::config.attention.kv_rank == 512);   // K2 default
+    CHECK(A::config.moe.routed_scale == 2.827);  // K2 default
     CHECK(same_shape(Model<>::with<Parallel<16, 16, Dynamic, VirtualStages<2>>>::config, KimiK2::config));
     CHECK(std::is_same_v<KimiK2::backend, cpu>);
     CHECK(std::is_same_v<KimiK2::with<Backend<cuda>>::backend, cuda>);
@@ -49,8 +49,8 @@ TEST_CASE("with<> replaces whole components, and components have with<> for sing
     CHECK(Small::config.parallel.ep == 8);
     CHECK(Small::config.moe.experts == 384);
     CHECK(Small::parameter_count() == 4 * (101'124'096LL + 2 * 7168) + 396'361'728LL +
-                                          3 * (16'911'433'728LL + 44'040'192LL + 2'752'896LL) +
-                                          2 * 1'174'405'120LL + 7168);
+                                          3 * (16'911'433'728LL + 44'040'192LL + 2'752'896LL) + 2 * 1'174'405'120LL +
+                                          7168);
 }
 
 TEST_CASE("a Dynamic model is not static, its config resolves and validates at run time") {

@@ -11,8 +11,14 @@ using namespace moonmoe;
 namespace {
 ParallelConfig layout(index_t pp, index_t vp, SplitKind split = SplitKind::balanced, index_t first = 0,
                       index_t last = 0) {
-    return {.pp = pp, .ep = 1, .dp = 1, .virtual_stages = vp, .split = split, .split_first = first,
-            .split_last = last, .micro_batches = Dynamic};
+    return {.pp = pp,
+            .ep = 1,
+            .dp = 1,
+            .virtual_stages = vp,
+            .split = split,
+            .split_first = first,
+            .split_last = last,
+            .micro_batches = Dynamic};
 }
 }  // namespace
 

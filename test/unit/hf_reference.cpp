@@ -47,8 +47,11 @@ void check_against_transformers(const std::string& name) {
     for (std::size_t l = 0; l < model.layers.size(); ++l) {
         if (model.layers[l].dense) continue;
         const nn::Routing<B>& routing = cache.layers[l].moe.router.routing;
-        const struct { index_t tokens, k; std::vector<index_t> idx; std::vector<float> weight; } r{
-            routing.tokens, routing.k, to_host(routing.idx), to_host(routing.weight)};
+        const struct {
+            index_t tokens, k;
+            std::vector<index_t> idx;
+            std::vector<float> weight;
+        } r{routing.tokens, routing.k, to_host(routing.idx), to_host(routing.weight)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
         const std::vector<float> w = ref.f32("topk_weight." + std::to_string(l));
         for (index_t t = 0; t < r.tokens; ++t) {
@@ -60,7 +63,8 @@ void check_against_transformers(const std::string& name) {
             CHECK(ours == theirs);
             for (index_t j = 0; j < r.k; ++j)
                 for (index_t i = 0; i < r.k; ++i)
-                    if (idx[t * r.k + i] == r.idx[t * r.k + j]) CHECK(r.weight[t * r.k + j] == doctest::Approx(w[t * r.k + i]).epsilon(1e-5));
+                    if (idx[t * r.k + i] == r.idx[t * r.k + j])
+                        CHECK(r.weight[t * r.k + j] == doctest::Approx(w[t * r.k + i]).epsilon(1e-5));
         }
     }
     // QK-Clip's statistic: the per-head maximum scaled logit
@@ -90,7 +94,8 @@ void check_against_transformers(const std::string& name) {
         CAPTURE(p.name);
         CHECK(e < 2e-5);
     });
-    MESSAGE(name << " on " << backend << ": " << compared << " gradients, worst error " << worst << " (" << worst_name << ")");
+    MESSAGE(name << " on " << backend << ": " << compared << " gradients, worst error " << worst << " (" << worst_name
+                 << ")");
 }
 
 }  // namespace
@@ -117,11 +122,12 @@ TEST_CASE_TEMPLATE("a Dynamic model type reads its sizes from config.json", B, M
 }
 
 TEST_CASE("a static size that disagrees with config.json is an error naming the field") {
-    CHECK_THROWS_WITH_AS(load_transformer<TinyV3>(data_dir("tiny_k2")), doctest::Contains("num_hidden_layers"), std::exception);
+    CHECK_THROWS_WITH_AS(load_transformer<TinyV3>(data_dir("tiny_k2")), doctest::Contains("num_hidden_layers"),
+                         std::exception);
 }
 
-TEST_CASE_TEMPLATE("absorbed MLA with the latent cache equals the naive form, and greedy decoding matches transformers", B,
-                   MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("absorbed MLA with the latent cache equals the naive form, and greedy decoding matches transformers",
+                   B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
     const Reference gen(data_dir("tiny_k2") + "/generate.safetensors");
     const std::vector<index_t> prompt = gen.i64("prompt_ids"), expected = gen.i64("generated_ids");
@@ -142,7 +148,8 @@ TEST_CASE_TEMPLATE("absorbed MLA with the latent cache equals the naive form, an
         const index_t pos = index_t(seq.size()) - 1;
         // decode == naive forward at the same position, and == transformers' logits of this step
         CHECK(scaled_error(last, std::vector<float>(full.data() + pos * V, full.data() + (pos + 1) * V)) < 1e-5);
-        CHECK(scaled_error(last, std::vector<float>(step_logits.begin() + s * V, step_logits.begin() + (s + 1) * V)) < 1e-5);
+        CHECK(scaled_error(last, std::vector<float>(step_logits.begin() + s * V, step_logits.begin() + (s + 1) * V)) <
+              1e-5);
         const index_t next = index_t(std::max_element(last, last + V) - last);
         seq.push_back(next);
         logits = to_host(model.decode(&next, 1, state));

@@ -72,8 +72,8 @@ Run run(const std::vector<index_t>& ids) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("Precision<BF16>: tiny Kimi K2 matches transformers in bfloat16, logits, loss and every gradient",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("Precision<BF16>: tiny Kimi K2 matches transformers in bfloat16, logits, loss and every gradient", B,
+                   MOONMOE_TEST_BACKENDS) {
     const std::string backend = B::name;
     CAPTURE(backend);
     static_assert(TinyK2BF16::config.precision.compute == NumberFormat::bf16);
@@ -102,12 +102,14 @@ TEST_CASE_TEMPLATE("Precision<BF16>: tiny Kimi K2 matches transformers in bfloat
         const double y = ref.f32("distance.grad." + name)[0];
         const double a = relative_distance(g, ref.f32("bf16.grad." + name)) / y,
                      e = relative_distance(g, f32.grads.at(name)) / y;
-        worst_agree = std::max(worst_agree, a), worst_error = std::max(worst_error, e), least_error = std::min(least_error, e);
+        worst_agree = std::max(worst_agree, a), worst_error = std::max(worst_error, e),
+        least_error = std::min(least_error, e);
         CHECK(a <= 2.5);
         CHECK(e <= 2.0);
     }
-    MESSAGE(backend << ": " << ours.grads.size() << " gradients, relative to transformers' f32-vs-bf16 distance: ours vs "
-                    << "theirs at most " << worst_agree << ", ours vs f32 from " << least_error << " to " << worst_error);
+    MESSAGE(
+        backend << ": " << ours.grads.size() << " gradients, relative to transformers' f32-vs-bf16 distance: ours vs "
+                << "theirs at most " << worst_agree << ", ours vs f32 from " << least_error << " to " << worst_error);
 
     // decoding with the latent cache (absorbed MLA, its per-head products in bf16 too), token by token: the same
     // logits within the same yardstick
@@ -120,7 +122,8 @@ TEST_CASE_TEMPLATE("Precision<BF16>: tiny Kimi K2 matches transformers in bfloat
             decoded.insert(decoded.end(), step.begin(), step.end());
         }
     }
-    const double decode_agree = relative_distance(decoded, logits), decode_error = relative_distance(decoded, f32.logits);
+    const double decode_agree = relative_distance(decoded, logits),
+                 decode_error = relative_distance(decoded, f32.logits);
     MESSAGE(backend << ": decoding one token at a time: vs theirs " << decode_agree / yard << ", vs f32 "
                     << decode_error / yard);
     CHECK(decode_agree <= 2.0 * yard);
@@ -128,8 +131,10 @@ TEST_CASE_TEMPLATE("Precision<BF16>: tiny Kimi K2 matches transformers in bfloat
     CHECK(decode_error >= 0.3 * yard);
 }
 
-TEST_CASE_TEMPLATE("Precision<BF16>: the products read bf16 working copies, refreshed by the optimizer step and by "
-                   "QK-Clip", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "Precision<BF16>: the products read bf16 working copies, refreshed by the optimizer step and by "
+    "QK-Clip",
+    B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = load_transformer<TinyK2BF16, B>(data_dir("tiny_k2_bf16"));
     const Reference ref(data_dir("bf16") + "/model_tiny_k2.safetensors");
     const std::vector<index_t> ids = ref.i64("input_ids");
@@ -161,7 +166,8 @@ TEST_CASE_TEMPLATE("Precision<BF16>: the products read bf16 working copies, refr
                 same(e.up_proj.value, e.up_proj.value16);
                 same(e.down_proj.value, e.down_proj.value16);
                 const auto& s = layer.moe.shared_experts;
-                for (const nn::Linear<B>* l : {&s.gate_proj, &s.up_proj, &s.down_proj}) same(l->weight.value, l->weight.value16);
+                for (const nn::Linear<B>* l : {&s.gate_proj, &s.up_proj, &s.down_proj})
+                    same(l->weight.value, l->weight.value16);
             }
         }
         same(model.lm_head.weight.value, model.lm_head.weight.value16);

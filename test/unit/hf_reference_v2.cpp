@@ -29,8 +29,7 @@ using TinyV2Lite = Model<
     Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<8>, VDim<8>>>,
     RoPE<Theta<10000>, MaxPositions<4096>,
          YaRN<Factor<40>, OriginalMaxPositions<256>, BetaFast<32>, BetaSlow<1>, MScale<0.707>, MScaleAllDim<0.707>>>,
-    MoE<Experts<8>, TopK<3>, Shared<2>, ExpertHidden<16>, Score<Softmax>, RoutedScale<1.0>>,
-    Parallel<1, 1, 1>>;
+    MoE<Experts<8>, TopK<3>, Shared<2>, ExpertHidden<16>, Score<Softmax>, RoutedScale<1.0>>, Parallel<1, 1, 1>>;
 using TinyV2 = Model<
     Dims<Hidden<64>, Layers<4>, DenseLayers<1>, Vocab<256>, DenseHidden<96>>,
     Attention<MLA<Heads<4>, QRank<32>, KVRank<16>, NopeDim<8>, RopeDim<8>, VDim<8>>>,
@@ -65,8 +64,11 @@ void check_against_transformers(nn::Transformer<B>& model, const std::string& na
         if (model.layers[l].dense) continue;
         ++moe_layers;
         const nn::Routing<B>& routing = cache.layers[l].moe.router.routing;
-        const struct { index_t tokens, k; std::vector<index_t> idx; std::vector<float> weight; } r{
-            routing.tokens, routing.k, to_host(routing.idx), to_host(routing.weight)};
+        const struct {
+            index_t tokens, k;
+            std::vector<index_t> idx;
+            std::vector<float> weight;
+        } r{routing.tokens, routing.k, to_host(routing.idx), to_host(routing.weight)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
         const std::vector<float> w = ref.f32("topk_weight." + std::to_string(l));
         for (index_t t = 0; t < r.tokens; ++t) {
@@ -110,8 +112,8 @@ void check_against_transformers(nn::Transformer<B>& model, const std::string& na
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("tiny DeepSeek-V2-Lite (greedy softmax routing, no q compression) matches transformers' DeepseekV2", B,
-                   MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("tiny DeepSeek-V2-Lite (greedy softmax routing, no q compression) matches transformers' DeepseekV2",
+                   B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> any = load_transformer<AnyDeepSeekV3, B>(data_dir("tiny_v2_lite"));
     CHECK(any.config.moe.score == ScoreFunc::softmax);
     CHECK(!any.config.moe.correction_bias);
@@ -120,8 +122,9 @@ TEST_CASE_TEMPLATE("tiny DeepSeek-V2-Lite (greedy softmax routing, no q compress
     check_against_transformers(typed, "tiny_v2_lite");
 }
 
-TEST_CASE_TEMPLATE("tiny DeepSeek-V2 (group_limited_greedy, q compression, cos/sin mscale) matches transformers' DeepseekV2",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "tiny DeepSeek-V2 (group_limited_greedy, q compression, cos/sin mscale) matches transformers' DeepseekV2", B,
+    MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> any = load_transformer<AnyDeepSeekV3, B>(data_dir("tiny_v2"));
     CHECK(any.config.moe.group_score == GroupScoreFunc::max);
     check_against_transformers(any, "tiny_v2");

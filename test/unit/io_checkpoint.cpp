@@ -102,7 +102,8 @@ TEST_CASE("io: checkpoint read errors name the tensor, the shapes and the direct
                 {dir, "no tensor 'model.layers.0.mlp.gate.weight'", "closest: "});
     check_error([&] { ck.read_f32("model.layers.0.mlp.gate_proj.weight", {64, 96}); },
                 {"tensor 'model.layers.0.mlp.gate_proj.weight' has shape [96, 64], expected [64, 96]"});
-    check_error([&] { ck.read_f32("model.norm.weight", {64, 1}); }, {"'model.norm.weight' has shape [64], expected [64, 1]"});
+    check_error([&] { ck.read_f32("model.norm.weight", {64, 1}); },
+                {"'model.norm.weight' has shape [64], expected [64, 1]"});
     std::vector<float> small(3);
     const index_t shape[] = {64};
     check_error([&] { ck.read_f32("model.norm.weight", shape, small); }, {"64 elements", "output buffer 3"});
@@ -110,7 +111,8 @@ TEST_CASE("io: checkpoint read errors name the tensor, the shapes and the direct
     ck.mark_used("lm_head.weight");
     CHECK(ck.unused().size() == ck.names().size() - 1);
 
-    check_error([] { Checkpoint c(fs::path(MOONMOE_TEST_BINARY_DIR) / "io_scratch" / "nowhere"); }, {"not a checkpoint directory"});
+    check_error([] { Checkpoint c(fs::path(MOONMOE_TEST_BINARY_DIR) / "io_scratch" / "nowhere"); },
+                {"not a checkpoint directory"});
     const auto empty = scratch_dir("checkpoint_empty");
     check_error([&] { Checkpoint c(empty); }, {(empty / "config.json").string(), "cannot open"});
     fs::copy_file(test_data("tiny_k2/config.json"), empty / "config.json");
@@ -151,14 +153,17 @@ TEST_CASE("io: unused() reports extra tensors, a non-float tensor is not a weigh
     const auto dir = copy_of("tiny_k2", "checkpoint_extra");
     const std::vector<std::int64_t> ids{1, 2, 3};
     const std::vector<float> extra{0.5f};
-    rewrite(dir / "model.safetensors", [](const std::string&) { return true; }, [&](SafetensorsWriter& w) {
-        w.add_values<std::int64_t>("model.position_ids", {3}, ids);
-        w.add_f32("model.layers.0.self_attn.rotary_emb.inv_freq", {1}, extra);
-    });
+    rewrite(
+        dir / "model.safetensors", [](const std::string&) { return true; },
+        [&](SafetensorsWriter& w) {
+            w.add_values<std::int64_t>("model.position_ids", {3}, ids);
+            w.add_f32("model.layers.0.self_attn.rotary_emb.inv_freq", {1}, extra);
+        });
     Checkpoint ck(dir);
     const SafetensorsFile original(test_data("tiny_k2/model.safetensors"));
     for (const auto& r : original.records()) ck.read_f32(r.name, r.shape);
-    CHECK(ck.unused() == std::vector<std::string>{"model.layers.0.self_attn.rotary_emb.inv_freq", "model.position_ids"});
+    CHECK(ck.unused() ==
+          std::vector<std::string>{"model.layers.0.self_attn.rotary_emb.inv_freq", "model.position_ids"});
     check_error([&] { ck.read_f32("model.position_ids", {3}); },
                 {(dir / "model.safetensors").string(), "'model.position_ids' is I64", "floating-point"});
 }
@@ -167,8 +172,9 @@ TEST_CASE("io: a missing _scale_inv companion, shard or sharded tensor is named"
     {
         const auto dir = copy_of("tiny_k2_fp8", "checkpoint_no_scale");
         const std::string weight = "model.layers.0.self_attn.q_a_proj.weight";
-        rewrite(dir / "model.safetensors", [&](const std::string& name) { return name != weight + "_scale_inv"; },
-                [](SafetensorsWriter&) {});
+        rewrite(
+            dir / "model.safetensors", [&](const std::string& name) { return name != weight + "_scale_inv"; },
+            [](SafetensorsWriter&) {});
         Checkpoint ck(dir);
         check_error([&] { ck.read_f32(weight, ck.record(weight).shape); },
                     {"'" + weight + "' is F8_E4M3", "no '" + weight + "_scale_inv'"});
@@ -177,8 +183,9 @@ TEST_CASE("io: a missing _scale_inv companion, shard or sharded tensor is named"
         const auto dir = copy_of("tiny_k2_fp8", "checkpoint_bad_scale");
         const std::string weight = "model.layers.0.self_attn.q_a_proj.weight";
         const std::vector<float> ones(4, 1.0f);
-        rewrite(dir / "model.safetensors", [&](const std::string& name) { return name != weight + "_scale_inv"; },
-                [&](SafetensorsWriter& w) { w.add_f32(weight + "_scale_inv", {2, 2}, ones); });
+        rewrite(
+            dir / "model.safetensors", [&](const std::string& name) { return name != weight + "_scale_inv"; },
+            [&](SafetensorsWriter& w) { w.add_f32(weight + "_scale_inv", {2, 2}, ones); });
         Checkpoint ck(dir);
         check_error([&] { ck.read_f32(weight, ck.record(weight).shape); },
                     {(dir / "model.safetensors").string(), weight + "_scale_inv' is F32 [2, 2]", "needs F32 [2, 4]"});
@@ -186,8 +193,8 @@ TEST_CASE("io: a missing _scale_inv companion, shard or sharded tensor is named"
     {
         const auto dir = copy_of("tiny_v3_sharded", "checkpoint_missing_shard");
         fs::remove(dir / "model-00002-of-00003.safetensors");
-        check_error([&] { Checkpoint c(dir); },
-                    {(dir / "model.safetensors.index.json").string(), "shard 'model-00002-of-00003.safetensors'", "missing"});
+        check_error([&] { Checkpoint c(dir); }, {(dir / "model.safetensors.index.json").string(),
+                                                 "shard 'model-00002-of-00003.safetensors'", "missing"});
     }
     {
         const auto dir = copy_of("tiny_v3_sharded", "checkpoint_index_lies");
@@ -246,7 +253,8 @@ TEST_CASE("io: write_checkpoint saves f32 tensors back under the same names, exa
     CHECK(f32.unused().empty());
     check_error([&] { write_tensors(dir / "x.safetensors", tensors, DType::i32); }, {"cannot store tensors as I32"});
     std::vector<NamedTensor> bad{{"w", {2, 2}, values[0]}};
-    check_error([&] { write_tensors(dir / "x.safetensors", bad); }, {(dir / "x.safetensors").string(), "'w'", "needs 16 bytes"});
+    check_error([&] { write_tensors(dir / "x.safetensors", bad); },
+                {(dir / "x.safetensors").string(), "'w'", "needs 16 bytes"});
 }
 
 TEST_CASE("io: Shards::as_needed opens a shard when a tensor in it is first read, and needs no other") {

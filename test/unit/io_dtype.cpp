@@ -96,7 +96,8 @@ TEST_CASE("io: DType sizes, safetensors spellings and parsing") {
     CHECK(!parse_dtype("").has_value());
     CHECK(is_floating(DType::f8_e4m3));
     CHECK(!is_floating(DType::i64));
-    static_assert(dtype_of<float> == DType::f32 && dtype_of<bf16> == DType::bf16 && dtype_of<std::int64_t> == DType::i64);
+    static_assert(dtype_of<float> == DType::f32 && dtype_of<bf16> == DType::bf16 &&
+                  dtype_of<std::int64_t> == DType::i64);
     static_assert(parse_dtype("F32") == DType::f32);
 }
 
@@ -177,16 +178,16 @@ TEST_CASE("io: float to bf16 / f16 / f8 rounds to nearest, ties to even, at ever
 
 TEST_CASE("io: out-of-range and special values convert as torch 2.15 does") {
     // f8_e4m3fn saturates (torch: `torch.tensor([1000.]).to(torch.float8_e4m3fn)` is 448); only NaN stays NaN.
-    for (float x : {448.0f, 460.0f, 464.0f, std::nextafter(464.0f, INFINITY), 470.0f, 479.99f, 480.0f, 1000.0f,
-                    1e30f, std::numeric_limits<float>::max(), INFINITY}) {
+    for (float x : {448.0f, 460.0f, 464.0f, std::nextafter(464.0f, INFINITY), 470.0f, 479.99f, 480.0f, 1000.0f, 1e30f,
+                    std::numeric_limits<float>::max(), INFINITY}) {
         CAPTURE(x);
         CHECK(f8_e4m3::from_float(x).bits == 0x7E);
         CHECK(f8_e4m3::from_float(-x).bits == 0xFE);
     }
     CHECK(f8_e4m3::from_float(NAN).bits == 0x7F);
     CHECK(f8_e4m3::from_float(-NAN).bits == 0xFF);
-    CHECK(f8_e4m3::from_float(0x1p-10f).bits == 0x00);       // half the smallest subnormal: tie to even 0
-    CHECK(f8_e4m3::from_float(3 * 0x1p-10f).bits == 0x02);   // 1.5 units: tie to even 2
+    CHECK(f8_e4m3::from_float(0x1p-10f).bits == 0x00);            // half the smallest subnormal: tie to even 0
+    CHECK(f8_e4m3::from_float(3 * 0x1p-10f).bits == 0x02);        // 1.5 units: tie to even 2
     CHECK(f8_e4m3::from_float(0x1p-6f - 0x1p-10f).bits == 0x08);  // 7.5 units: up into the smallest normal
     CHECK(f8_e4m3::from_float(1e-30f).bits == 0x00);
     CHECK(f8_e4m3::from_float(-1e-30f).bits == 0x80);
@@ -217,7 +218,8 @@ TEST_CASE("io: f8_e4m3 from_float agrees with torch's algorithm on a sweep of fl
         const float x = from_bits(std::uint32_t(u));
         const std::uint8_t ours = f8_e4m3::from_float(x).bits, torch = torch_fp8_from_fp32(x);
         if (std::isnan(x)) CHECK((ours & 0x7F) == 0x7F);
-        else if (ours != torch) FAIL_CHECK("x = " << x << " ours " << int(ours) << " torch " << int(torch));
+        else if (ours != torch)
+            FAIL_CHECK("x = " << x << " ours " << int(ours) << " torch " << int(torch));
         ++checked;
     }
     // and densely where it matters: every float in [2^-11, 2^-5] (subnormals and the first binade) of one in 7.

@@ -37,9 +37,12 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
     for (const auto& e : fs::directory_iterator(dir)) {
         const std::string name = e.path().filename().string();
         if (e.is_symlink()) out[name] = "<link to " + fs::read_symlink(e.path()).string() + ">";
-        else if (e.is_directory()) out[name] = "<dir>";
-        else if (e.is_regular_file()) out[name] = read_file(e.path());
-        else out[name] = "<other>";
+        else if (e.is_directory())
+            out[name] = "<dir>";
+        else if (e.is_regular_file())
+            out[name] = read_file(e.path());
+        else
+            out[name] = "<other>";
     }
     return out;
 }
@@ -165,7 +168,7 @@ TEST_CASE("io files: writing never follows a symlink planted at a temporary's na
     CHECK(entries(dir) == std::set<std::string>{"victim", "x.safetensors", "config.json",  // no temporaries left
                                                 "x.safetensors.tmp." + pid, "config.json.tmp." + pid});
     // Mode 0644 less the umask, as open() gives.
-    struct stat st {};
+    struct stat st{};
     REQUIRE(::stat((dir / "x.safetensors").c_str(), &st) == 0);
     CHECK((st.st_mode & 07777) == (0644 & ~current_umask()));
 }
@@ -214,7 +217,7 @@ TEST_CASE("io files: write_checkpoint replaces a checkpoint as a whole, keeping 
     Checkpoint written(dir);
     CHECK(written.config().torch_dtype == "bfloat16");
     CHECK(written.names() == tiny.source.names());
-    struct stat st {};
+    struct stat st{};
     REQUIRE(::stat(dir.c_str(), &st) == 0);
     CHECK((st.st_mode & 07777) == (0777 & ~current_umask()));
 
@@ -358,9 +361,9 @@ TEST_CASE("io files: a FIFO, socket, device or directory as config.json or model
         REQUIRE(::mkfifo((dir / "model.safetensors").c_str(), 0644) == 0);
         check_message(error_without_blocking(load, dir / "model.safetensors"),
                       {(dir / "model.safetensors").string(), "is a FIFO, not a regular file"});
-        check_message(error_without_blocking([&] { SafetensorsFile f(dir / "model.safetensors"); },
-                                             dir / "model.safetensors"),
-                      {"is a FIFO"});
+        check_message(
+            error_without_blocking([&] { SafetensorsFile f(dir / "model.safetensors"); }, dir / "model.safetensors"),
+            {"is a FIFO"});
     }
     SUBCASE("FIFO as model.safetensors.index.json") {
         fs::remove(dir / "model.safetensors");

@@ -65,14 +65,17 @@ TEST_CASE("crafted config.json values get an error naming the field and the valu
         {"topk_group", two62, {"topk_group = 4611686018427387904", "TopGroups must be between 1 and Groups"}},
         // INT64_MAX in a broken rule once went through a double into the message (UBSan; found by fuzz_hf_config).
         {"num_experts_per_tok", INT64_MAX, {"num_experts_per_tok = 9223372036854775807"}},
-        {"num_experts_per_tok", 9, {"MoE: TopK must not exceed Experts", "num_experts_per_tok = 9", "n_routed_experts = 8"}},
+        {"num_experts_per_tok",
+         9,
+         {"MoE: TopK must not exceed Experts", "num_experts_per_tok = 9", "n_routed_experts = 8"}},
         {"max_position_embeddings", 0, {"max_position_embeddings = 0", "must be at least 1"}},
         {"rms_norm_eps", 1e-50, {"rms_norm_eps = 1e-50", "NormEps must be positive and finite in float"}},
         {"rms_norm_eps", -1e-6, {"rms_norm_eps = -1e-06"}},
         {"n_group", 3, {"Groups must divide Experts evenly", "n_group = 3", "n_routed_experts = 8"}},
         {"qk_rope_head_dim", 7, {"RopeDim > 0 and even", "qk_rope_head_dim = 7"}},
-        {"first_k_dense_replace", 4, {"DenseLayers must be between 0 and Layers", "first_k_dense_replace = 4",
-                                      "num_hidden_layers = 3"}},
+        {"first_k_dense_replace",
+         4,
+         {"DenseLayers must be between 0 and Layers", "first_k_dense_replace = 4", "num_hidden_layers = 3"}},
         {"routed_scaling_factor", 1e308 * 10, {"routed_scaling_factor"}},  // 1e309 -> inf in the dump: refused
     };
     for (const Case& c : cases) {
@@ -138,7 +141,8 @@ TEST_CASE("sizes whose products overflow or exceed memory are refused before any
         check_error([&] { load_transformer<AnyDeepSeekV3>(dir); }, {"the model needs", "available"});
     }
     SUBCASE("the estimate is exact for the tiny model, and a limit below it refuses it") {
-        const MemoryEstimate m = estimate_model_memory(parse_hf_config(read_file(test_data("tiny_k2/config.json"))).model, "x");
+        const MemoryEstimate m =
+            estimate_model_memory(parse_hf_config(read_file(test_data("tiny_k2/config.json"))).model, "x");
         nn::Transformer<> model = load_transformer<AnyDeepSeekV3>(test_data("tiny_k2"));
         double parameters = 0;
         model.visit_params([&](const ParamRef& p) { parameters += double(p.numel()); });
@@ -195,20 +199,25 @@ TEST_CASE("malformed safetensors headers: a table of inputs and the messages the
     const std::vector<Case> cases = {
         {"valid", valid, {}},
         {"space padding (what the reference writes)", valid + "      ", {}},
-        {"NUL and garbage after the header", valid + std::string(1, '\0') + "garbage",
+        {"NUL and garbage after the header",
+         valid + std::string(1, '\0') + "garbage",
          {"NUL byte at offset " + std::to_string(8 + valid.size())}},
         {"NUL padding", valid + std::string(5, '\0'), {"NUL byte", "padded with spaces only"}},
         {"UTF-8 byte-order mark", "\xEF\xBB\xBF" + valid, {"byte-order mark"}},
         {"leading space", " " + valid, {"must start with '{'"}},
-        {"a field twice in one entry", R"({"t":{"dtype":"F16","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+        {"a field twice in one entry",
+         R"({"t":{"dtype":"F16","dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
          {"tensor 't'", "field 'dtype' appears twice"}},
-        {"shape twice", R"({"t":{"dtype":"F32","shape":[4],"shape":[2],"data_offsets":[0,8]}})",
+        {"shape twice",
+         R"({"t":{"dtype":"F32","shape":[4],"shape":[2],"data_offsets":[0,8]}})",
          {"field 'shape' appears twice"}},
-        {"a metadata key twice", R"({"__metadata__":{"a":"1","a":"2"},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+        {"a metadata key twice",
+         R"({"__metadata__":{"a":"1","a":"2"},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
          {"__metadata__", "field 'a' appears twice"}},
         {"100k-deep shape", deep_shape, {"nests deeper than 128"}},
         {"100k-deep metadata", deep_meta, {"nests deeper than 128"}},
-        {"a NUL inside a name", R"({"a\u0000b":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+        {"a NUL inside a name",
+         R"({"a\u0000b":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
          {"tensor 'a\\x00b'", "needs 12"}},
         {"an empty name", R"({"":{"dtype":"X","shape":[2],"data_offsets":[0,8]}})", {"tensor ''", "unknown dtype 'X'"}},
         {"a quote in a name", R"({"it's":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", {"tensor 'it\\'s'"}},
@@ -251,16 +260,17 @@ TEST_CASE("names in messages are quoted, escaped and bounded") {
 
 TEST_CASE("checkpoint contents that do not fit config.json are refused, not silently used") {
     SUBCASE("a _scale_inv beside a weight that is not FP8") {
-        const fs::path dir = scratch_checkpoint("scale_beside_f32", "tiny_k2", tiny_config(),
-                                                [](const TensorRecord& r, DType&, std::vector<std::byte>&, SafetensorsWriter& out) {
-                                                    if (r.name == "model.layers.0.mlp.up_proj.weight") {
-                                                        const std::vector<float> one(24, 1.0f);
-                                                        out.add_f32(r.name + "_scale_inv", {6, 4}, one);
-                                                    }
-                                                    return true;
-                                                });
-        check_error([&] { load_transformer<AnyDeepSeekV3>(dir); },
-                    {"'model.layers.0.mlp.up_proj.weight'", "not FP8", "'model.layers.0.mlp.up_proj.weight_scale_inv'"});
+        const fs::path dir =
+            scratch_checkpoint("scale_beside_f32", "tiny_k2", tiny_config(),
+                               [](const TensorRecord& r, DType&, std::vector<std::byte>&, SafetensorsWriter& out) {
+                                   if (r.name == "model.layers.0.mlp.up_proj.weight") {
+                                       const std::vector<float> one(24, 1.0f);
+                                       out.add_f32(r.name + "_scale_inv", {6, 4}, one);
+                                   }
+                                   return true;
+                               });
+        check_error([&] { load_transformer<AnyDeepSeekV3>(dir); }, {"'model.layers.0.mlp.up_proj.weight'", "not FP8",
+                                                                    "'model.layers.0.mlp.up_proj.weight_scale_inv'"});
     }
     SUBCASE("F8_E5M2 weights in an E4M3 checkpoint (NaN logits before)") {
         const fs::path dir = scratch_checkpoint("e5m2", "tiny_k2_fp8", tiny_config("tiny_k2_fp8"),
@@ -281,26 +291,28 @@ TEST_CASE("checkpoint contents that do not fit config.json are refused, not sile
     SUBCASE("a real MTP layer (with eh_proj) is still skipped as transformers skips it") {
         nlohmann::json config = tiny_config();
         config["num_nextn_predict_layers"] = 1;
-        const fs::path dir = scratch_checkpoint("mtp_layer", "tiny_k2", config,
-                                                [](const TensorRecord& r, DType&, std::vector<std::byte>&, SafetensorsWriter& out) {
-                                                    if (r.name == "lm_head.weight") {
-                                                        const std::vector<float> w(64 * 128, 0.5f), g(64, 1.0f);
-                                                        out.add_f32("model.layers.3.eh_proj.weight", {64, 128}, w);
-                                                        out.add_f32("model.layers.3.enorm.weight", {64}, g);
-                                                        out.add_f32("model.layers.3.hnorm.weight", {64}, g);
-                                                    }
-                                                    return true;
-                                                });
+        const fs::path dir =
+            scratch_checkpoint("mtp_layer", "tiny_k2", config,
+                               [](const TensorRecord& r, DType&, std::vector<std::byte>&, SafetensorsWriter& out) {
+                                   if (r.name == "lm_head.weight") {
+                                       const std::vector<float> w(64 * 128, 0.5f), g(64, 1.0f);
+                                       out.add_f32("model.layers.3.eh_proj.weight", {64, 128}, w);
+                                       out.add_f32("model.layers.3.enorm.weight", {64}, g);
+                                       out.add_f32("model.layers.3.hnorm.weight", {64}, g);
+                                   }
+                                   return true;
+                               });
         CHECK_NOTHROW(load_transformer<AnyDeepSeekV3>(dir));
     }
     SUBCASE("NaN and Inf weights are named when the loader is asked to check") {
         for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
-            const fs::path dir = scratch_checkpoint("nan_weight", "tiny_k2", tiny_config(),
-                                                    [&](const TensorRecord& r, DType&, std::vector<std::byte>& bytes, auto&&) {
-                                                        if (r.name == "model.layers.1.self_attn.o_proj.weight")
-                                                            std::memcpy(bytes.data() + 4 * (2 * r.shape[1] + 5), &bad, 4);
-                                                        return true;
-                                                    });
+            const fs::path dir =
+                scratch_checkpoint("nan_weight", "tiny_k2", tiny_config(),
+                                   [&](const TensorRecord& r, DType&, std::vector<std::byte>& bytes, auto&&) {
+                                       if (r.name == "model.layers.1.self_attn.o_proj.weight")
+                                           std::memcpy(bytes.data() + 4 * (2 * r.shape[1] + 5), &bad, 4);
+                                       return true;
+                                   });
             CHECK_NOTHROW(load_transformer<AnyDeepSeekV3>(dir));  // off by default in the library
             check_error([&] { load_transformer<AnyDeepSeekV3>(dir, LoadOptions{.check_finite = true}); },
                         {"'model.layers.1.self_attn.o_proj.weight'", std::isnan(bad) ? "NaN" : "infinity", "[2, 5]"});

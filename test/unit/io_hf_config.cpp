@@ -253,10 +253,10 @@ TEST_CASE("io: the transformers 5 layout (rope_parameters) reads the same as the
 
 TEST_CASE("io: optional config fields take transformers' defaults") {
     json j = json::parse(kimi_k2_config);
-    for (const char* key : {"scoring_func", "topk_method", "norm_topk_prob", "rms_norm_eps", "moe_layer_freq",
-                            "num_key_value_heads", "tie_word_embeddings", "attention_bias", "hidden_act",
-                            "quantization_config", "num_nextn_predict_layers", "bos_token_id", "eos_token_id",
-                            "architectures"})
+    for (const char* key :
+         {"scoring_func", "topk_method", "norm_topk_prob", "rms_norm_eps", "moe_layer_freq", "num_key_value_heads",
+          "tie_word_embeddings", "attention_bias", "hidden_act", "quantization_config", "num_nextn_predict_layers",
+          "bos_token_id", "eos_token_id", "architectures"})
         j.erase(key);
     const HFConfig hf = parse(j);
     check_same_model(hf.model, KimiK2::config);
@@ -301,11 +301,11 @@ TEST_CASE("io: config.json errors name the file, the field, and what was expecte
         j[key] = std::move(value);
         return j;
     };
-    for (const char* key : {"hidden_size", "num_hidden_layers", "first_k_dense_replace", "vocab_size",
-                            "intermediate_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
-                            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
-                            "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "n_group",
-                            "topk_group", "routed_scaling_factor", "max_position_embeddings"}) {
+    for (const char* key :
+         {"hidden_size", "num_hidden_layers", "first_k_dense_replace", "vocab_size", "intermediate_size",
+          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+          "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "n_group",
+          "topk_group", "routed_scaling_factor", "max_position_embeddings"}) {
         CAPTURE(key);
         check_refused(without(key), {std::string("missing field ") + key});
     }
@@ -374,11 +374,14 @@ TEST_CASE("io: config.json errors name the file, the field, and what was expecte
 
 TEST_CASE("io: a static size that disagrees with config.json is a load error naming field and argument") {
     const HFConfig k2 = parse_hf_config(kimi_k2_config, "k2/config.json");
-    check_error([&] { resolve(TinyK2::config, k2); }, {"k2/config.json: hidden_size is 7168 but the model type fixes Hidden<64>"});
+    check_error([&] { resolve(TinyK2::config, k2); },
+                {"k2/config.json: hidden_size is 7168 but the model type fixes Hidden<64>"});
     using K2Heads32 = KimiK2::with<Attention<MLA<Heads<32>>>>;
-    check_error([&] { resolve(K2Heads32::config, k2); }, {"num_attention_heads is 64 but the model type fixes Heads<32>"});
+    check_error([&] { resolve(K2Heads32::config, k2); },
+                {"num_attention_heads is 64 but the model type fixes Heads<32>"});
     using K2Experts256 = KimiK2::with<MoE<Experts<256>, Groups<1>, TopGroups<1>>>;
-    check_error([&] { resolve(K2Experts256::config, k2); }, {"n_routed_experts is 384 but the model type fixes Experts<256>"});
+    check_error([&] { resolve(K2Experts256::config, k2); },
+                {"n_routed_experts is 384 but the model type fixes Experts<256>"});
     using K2ShortContext = KimiK2::with<RoPE<MaxPositions<4096>>>;
     check_error([&] { resolve(K2ShortContext::config, k2); },
                 {"max_position_embeddings is 131072 but the model type fixes MaxPositions<4096>"});
@@ -401,7 +404,8 @@ TEST_CASE("io: the generated tiny configs (transformers 5.23) resolve against Ti
     const HFConfig v3 = read_hf_config(test_data("tiny_v3/config.json"));
     check_same_model(v3.model, TinyV3::config);
     check_same_config(resolve(TinyV3::config, v3), TinyV3::config);
-    check_error([&] { resolve(TinyK2::config, v3); }, {"tiny_v3/config.json: num_hidden_layers is 4 but the model type fixes Layers<3>"});
+    check_error([&] { resolve(TinyK2::config, v3); },
+                {"tiny_v3/config.json: num_hidden_layers is 4 but the model type fixes Layers<3>"});
 
     for (const char* dir : {"tiny_k2_bf16", "tiny_k2_fp8"}) {
         CAPTURE(dir);
@@ -411,7 +415,8 @@ TEST_CASE("io: the generated tiny configs (transformers 5.23) resolve against Ti
     const HFConfig fp8 = read_hf_config(test_data("tiny_k2_fp8/config.json"));
     REQUIRE(fp8.fp8_block.has_value());
     CHECK(*fp8.fp8_block == std::array<index_t, 2>{16, 16});
-    check_same_config(resolve(TinyV3::config, read_hf_config(test_data("tiny_v3_sharded/config.json"))), TinyV3::config);
+    check_same_config(resolve(TinyV3::config, read_hf_config(test_data("tiny_v3_sharded/config.json"))),
+                      TinyV3::config);
 }
 
 }  // namespace unit_io_hf_config

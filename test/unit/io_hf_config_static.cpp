@@ -50,7 +50,9 @@ using DeepSeekV2Lite = Model<
          YaRN<Factor<40>, OriginalMaxPositions<4096>, BetaFast<32>, BetaSlow<1>, MScale<0.707>, MScaleAllDim<0.707>>>,
     MoE<Experts<64>, TopK<6>, Shared<2>, ExpertHidden<1408>, Score<Softmax>, RoutedScale<1.0>>>;
 
-HFConfig parse_json(const json& j, const std::string& source = "config.json") { return parse_hf_config(j.dump(), source); }
+HFConfig parse_json(const json& j, const std::string& source = "config.json") {
+    return parse_hf_config(j.dump(), source);
+}
 
 json tiny_k2_json() { return json::parse(read_file(test_data("tiny_k2/config.json"))); }
 
@@ -62,7 +64,8 @@ TEST_CASE("io: a routing or RoPE value the type fixes must equal config.json's, 
         {[](json& j) { j["rms_norm_eps"] = 1e-5; }, "rms_norm_eps is 1e-05 but the model type fixes NormEps<1e-06>"},
         {[](json& j) { j["rope_parameters"]["rope_theta"] = 10000.0; },
          "rope_theta is 10000 but the model type fixes Theta<50000>"},
-        {[](json& j) { j["rope_interleave"] = false; }, "rope_interleave is false but the model type fixes Interleave<true>"},
+        {[](json& j) { j["rope_interleave"] = false; },
+         "rope_interleave is false but the model type fixes Interleave<true>"},
         {[](json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 50000.0}}; },
          "rope_parameters.rope_type is 'default' (or absent) but the model type fixes YaRN<...>"},
         {[](json& j) { j["rope_parameters"]["factor"] = 40.0; },
@@ -77,10 +80,12 @@ TEST_CASE("io: a routing or RoPE value the type fixes must equal config.json's, 
          "rope_parameters.mscale is 0.707 but the model type fixes MScale<1>"},
         {[](json& j) { j["rope_parameters"]["mscale_all_dim"] = 0.707; },
          "rope_parameters.mscale_all_dim is 0.707 but the model type fixes MScaleAllDim<1>"},
-        {[](json& j) { j["scoring_func"] = "softmax"; }, "scoring_func is 'softmax' but the model type fixes Score<Sigmoid>"},
+        {[](json& j) { j["scoring_func"] = "softmax"; },
+         "scoring_func is 'softmax' but the model type fixes Score<Sigmoid>"},
         {[](json& j) { j["topk_method"] = "greedy"; },
          "topk_method is 'greedy' (without e_score_correction_bias) but the model type fixes CorrectionBias<true>"},
-        {[](json& j) { j["norm_topk_prob"] = false; }, "norm_topk_prob is false but the model type fixes NormTopK<true>"},
+        {[](json& j) { j["norm_topk_prob"] = false; },
+         "norm_topk_prob is false but the model type fixes NormTopK<true>"},
         {[](json& j) { j["routed_scaling_factor"] = 2.5; },
          "routed_scaling_factor is 2.5 but the model type fixes RoutedScale<2.827>"},
     };
@@ -103,17 +108,18 @@ TEST_CASE("io: a routing or RoPE value the type fixes must equal config.json's, 
     legacy["rope_scaling"]["factor"] = 16.0;
     check_error([&] { resolve(TinyK2::config, parse_json(legacy)); },
                 {"rope_scaling.factor is 16 but the model type fixes Factor<32>"});
-    check_error([&] { resolve(TinyK2::with<RoPE<Theta<50000>, MaxPositions<4096>, NoScaling>>::config, parse_json(legacy)); },
-                {"rope_scaling.type is 'yarn' but the model type fixes NoScaling"});
+    check_error(
+        [&] { resolve(TinyK2::with<RoPE<Theta<50000>, MaxPositions<4096>, NoScaling>>::config, parse_json(legacy)); },
+        {"rope_scaling.type is 'yarn' but the model type fixes NoScaling"});
 }
 
 TEST_CASE("io: Dynamic routing and RoPE values, AnyScore and AnyScaling are read from config.json") {
     json j = tiny_k2_json();
     j["rms_norm_eps"] = 1e-5;
     j["rope_interleave"] = false;
-    j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 40.0},
-                            {"original_max_position_embeddings", 256}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
-                            {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+    j["rope_parameters"] = {
+        {"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 40.0},  {"original_max_position_embeddings", 256},
+        {"beta_fast", 32.0},   {"beta_slow", 1.0},      {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
     j["scoring_func"] = "softmax";
     j["topk_method"] = "greedy";
     j["norm_topk_prob"] = false;
@@ -137,7 +143,8 @@ TEST_CASE("io: Dynamic routing and RoPE values, AnyScore and AnyScaling are read
     CHECK(r.rope.mscale == 0.707);
     CHECK(r.dims.norm_eps == 1e-5);
     // A score that the type leaves open, with no other router argument: the flags follow it and are open too.
-    static_assert(MoE<Score<AnyScore>>::value.from_file.correction_bias && MoE<Score<AnyScore>>::value.from_file.norm_top_k);
+    static_assert(MoE<Score<AnyScore>>::value.from_file.correction_bias &&
+                  MoE<Score<AnyScore>>::value.from_file.norm_top_k);
     // -1 is how a type says Dynamic; a file that says it is refused rather than read as "open".
     json minus = tiny_k2_json();
     minus["routed_scaling_factor"] = -1.0;
@@ -163,10 +170,18 @@ TEST_CASE("io: DeepSeek-V2-Lite config.json reads into V2's router and resolves 
 
     // DeepSeek-V2: group_limited_greedy over 8 groups, top 3, routed scale 16.
     json v2 = json::parse(deepseek_v2_lite_config);
-    v2.update(json{{"hidden_size", 5120}, {"num_hidden_layers", 60}, {"intermediate_size", 12288},
-                   {"moe_intermediate_size", 1536}, {"n_routed_experts", 160}, {"num_attention_heads", 128},
-                   {"num_key_value_heads", 128}, {"q_lora_rank", 1536}, {"n_group", 8}, {"topk_group", 3},
-                   {"topk_method", "group_limited_greedy"}, {"routed_scaling_factor", 16.0}});
+    v2.update(json{{"hidden_size", 5120},
+                   {"num_hidden_layers", 60},
+                   {"intermediate_size", 12288},
+                   {"moe_intermediate_size", 1536},
+                   {"n_routed_experts", 160},
+                   {"num_attention_heads", 128},
+                   {"num_key_value_heads", 128},
+                   {"q_lora_rank", 1536},
+                   {"n_group", 8},
+                   {"topk_group", 3},
+                   {"topk_method", "group_limited_greedy"},
+                   {"routed_scaling_factor", 16.0}});
     const HFConfig big = parse_json(v2);
     CHECK(big.model.moe.groups == 8);
     CHECK(big.model.moe.top_groups == 3);
@@ -199,7 +214,8 @@ TEST_CASE("io: DeepseekV2 config.json fields that transformers ignores but DeepS
     };
     refused("scoring_func", "sigmoid", {"v2/config.json: scoring_func is 'sigmoid'", "softmax"});
     refused("norm_topk_prob", true, {"v2/config.json: norm_topk_prob is true", "never normalises"});
-    refused("topk_method", "noaux_tc", {"v2/config.json: topk_method is 'noaux_tc'", "'greedy' or 'group_limited_greedy'"});
+    refused("topk_method", "noaux_tc",
+            {"v2/config.json: topk_method is 'noaux_tc'", "'greedy' or 'group_limited_greedy'"});
     refused("rope_interleave", false, {"v2/config.json: rope_interleave is false", "interleaved pairs"});
     refused("mlp_bias", true, {"v2/config.json: mlp_bias is true"});
     refused("architectures", json::array({"DeepseekV4ForCausalLM"}),

@@ -29,7 +29,8 @@ std::vector<std::byte> bytes_of(std::initializer_list<int> values) {
 
 std::vector<std::byte> from_hex(const std::string& hex) {
     std::vector<std::byte> out;
-    for (std::size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(std::byte(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+        out.push_back(std::byte(std::stoi(hex.substr(i, 2), nullptr, 16)));
     return out;
 }
 
@@ -55,10 +56,11 @@ TEST_CASE("io: safetensors writer reproduces the reference implementation's byte
     const std::vector<float> values{0, 1, 2, 3, 4, 5};
     one.add_f32("attn.0", {1, 2, 3}, values);
     CHECK(one.serialize() ==
-          bytes_of({64, 0, 0, 0, 0, 0, 0, 0, 123, 34, 97, 116, 116, 110, 46, 48, 34, 58, 123, 34, 100, 116, 121, 112,
-                    101, 34, 58, 34, 70, 51, 50, 34, 44, 34, 115, 104, 97, 112, 101, 34, 58, 91, 49, 44, 50, 44, 51, 93,
-                    44, 34, 100, 97, 116, 97, 95, 111, 102, 102, 115, 101, 116, 115, 34, 58, 91, 48, 44, 50, 52, 93, 125,
-                    125, 0, 0, 0, 0, 0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0, 160, 64}));
+          bytes_of({64,  0,   0,   0,   0,   0,  0,  0,  123, 34, 97,  116, 116, 110, 46,  48,  34,  58,  123, 34,
+                    100, 116, 121, 112, 101, 34, 58, 34, 70,  51, 50,  34,  44,  34,  115, 104, 97,  112, 101, 34,
+                    58,  91,  49,  44,  50,  44, 51, 93, 44,  34, 100, 97,  116, 97,  95,  111, 102, 102, 115, 101,
+                    116, 115, 34,  58,  91,  48, 44, 50, 52,  93, 125, 125, 0,   0,   0,   0,   0,   0,   128, 63,
+                    0,   0,   0,   64,  0,   0,  64, 64, 0,   0,  128, 64,  0,   0,   160, 64}));
 
     // test_serialization_forced_alignement: a shorter name, so 7 spaces pad the header to 72 bytes.
     SafetensorsWriter padded;
@@ -71,10 +73,9 @@ TEST_CASE("io: safetensors writer reproduces the reference implementation's byte
     SafetensorsWriter empty;
     CHECK(empty.serialize() == bytes_of({8, 0, 0, 0, 0, 0, 0, 0, 123, 125, 32, 32, 32, 32, 32, 32}));
     empty.metadata("framework", "pt");
-    CHECK(empty.serialize() ==
-          bytes_of({40, 0, 0, 0, 0, 0, 0, 0, 123, 34, 95, 95, 109, 101, 116, 97, 100, 97, 116, 97, 95, 95, 34, 58,
-                    123, 34, 102, 114, 97, 109, 101, 119, 111, 114, 107, 34, 58, 34, 112, 116, 34, 125, 125, 32, 32,
-                    32, 32, 32}));
+    CHECK(empty.serialize() == bytes_of({40,  0,   0,   0,  0,  0,  0,   0,   123, 34,  95,  95,  109, 101, 116, 97,
+                                         100, 97,  116, 97, 95, 95, 34,  58,  123, 34,  102, 114, 97,  109, 101, 119,
+                                         111, 114, 107, 34, 58, 34, 112, 116, 34,  125, 125, 32,  32,  32,  32,  32}));
 
     // A file written by safetensors 0.8.0: layout by dtype alignment (largest first), then name; added here in
     // another order on purpose.
@@ -189,7 +190,8 @@ TEST_CASE("io: malformed safetensors files are rejected with the file and tensor
     }
     check_bad("", {"0 bytes, shorter than the 8-byte header length"});
     check_bad("abc", {"3 bytes, shorter than the 8-byte header length"});
-    check_bad(raw_safetensors(ok, 8).substr(0, 20), {"header length 54 is larger than the rest of the file (12 bytes)"});
+    check_bad(raw_safetensors(ok, 8).substr(0, 20),
+              {"header length 54 is larger than the rest of the file (12 bytes)"});
     check_bad(std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", {"header length", "larger than the rest"});
     check_bad(raw_safetensors("{\"t\": [1,", 0), {"not valid JSON"});
     check_bad(raw_safetensors("{\"\xc3\x28\": 1}", 0), {"not valid JSON"});  // invalid UTF-8 in a name
@@ -199,28 +201,41 @@ TEST_CASE("io: malformed safetensors files are rejected with the file and tensor
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","data_offsets":[0,8]}})", 8), {"'t'", "no 'shape'"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2]}})", 8), {"'t'", "no 'data_offsets'"});
     check_bad(raw_safetensors(R"({"t":5})", 0), {"'t'", "not a JSON object"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})", 8), {"'t'", "unknown dtype 'F7'"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), {"'t'", "[-2]", "non-negative integer"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8), {"'t'", "non-negative integer"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8), {"'t'", "shape is not an array"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8), {"'t'", "overflows"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})", 8),
+              {"'t'", "unknown dtype 'F7'"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+              {"'t'", "[-2]", "non-negative integer"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8),
+              {"'t'", "non-negative integer"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8),
+              {"'t'", "shape is not an array"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+              {"'t'", "overflows"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), {"'t'", "begin > end"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8), {"'t'", "pair of non-negative integers"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,-8]}})", 8), {"'t'", "pair of non-negative integers"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8), {"'t'", "end beyond the data section (8 bytes)"});
-    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), {"'t'", "holds 8 bytes but F32 [3] needs 12"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8),
+              {"'t'", "pair of non-negative integers"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,-8]}})", 8),
+              {"'t'", "pair of non-negative integers"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8),
+              {"'t'", "end beyond the data section (8 bytes)"});
+    check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+              {"'t'", "holds 8 bytes but F32 [3] needs 12"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                              R"("u":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                              R"("u":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                              12),
               {"'t' and 'u' overlap"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                              R"("u":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})", 16),
+                              R"("u":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+                              16),
               {"4 unused bytes", "before tensor 'u'"});
     check_bad(raw_safetensors(ok, 12), {"4 bytes after the last tensor"});
     check_bad(raw_safetensors(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                              R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
+                              R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                              8),
               {"tensor 't' appears twice"});
-    check_bad(raw_safetensors(R"({"__metadata__":{"format":1},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
-              {"__metadata__", "'format'", "not a string"});
+    check_bad(
+        raw_safetensors(R"({"__metadata__":{"format":1},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
+        {"__metadata__", "'format'", "not a string"});
     check_bad(raw_safetensors(R"({"__metadata__":[],"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
               {"__metadata__ is not a JSON object"});
 
@@ -268,7 +283,8 @@ TEST_CASE("io: FP8 block dequantisation with partial blocks") {
         for (int j = 0; j < 5; ++j) {
             CAPTURE(i);
             CAPTURE(j);
-            CHECK(out[std::size_t(i * 5 + j)] == w_values[std::size_t(i * 5 + j)] * scale[std::size_t((i / 2) * 3 + j / 2)]);
+            CHECK(out[std::size_t(i * 5 + j)] ==
+                  w_values[std::size_t(i * 5 + j)] * scale[std::size_t((i / 2) * 3 + j / 2)]);
         }
     const auto wide = dequantize_fp8(f.at("w"), f.at("w_scale_inv_1x4"), {1, 4});
     for (int i = 0; i < 3; ++i)

@@ -88,7 +88,8 @@ TEST_CASE("saved_tiny: transformers' DeepseekV3ForCausalLM reads our checkpoint 
     CHECK(error < 1e-5);  // the tolerance of the other logit tests (README, accuracy table)
 }
 
-TEST_CASE("load -> train_step -> step -> save -> load gives the trained weights bit for bit, and the optimizer state too") {
+TEST_CASE(
+    "load -> train_step -> step -> save -> load gives the trained weights bit for bit, and the optimizer state too") {
     const fs::path root = scratch_dir("save_roundtrip");
     using Opt = moonmoe::Optimizer<Muon<LearningRate<0.02>>, AdamW<LearningRate<0.003>>, WSD<Warmup<1>>>;
     std::vector<index_t> ids(48);
@@ -143,7 +144,9 @@ TEST_CASE("save_transformer keeps the loaded config.json's other fields and chec
     CHECK_FALSE(fs::exists(root / "bad"));
 }
 
-TEST_CASE("config.json written from a type reads back as the same configuration, types transformers cannot hold are refused") {
+TEST_CASE(
+    "config.json written from a type reads back as the same configuration, types transformers cannot hold are "
+    "refused") {
     const auto same = [](const ModelConfig& a, const ModelConfig& b) {
         CHECK(a.dims.hidden == b.dims.hidden);
         CHECK(a.dims.layers == b.dims.layers);

@@ -50,7 +50,8 @@ TEST_CASE_TEMPLATE("on every backend, three MuonClip steps equal the CPU's", B, 
     const auto ref_values = all_values(reference), values = all_values(model);
     REQUIRE(ref_values.size() == values.size());
     double worst = 0.0;
-    for (std::size_t i = 0; i < values.size(); ++i) worst = std::max(worst, scaled_error(values[i].data(), ref_values[i]));
+    for (std::size_t i = 0; i < values.size(); ++i)
+        worst = std::max(worst, scaled_error(values[i].data(), ref_values[i]));
     MESSAGE("after three steps on " << std::string(B::name) << ": worst parameter difference " << worst);
     CHECK(worst < 1e-4);
 }

@@ -30,18 +30,23 @@ using namespace moonmoe::testing;
 namespace {
 
 using TinyMHA = TinyK2::with<Attention<MHA<Heads<4>, KVHeads<2>, HeadDim<8>, RopeDim<4>>>>;
-using TinyNoQ = TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
+using TinyNoQ =
+    TinyK2::with<Attention<MLA<Heads<4>, QRank<NoQCompression>, KVRank<16>, NopeDim<8>, RopeDim<4>, VDim<8>>>>;
 
 enum class Tiny { k2, v3, mha, no_q };
 constexpr Tiny all_models[] = {Tiny::k2, Tiny::v3, Tiny::mha, Tiny::no_q};
 std::string model_name(Tiny t) {
-    return t == Tiny::k2 ? "tiny K2" : t == Tiny::v3 ? "tiny V3" : t == Tiny::mha ? "tiny MHA" : "tiny MLA without q_rank";
+    return t == Tiny::k2    ? "tiny K2"
+           : t == Tiny::v3  ? "tiny V3"
+           : t == Tiny::mha ? "tiny MHA"
+                            : "tiny MLA without q_rank";
 }
 
 template <class Model, class B>
 nn::Transformer<B> load_or_random(const char* dir, NumberFormat compute) {
     if (dir) {
-        if (compute == NumberFormat::bf16) return load_transformer<typename Model::template with<Precision<BF16>>, B>(data_dir(dir));
+        if (compute == NumberFormat::bf16)
+            return load_transformer<typename Model::template with<Precision<BF16>>, B>(data_dir(dir));
         return load_transformer<Model, B>(data_dir(dir));
     }
     ModelConfig c = Model::config;

@@ -24,11 +24,14 @@ void check(Module& m, Tensor<float, 2, B>& x, index_t out_cols, Forward forward,
     forward(x, y);
     M dx(x.shape());
     backward(r, dx);
-    check_module_gradients(m, x.data(), dx.data(), x.numel(), [&] {
-        M y2({x.size(0), out_cols});
-        forward(x, y2);
-        return dot(y2, r);
-    }, tol);
+    check_module_gradients(
+        m, x.data(), dx.data(), x.numel(),
+        [&] {
+            M y2({x.size(0), out_cols});
+            forward(x, y2);
+            return dot(y2, r);
+        },
+        tol);
 }
 }  // namespace
 
@@ -38,8 +41,9 @@ TEST_CASE_TEMPLATE("RMSNorm backward", B, MOONMOE_TEST_BACKENDS) {
     randomize(norm, 3);
     M x = random_matrix<B>(5, 24, 4);
     Tensor<float, 1, B> rstd({5});
-    check(norm, x, 24, [&](M& in, M& out) { norm.forward(in.view(), out.view(), rstd.view()); },
-          [&](const M& dy, M& dx) { norm.backward(x.view(), rstd.view(), dy.view(), dx.view()); });
+    check(
+        norm, x, 24, [&](M& in, M& out) { norm.forward(in.view(), out.view(), rstd.view()); },
+        [&](const M& dy, M& dx) { norm.backward(x.view(), rstd.view(), dy.view(), dx.view()); });
 }
 
 TEST_CASE_TEMPLATE("Linear backward", B, MOONMOE_TEST_BACKENDS) {
@@ -47,8 +51,9 @@ TEST_CASE_TEMPLATE("Linear backward", B, MOONMOE_TEST_BACKENDS) {
     nn::Linear<B> lin(12, 7);
     randomize(lin, 5);
     M x = random_matrix<B>(6, 12, 6);
-    check(lin, x, 7, [&](M& in, M& out) { lin.forward(in.view(), out.view()); },
-          [&](const M& dy, M& dx) { lin.backward(x.view(), dy.view(), dx.view()); });
+    check(
+        lin, x, 7, [&](M& in, M& out) { lin.forward(in.view(), out.view()); },
+        [&](const M& dy, M& dx) { lin.backward(x.view(), dy.view(), dx.view()); });
 }
 
 TEST_CASE_TEMPLATE("SwiGLU backward", B, MOONMOE_TEST_BACKENDS) {
@@ -57,8 +62,9 @@ TEST_CASE_TEMPLATE("SwiGLU backward", B, MOONMOE_TEST_BACKENDS) {
     randomize(mlp, 8);
     M x = random_matrix<B>(5, 16, 9);
     typename nn::SwiGLU<B>::Cache cache;
-    check(mlp, x, 16, [&](M& in, M& out) { mlp.forward(in.view(), out.view(), cache); },
-          [&](const M& dy, M& dx) { mlp.backward(dy.view(), cache, dx.view()); });
+    check(
+        mlp, x, 16, [&](M& in, M& out) { mlp.forward(in.view(), out.view(), cache); },
+        [&](const M& dy, M& dx) { mlp.backward(dy.view(), cache, dx.view()); });
 }
 
 TEST_CASE_TEMPLATE("RoPE backward is the transpose of forward", B, MOONMOE_TEST_BACKENDS) {
@@ -70,7 +76,7 @@ TEST_CASE_TEMPLATE("RoPE backward is the transpose of forward", B, MOONMOE_TEST_
     M ra = a.clone(), rb = b.clone();
     rope.apply(ra.view().template reshape<3>({6, 3, 8}), pos.view());
     rope.apply(rb.view().template reshape<3>({6, 3, 8}), pos.view(), nn::Rotation::transposed);
-    CHECK(dot(ra, b) == doctest::Approx(dot(a, rb)).epsilon(1e-6));           // <R a, b> = <a, R^T b>
+    CHECK(dot(ra, b) == doctest::Approx(dot(a, rb)).epsilon(1e-6));  // <R a, b> = <a, R^T b>
     // R^T R = 1 (attention_factor 1)
     rope.apply(ra.view().template reshape<3>({6, 3, 8}), pos.view(), nn::Rotation::transposed);
     CHECK(dot(ra, b) == doctest::Approx(before).epsilon(1e-5));
@@ -87,8 +93,9 @@ TEST_CASE_TEMPLATE("MLA backward (naive form), with and without query compressio
         const auto layout = nn::TokenLayout::sequences(2, 5);
         M x = random_matrix<B>(10, cfg.dims.hidden, 13);
         typename nn::MLA<B>::Cache cache;
-        check(attn, x, cfg.dims.hidden, [&](M& in, M& out) { attn.forward(in.view(), layout, out.view(), cache); },
-              [&](const M& dy, M& dx) { attn.backward(dy.view(), cache, dx.view()); });
+        check(
+            attn, x, cfg.dims.hidden, [&](M& in, M& out) { attn.forward(in.view(), layout, out.view(), cache); },
+            [&](const M& dy, M& dx) { attn.backward(dy.view(), cache, dx.view()); });
     }
 }
 
@@ -101,8 +108,9 @@ TEST_CASE_TEMPLATE("MHA backward, grouped-query (4 query heads, 2 key/value head
     const auto layout = nn::TokenLayout::sequences(2, 5);
     M x = random_matrix<B>(10, 64, 23);
     typename nn::MHA<B>::Cache cache;
-    check(attn, x, 64, [&](M& in, M& out) { attn.forward(in.view(), layout, out.view(), cache); },
-          [&](const M& dy, M& dx) { attn.backward(dy.view(), cache, dx.view()); });
+    check(
+        attn, x, 64, [&](M& in, M& out) { attn.forward(in.view(), layout, out.view(), cache); },
+        [&](const M& dy, M& dx) { attn.backward(dy.view(), cache, dx.view()); });
 }
 
 TEST_CASE_TEMPLATE("an MHA model decodes with its K/V cache exactly as its full forward", B, MOONMOE_TEST_BACKENDS) {
@@ -141,12 +149,16 @@ TEST_CASE_TEMPLATE("Router backward, with the sequence-wise balance loss", B, MO
         const std::vector<index_t> chosen = to_host(cache.routing.idx);
         M du(u.shape());
         router.backward(r.view(), cache, du.view());
-        check_module_gradients(router, u.data(), du.data(), u.numel(), [&] {
-            typename nn::Router<B>::Cache c;
-            const double l = loss(c);
-            REQUIRE(to_host(c.routing.idx) == chosen);  // a step too large to keep the same experts would void the check
-            return l;
-        }, 1e-2, 1e-3);
+        check_module_gradients(
+            router, u.data(), du.data(), u.numel(),
+            [&] {
+                typename nn::Router<B>::Cache c;
+                const double l = loss(c);
+                REQUIRE(to_host(c.routing.idx) ==
+                        chosen);  // a step too large to keep the same experts would void the check
+                return l;
+            },
+            1e-2, 1e-3);
     }
 }
 
@@ -184,11 +196,13 @@ TEST_CASE_TEMPLATE("decoder layers (dense and MoE) backward", B, MOONMOE_TEST_BA
         M x = random_matrix<B>(8, 64, 20);
         typename nn::DecoderLayer<B>::Cache cache;
         std::vector<index_t> chosen;
-        check(layer, x, 64, [&](M& in, M& out) { layer.forward(in.view(), layout, out.view(), cache); },
-              [&](const M& dy, M& dx) {
-                  if (!layer.dense) chosen = to_host(cache.moe.router.routing.idx), layer.moe.gate.fixed_selection = &chosen;
-                  layer.backward(dy.view(), cache, dx.view());
-              });
+        check(
+            layer, x, 64, [&](M& in, M& out) { layer.forward(in.view(), layout, out.view(), cache); },
+            [&](const M& dy, M& dx) {
+                if (!layer.dense)
+                    chosen = to_host(cache.moe.router.routing.idx), layer.moe.gate.fixed_selection = &chosen;
+                layer.backward(dy.view(), cache, dx.view());
+            });
     }
 }
 
@@ -204,15 +218,19 @@ TEST_CASE_TEMPLATE("whole model with cross-entropy backward", B, MOONMOE_TEST_BA
     std::vector<std::vector<index_t>> chosen(model.layers.size());
     for (std::size_t l = 0; l < model.layers.size(); ++l)
         if (!model.layers[l].dense)
-            chosen[l] = to_host(cache.layers[l].moe.router.routing.idx), model.layers[l].moe.gate.fixed_selection = &chosen[l];
+            chosen[l] = to_host(cache.layers[l].moe.router.routing.idx),
+            model.layers[l].moe.gate.fixed_selection = &chosen[l];
     M dlogits(logits.shape());
     nn::cross_entropy<B>(logits.view(), targets.data(), dlogits.view());
     model.backward(dlogits.view(), cache);
-    check_module_gradients(model, nullptr, nullptr, 0, [&] {
-        typename nn::Transformer<B>::Cache c;
-        M logits = model.forward(ids.data(), layout, c);
-        return double(nn::cross_entropy<B>(logits.view(), targets.data()));
-    }, 1e-2, 1e-3);
+    check_module_gradients(
+        model, nullptr, nullptr, 0,
+        [&] {
+            typename nn::Transformer<B>::Cache c;
+            M logits = model.forward(ids.data(), layout, c);
+            return double(nn::cross_entropy<B>(logits.view(), targets.data()));
+        },
+        1e-2, 1e-3);
 }
 
 // Run to run on the same backend; on the CPU for a fixed thread count of its pool (one thread and all of them),

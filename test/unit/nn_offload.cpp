@@ -25,11 +25,12 @@ namespace {
 const std::vector<index_t> ids = {3, 17, 42, 7, 99, 5, 61, 23, 88, 14, 2, 9, 77, 31, 50, 64};
 const auto layout = nn::TokenLayout::sequences(2, 8);
 
-
 }  // namespace
 
-TEST_CASE_TEMPLATE("Activations<Offload<true>>: refused on a backend with nothing to offload to (the CPU), naming "
-                   "where it runs", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "Activations<Offload<true>>: refused on a backend with nothing to offload to (the CPU), naming "
+    "where it runs",
+    B, MOONMOE_TEST_BACKENDS) {
     ModelConfig c = TinyK2::config;
     c.activations.offload = true;
     static_assert(KimiK2ActivationsOffloaded::value.offload && !KimiK2Activations::value.offload);
@@ -49,8 +50,10 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: refused on a backend with nothin
 }
 
 #if defined(MOONMOE_TEST_CUDA)
-TEST_CASE_TEMPLATE("Activations<Offload<true>>: the same training step bit for bit, the kept matrices in host memory "
-                   "between forward and backward", B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "Activations<Offload<true>>: the same training step bit for bit, the kept matrices in host memory "
+    "between forward and backward",
+    B, moonmoe::cuda) {
     static_assert(backend::offloads<B>);
     using K2bf16 = TinyK2::with<Precision<BF16>>;
     for (const bool bf16 : {false, true}) {
@@ -60,7 +63,8 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: the same training step bit for b
         ModelConfig offloaded = kept_here;
         offloaded.activations.offload = true;
         const auto load = [&] {
-            return bf16 ? load_transformer<K2bf16, B>(data_dir("tiny_k2")) : load_transformer<TinyK2, B>(data_dir("tiny_k2"));
+            return bf16 ? load_transformer<K2bf16, B>(data_dir("tiny_k2"))
+                        : load_transformer<TinyK2, B>(data_dir("tiny_k2"));
         };
         nn::Transformer<B> a = load(), b = load();
         a.set_activations(kept_here.activations);
@@ -85,8 +89,8 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: the same training step bit for b
         CHECK(moved > 0);
         CHECK(with_kept - with_offload == moved);
         CHECK(ca.bytes() - cb.bytes() == moved);
-        MESSAGE(std::string(bf16 ? "K2's policy (bf16): " : "f32: ") << moved << " of " << ca.bytes()
-                                                                     << " cache bytes offloaded between forward and backward");
+        MESSAGE(std::string(bf16 ? "K2's policy (bf16): " : "f32: ")
+                << moved << " of " << ca.bytes() << " cache bytes offloaded between forward and backward");
 
         // backward: every gradient the same, and a second step reuses the pinned buffers
         Tensor<float, 2, B> dl({layout.tokens(), TinyK2::config.dims.vocab});

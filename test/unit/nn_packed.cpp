@@ -59,7 +59,8 @@ void check_packed_against_transformers(const std::string& name) {
     typename nn::Transformer<B>::Cache cache;
     Tensor<float, 2, B> logits = model.forward(ids.data(), layout, cache, nn::Pass::training);
     const double logit_error = scaled_error(to_host(logits).data(), ref.f32("logits"));
-    MESSAGE(name << " on " << backend << " packed " << layout.sequences() << " sequences: logits error " << logit_error);
+    MESSAGE(name << " on " << backend << " packed " << layout.sequences() << " sequences: logits error "
+                 << logit_error);
     CHECK(logit_error < 1e-5);
 
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // QK-Clip's statistic: the max over every sequence
@@ -70,7 +71,10 @@ void check_packed_against_transformers(const std::string& name) {
     for (std::size_t l = 0; l < model.layers.size(); ++l) {  // router choices, as sets
         if (model.layers[l].dense) continue;
         const nn::Routing<B>& routing = cache.layers[l].moe.router.routing;
-        const struct { index_t tokens, k; std::vector<index_t> idx; } r{routing.tokens, routing.k, to_host(routing.idx)};
+        const struct {
+            index_t tokens, k;
+            std::vector<index_t> idx;
+        } r{routing.tokens, routing.k, to_host(routing.idx)};
         const std::vector<index_t> idx = ref.i64("topk_idx." + std::to_string(l));
         REQUIRE(r.tokens == layout.tokens());
         for (index_t t = 0; t < r.tokens; ++t)
@@ -105,7 +109,8 @@ void check_packed_against_transformers(const std::string& name) {
         CHECK(e < 2e-5);
         worst = std::max(worst, e), ++compared;
     });
-    MESSAGE(name << " on " << backend << ": " << compared << " gradients of the sum of per-sequence losses, worst error " << worst);
+    MESSAGE(name << " on " << backend << ": " << compared
+                 << " gradients of the sum of per-sequence losses, worst error " << worst);
 
     // train_step on the packed batch: the mean over all its targets
     model.zero_grad();
@@ -125,14 +130,16 @@ Decoded greedy(nn::Transformer<B>& model, const std::vector<std::vector<index_t>
     const index_t V = model.config.dims.vocab;
     std::vector<typename nn::Transformer<B>::DecodeState> states;
     for (const auto& p : prompts) states.push_back(model.start_decoding(index_t(p.size()) + new_tokens));
-    Decoded d{std::vector<std::vector<index_t>>(prompts.size()), std::vector<std::vector<std::vector<float>>>(prompts.size())};
+    Decoded d{std::vector<std::vector<index_t>>(prompts.size()),
+              std::vector<std::vector<std::vector<float>>>(prompts.size())};
     for (const auto& step : schedule) {
         std::vector<index_t> ids, counts;
         std::vector<typename nn::Transformer<B>::DecodeState*> active;
         for (std::size_t s : step) {
             const bool prefill = states[s].length() == 0;
             if (prefill) ids.insert(ids.end(), prompts[s].begin(), prompts[s].end());
-            else ids.push_back(d.tokens[s].back());
+            else
+                ids.push_back(d.tokens[s].back());
             counts.push_back(prefill ? index_t(prompts[s].size()) : 1);
             active.push_back(&states[s]);
         }
@@ -222,13 +229,15 @@ TEST_CASE_TEMPLATE("a module refuses a token layout that does not cover its inpu
                          doctest::Contains("MLA.forward: the token layout covers 4 rows"), std::invalid_argument);
 }
 
-TEST_CASE_TEMPLATE("packed tiny Kimi K2 matches transformers run per sequence: logits, losses, gradients, max logits, routing",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "packed tiny Kimi K2 matches transformers run per sequence: logits, losses, gradients, max logits, routing", B,
+    MOONMOE_TEST_BACKENDS) {
     check_packed_against_transformers<TinyK2, B>("tiny_k2");
 }
 
-TEST_CASE_TEMPLATE("packed tiny DeepSeek-V3 matches transformers run per sequence (expert groups, several dense layers)", B,
-                   MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "packed tiny DeepSeek-V3 matches transformers run per sequence (expert groups, several dense layers)", B,
+    MOONMOE_TEST_BACKENDS) {
     check_packed_against_transformers<TinyV3, B>("tiny_v3");
 }
 
@@ -308,8 +317,9 @@ TEST_CASE_TEMPLATE("MLA and MHA backward on a packed layout against finite diffe
     check_attention(mha);
 }
 
-TEST_CASE_TEMPLATE("batched decoding with caches of different lengths equals decoding each alone, and transformers' generate",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "batched decoding with caches of different lengths equals decoding each alone, and transformers' generate", B,
+    MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
     const Reference gen(data_dir("packed") + "/generate_tiny_k2.safetensors");
     const std::vector<index_t> prompt_ids = gen.i64("prompt_ids"), lengths = gen.i64("prompt_lengths");
@@ -322,11 +332,12 @@ TEST_CASE_TEMPLATE("batched decoding with caches of different lengths equals dec
 
     const Decoded alone = greedy(model, prompts, new_tokens, one_at_a_time(prompts.size(), new_tokens));
     // all prompts prefilled in one batch, then every step together
-    const Decoded together = greedy(model, prompts, new_tokens,
-                                    std::vector<std::vector<std::size_t>>(std::size_t(new_tokens), {0, 1, 2}));
+    const Decoded together =
+        greedy(model, prompts, new_tokens, std::vector<std::vector<std::size_t>>(std::size_t(new_tokens), {0, 1, 2}));
     const Decoded joined = greedy(model, prompts, new_tokens, staggered(prompts.size(), new_tokens));
 
-    Decoded hf{std::vector<std::vector<index_t>>(prompts.size()), std::vector<std::vector<std::vector<float>>>(prompts.size())};
+    Decoded hf{std::vector<std::vector<index_t>>(prompts.size()),
+               std::vector<std::vector<std::vector<float>>>(prompts.size())};
     for (std::size_t s = 0; s < prompts.size(); ++s) {
         hf.tokens[s].assign(expected.begin() + s * new_tokens, expected.begin() + (s + 1) * new_tokens);
         for (index_t i = 0; i < new_tokens; ++i) {
@@ -340,13 +351,14 @@ TEST_CASE_TEMPLATE("batched decoding with caches of different lengths equals dec
     }
     const double e_together = decode_error(together, alone), e_joined = decode_error(joined, alone);
     MESSAGE(std::string(B::name) << ": batched decoding against one at a time: " << e_together << " (bitwise "
-            << bitwise_equal(together, alone) << "), staggered " << e_joined << " (bitwise " << bitwise_equal(joined, alone)
-            << ")");
+                                 << bitwise_equal(together, alone) << "), staggered " << e_joined << " (bitwise "
+                                 << bitwise_equal(joined, alone) << ")");
     CHECK(e_together < 4e-6);
     CHECK(e_joined < 4e-6);
 }
 
-TEST_CASE_TEMPLATE("an MHA model decodes several sequences at once as it decodes each alone", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("an MHA model decodes several sequences at once as it decodes each alone", B,
+                   MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model(TinyMHA::config);
     randomize(model, 51);
     const std::vector<std::vector<index_t>> prompts = {{3, 1, 4, 1, 5}, {9}, {2, 6, 5, 3, 5, 8, 9}};
@@ -364,8 +376,9 @@ using WideK2 = TinyK2::with<Dims<Hidden<256>, Layers<2>, DenseLayers<1>, Vocab<2
 
 // Bitwise only where the CPU's row-independent kernel runs; cuBLAS promises no kernel choice independent of the row
 // count, so elsewhere the two agree within the bound of the tests above.
-TEST_CASE_TEMPLATE("batched decoding is bitwise equal to decoding each sequence alone where the row-independent GEMM runs",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "batched decoding is bitwise equal to decoding each sequence alone where the row-independent GEMM runs", B,
+    MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model(WideK2::config);
     randomize(model, 71, 0.05f);
     const std::vector<std::vector<index_t>> prompts = {{3, 1, 4, 1, 5}, {9}, {2, 6, 5, 3, 5, 8, 9}};
@@ -375,8 +388,9 @@ TEST_CASE_TEMPLATE("batched decoding is bitwise equal to decoding each sequence 
     if (std::is_same_v<B, cpu> && backend::cpu_detail::small_gemm_available()) {
         CHECK(bitwise_equal(joined, alone));
     } else {
-        const std::string why = std::is_same_v<B, cpu> ? "cpu without AVX-512: Eigen's GEMM for every product"
-                                                        : std::string(B::name) + ": the backend's GEMM for every product";
+        const std::string why = std::is_same_v<B, cpu>
+                                    ? "cpu without AVX-512: Eigen's GEMM for every product"
+                                    : std::string(B::name) + ": the backend's GEMM for every product";
         MESSAGE(why << ", compared within 4e-6 (bitwise " << bitwise_equal(joined, alone) << ")");
         CHECK(decode_error(joined, alone) < 4e-6);
     }
@@ -395,8 +409,8 @@ TEST_CASE_TEMPLATE("batched decoding refuses mismatched states, counts and posit
     const std::vector<index_t> five = {1, 2, 3, 4, 5};
     model.decode(five.data(), too_many, states);
     const index_t more[2] = {1, 3};
-    CHECK_THROWS_WITH_AS(model.decode(five.data(), more, states), doctest::Contains("sequence 1: 5 tokens exceed its capacity of 4"),
-                         std::length_error);
+    CHECK_THROWS_WITH_AS(model.decode(five.data(), more, states),
+                         doctest::Contains("sequence 1: 5 tokens exceed its capacity of 4"), std::length_error);
     typename nn::Transformer<B>::DecodeState empty;
     CHECK_THROWS_WITH_AS(model.decode(ids.data(), 1, empty), doctest::Contains("make it with start_decoding"),
                          std::invalid_argument);

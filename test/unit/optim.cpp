@@ -78,7 +78,7 @@ TEST_CASE_TEMPLATE("Newton-Schulz equals U p(S) V^T for SVD-built inputs (Keller
                 CHECK(max_abs_diff(got64, expected) < 1e-10);  // f64 rounding through 5 iterations
                 const auto got32 = keller ? run_ns<KellerQuintic, float, B>(g, rows, cols, p)
                                           : run_ns<PolarExpress, float, B>(g, rows, cols, p);
-                CHECK(max_abs_diff(got32, expected) < 2e-5);   // f32: ~1e-7 per product, amplified by p' <= 8.2
+                CHECK(max_abs_diff(got32, expected) < 2e-5);  // f32: ~1e-7 per product, amplified by p' <= 8.2
             }
         }
     }
@@ -100,8 +100,8 @@ TEST_CASE_TEMPLATE("Newton-Schulz invariances: scale, transpose (bitwise), zero,
     for (index_t i = 0; i < n; ++i)
         for (index_t j = 0; j < m; ++j) transposed = transposed && t[j * n + i] == a[i * m + j];
     CHECK(transposed);
-    const auto z = run_ns<KellerQuintic, float, B>(std::vector<double>(std::size_t(n * m), 0.0), n, m,
-                                                   optim::Products::symmetric);
+    const auto z =
+        run_ns<KellerQuintic, float, B>(std::vector<double>(std::size_t(n * m), 0.0), n, m, optim::Products::symmetric);
     CHECK(max_abs_diff(z, std::vector<float>(z.size(), 0.0f)) == 0.0);
     // an orthogonal input (all singular values 1 after normalisation by sqrt(n)) maps to p^5(1/sqrt(n)) * Q
     std::vector<double> q(std::size_t(n * n), 0.0);
@@ -116,16 +116,22 @@ TEST_CASE_TEMPLATE("Newton-Schulz invariances: scale, transpose (bitwise), zero,
 TEST_CASE_TEMPLATE("Muon matches torch.optim.Muon: tall, wide, square and per-expert matrices, Nesterov on and off", B,
                    MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("optim") + "/muon_torch.safetensors");
-    struct Case { const char* name; bool nesterov; UpdateScaleKind scale; };
+    struct Case {
+        const char* name;
+        bool nesterov;
+        UpdateScaleKind scale;
+    };
     const Case cases[] = {{"match_nesterov", true, UpdateScaleKind::match_adamw_rms},
                           {"match_no_nesterov", false, UpdateScaleKind::match_adamw_rms},
                           {"original_nesterov", true, UpdateScaleKind::shape}};
-    const std::pair<const char*, Shape<2>> params[] = {{"wide", {48, 96}}, {"tall", {96, 40}}, {"square", {64, 64}},
-                                                       {"expert0", {32, 80}}, {"expert1", {32, 80}}, {"expert2", {32, 80}}};
+    const std::pair<const char*, Shape<2>> params[] = {{"wide", {48, 96}},    {"tall", {96, 40}},
+                                                       {"square", {64, 64}},  {"expert0", {32, 80}},
+                                                       {"expert1", {32, 80}}, {"expert2", {32, 80}}};
     double worst64 = 0.0, worst_torch = 0.0;
     for (const Case& c : cases) {
         MuonConfig cfg = Muon<>::value;
-        cfg.nesterov = c.nesterov, cfg.scale = c.scale, cfg.scale_factor = c.scale == UpdateScaleKind::shape ? 1.0 : 0.2;
+        cfg.nesterov = c.nesterov, cfg.scale = c.scale,
+        cfg.scale_factor = c.scale == UpdateScaleKind::shape ? 1.0 : 0.2;
         cfg.momentum = 0.95, cfg.weight_decay = 0.1, cfg.ns_steps = 5;
         for (const auto& [param, shape] : params) {
             CAPTURE(c.name);
@@ -142,7 +148,8 @@ TEST_CASE_TEMPLATE("Muon matches torch.optim.Muon: tall, wide, square and per-ex
                 const std::vector<float> f64_result = ref.f32(std::string(c.name) + "." + param + ".after64." + s);
                 const std::vector<float> torch_result = ref.f32(std::string(c.name) + "." + param + ".after." + s);
                 double update = 0.0;
-                for (std::size_t i = 0; i < w.size(); ++i) update = std::max(update, std::abs(double(f64_result[i]) - before[i]));
+                for (std::size_t i = 0; i < w.size(); ++i)
+                    update = std::max(update, std::abs(double(f64_result[i]) - before[i]));
                 // momentum: the same EMA in f32 as torch
                 CHECK(max_abs_diff(momentum, ref.f32(std::string(param) + ".momentum." + s)) < 1e-6);
                 const double e64 = max_abs_diff(w, f64_result) / update, et = max_abs_diff(w, torch_result) / update;
@@ -178,8 +185,9 @@ TEST_CASE_TEMPLATE("AdamW matches torch.optim.AdamW", B, MOONMOE_TEST_BACKENDS) 
     }
 }
 
-TEST_CASE_TEMPLATE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouched heads bit for bit, v and k_rope untouched",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "QK-Clip on MLA matches Algorithm 1: clipped weights, untouched heads bit for bit, v and k_rope untouched", B,
+    MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("optim") + "/qk_clip.safetensors");
     const float tau = ref.f32("tau")[0];
     nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
@@ -189,7 +197,8 @@ TEST_CASE_TEMPLATE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouch
         before_q.push_back(to_host(a.q_b_proj.weight.value));
         before_kv.push_back(to_host(a.kv_b_proj.weight.value));
         before_kva.push_back(to_host(a.kv_a_proj_with_mqa.weight.value));
-        a.max_logit_per_head = to_device<B>(ref.f32("max_logit." + std::to_string(l)));  // PyTorch's maxima decide, as in the oracle
+        a.max_logit_per_head =
+            to_device<B>(ref.f32("max_logit." + std::to_string(l)));  // PyTorch's maxima decide, as in the oracle
     }
     QKClipConfig clip = QKClip<1.0>::value;
     clip.tau = tau;
@@ -202,7 +211,8 @@ TEST_CASE_TEMPLATE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouch
         for (index_t c : clipped) expected_total += c;
         CHECK(report.heads_clipped[l] == std::accumulate(clipped.begin(), clipped.end(), index_t{0}));
         auto& a = model.layers[l].self_attn;
-        const std::vector<float> q_after = to_host(a.q_b_proj.weight.value), kv_after = to_host(a.kv_b_proj.weight.value);
+        const std::vector<float> q_after = to_host(a.q_b_proj.weight.value),
+                                 kv_after = to_host(a.kv_b_proj.weight.value);
         const float* q = q_after.data();
         const float* kv = kv_after.data();
         CHECK(scaled_error(q, ref.f32(prefix + "q_b_proj.weight")) < 1e-7);  // one f32 rounding of w * factor
@@ -210,7 +220,8 @@ TEST_CASE_TEMPLATE("QK-Clip on MLA matches Algorithm 1: clipped weights, untouch
         const nn::MLAHeadLayout hl = a.head_layout();
         const index_t qc = a.q_b_proj.in_features(), kc = a.kv_b_proj.in_features();
         for (index_t h = 0; h < hl.heads; ++h) {
-            CHECK(std::memcmp(kv + hl.v_row(h) * kc, before_kv[l].data() + hl.v_row(h) * kc, sizeof(float) * kc * hl.v) == 0);
+            CHECK(std::memcmp(kv + hl.v_row(h) * kc, before_kv[l].data() + hl.v_row(h) * kc,
+                              sizeof(float) * kc * hl.v) == 0);
             if (clipped[h]) continue;
             CHECK(std::memcmp(q + hl.q_row(h) * qc, before_q[l].data() + hl.q_row(h) * qc,
                               sizeof(float) * qc * (hl.nope + hl.rope)) == 0);
@@ -251,8 +262,8 @@ TEST_CASE_TEMPLATE("after QK-Clip of one layer, re-running the forward gives S <
         auto& a = model.layers[l].self_attn;
         const std::vector<float> before = to_host(a.max_logit_per_head);
         const index_t n = optim::clip_mla_heads<B>(a.q_b_proj.weight.value.data(), a.q_b_proj.in_features(),
-                                                a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
-                                                a.head_layout(), before, clip);
+                                                   a.kv_b_proj.weight.value.data(), a.kv_b_proj.in_features(),
+                                                   a.head_layout(), before, clip);
         for (auto& layer : model.layers) layer.self_attn.reset_max_logits();
         model.forward(ids.data(), layout, cache, nn::Pass::measurement);
         const std::vector<float> isolated = ref.f32("max_logit_after_isolated." + std::to_string(l));
@@ -272,8 +283,8 @@ TEST_CASE_TEMPLATE("after QK-Clip of one layer, re-running the forward gives S <
     }
 }
 
-TEST_CASE_TEMPLATE("QK-Clip on MHA: q by gamma^alpha, k by gamma^(1-alpha), maxima at or below tau, or <= 0, untouched", B,
-                   MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("QK-Clip on MHA: q by gamma^alpha, k by gamma^(1-alpha), maxima at or below tau, or <= 0, untouched",
+                   B, MOONMOE_TEST_BACKENDS) {
     const Reference ref(data_dir("optim") + "/qk_clip.safetensors");
     const std::vector<float> maxima = ref.f32("mha.max_logit");
     for (double alpha : {0.5, 0.25}) {
@@ -282,7 +293,8 @@ TEST_CASE_TEMPLATE("QK-Clip on MHA: q by gamma^alpha, k by gamma^(1-alpha), maxi
         QKClipConfig c = QKClip<1.0>::value;
         c.tau = ref.f32("mha.tau")[0], c.alpha = alpha;
         const std::string a = alpha == 0.5 ? "mha.alpha0.5." : "mha.alpha0.25.";
-        const index_t clipped = optim::clip_mha_heads<B>(q_on.data(), k_on.data(), 32, nn::MHAHeadLayout{4, 4, 8}, maxima, c);
+        const index_t clipped =
+            optim::clip_mha_heads<B>(q_on.data(), k_on.data(), 32, nn::MHAHeadLayout{4, 4, 8}, maxima, c);
         const std::vector<float> q = to_host(q_on), k = to_host(k_on);
         const std::vector<float> q_after = ref.f32(a + "q_after"), k_after = ref.f32(a + "k_after");
         const std::vector<float> q0 = ref.f32("mha.q_weight"), k0 = ref.f32("mha.k_weight");
@@ -299,10 +311,11 @@ TEST_CASE_TEMPLATE("QK-Clip on MHA: q by gamma^alpha, k by gamma^(1-alpha), maxi
     }
 }
 
-TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, frozen router bias, exact state save and load",
-                   B, MOONMOE_TEST_BACKENDS) {
-    using Opt = moonmoe::Optimizer<Muon<>, QKClip<1e9>, WSD<Warmup<2>, Stable<3>, Decay<5>, FinalLR<0.1>>,
-                                   BiasUpdateRate<0.0>>;
+TEST_CASE_TEMPLATE(
+    "the composed optimizer: routing by kind, WSD schedule, frozen router bias, exact state save and load", B,
+    MOONMOE_TEST_BACKENDS) {
+    using Opt =
+        moonmoe::Optimizer<Muon<>, QKClip<1e9>, WSD<Warmup<2>, Stable<3>, Decay<5>, FinalLR<0.1>>, BiasUpdateRate<0.0>>;
     nn::Transformer<B> model(TinyK2::config);
     randomize(model, 60);
     optim::Optimizer<Opt, B> opt(model);
@@ -354,8 +367,8 @@ TEST_CASE_TEMPLATE("the composed optimizer: routing by kind, WSD schedule, froze
                          doctest::Contains("opt_state.safetensors"), io_error);
 }
 
-TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum, maxima at or below zero never clip", B,
-                   MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum, maxima at or below zero never clip",
+                   B, MOONMOE_TEST_BACKENDS) {
     nn::MLA<B> attn(TinyK2::config);
     randomize(attn, 70);
     const nn::MLAHeadLayout L = attn.head_layout();
@@ -372,7 +385,7 @@ TEST_CASE_TEMPLATE("QK-Clip per layer: every head by the layer's largest maximum
     const std::vector<float> maxima = {-3.0f, 0.0f, 4.0f, 40.0f};  // layer maximum 40: gamma = 1/4 for every head
     CHECK(clip(maxima, c) == 4);
     for (index_t h = 0; h < 4; ++h) {
-        CHECK(q[L.q_row(h) * 32] == doctest::Approx(q0[L.q_row(h) * 32] * 0.5f));       // nope: sqrt(1/4)
+        CHECK(q[L.q_row(h) * 32] == doctest::Approx(q0[L.q_row(h) * 32] * 0.5f));             // nope: sqrt(1/4)
         CHECK(q[L.q_rope_row(h) * 32] == doctest::Approx(q0[L.q_rope_row(h) * 32] * 0.25f));  // rope: 1/4
         CHECK(kv[L.k_nope_row(h) * 16] == doctest::Approx(kv0[L.k_nope_row(h) * 16] * 0.5f));
         CHECK(kv[L.v_row(h) * 16] == kv0[L.v_row(h) * 16]);

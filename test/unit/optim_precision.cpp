@@ -30,13 +30,19 @@ void check_optimizer_follows_ns_precision(bool bf16_expected) {
     REQUIRE((opt.config.muon.ns_precision == NumberFormat::bf16) == bf16_expected);
     const double lr = opt.learning_rates().first;
     // what muon_step gives each Muon matrix with either workspace, from the same weights and gradients
-    struct Expected { float* value; std::vector<float> with_bf16, with_f32; bool has_gradient; };
+    struct Expected {
+        float* value;
+        std::vector<float> with_bf16, with_f32;
+        bool has_gradient;
+    };
     std::vector<Expected> expected;
     for (auto& s : opt.slots()) {
         if (s.route != optim::Route::muon) continue;
         const index_t rows = s.param.shape[0], cols = s.param.shape[1], n = rows * cols;
         const std::vector<float> grad(s.param.grad, s.param.grad + n);
-        Expected e{s.param.value, std::vector<float>(s.param.value, s.param.value + n), {},
+        Expected e{s.param.value,
+                   std::vector<float>(s.param.value, s.param.value + n),
+                   {},
                    std::any_of(grad.begin(), grad.end(), [](float g) { return g != 0.0f; })};
         e.with_f32 = e.with_bf16;
         std::vector<float> m16(std::size_t(n), 0.0f), m32(std::size_t(n), 0.0f);

@@ -73,7 +73,8 @@ TEST_CASE("parallel::save_checkpoint in a world of one writes save_transformer's
     }
 }
 
-TEST_CASE("parallel::load_checkpoint reads a part from the shards that hold it, a missing other shard does not matter") {
+TEST_CASE(
+    "parallel::load_checkpoint reads a part from the shards that hold it, a missing other shard does not matter") {
     const fs::path root = scratch_dir("parallel_load_part");
     nn::Transformer<> whole(TinyV3::config);
     nn::init_weights(whole, {.seed = 21});

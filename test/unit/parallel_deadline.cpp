@@ -57,8 +57,9 @@ TEST_CASE("await_progress: pending polls continue until done, without aborting")
 TEST_CASE("await_progress: past the deadline it aborts once and names the operation, the rank and the timeout") {
     Fake f{{Progress::pending()}};
     const std::string message = run(f, milliseconds(50));
-    CHECK(message == "all_reduce on world (rank 1 of 4): not complete after 50 ms (a rank has died); "
-                     "the communicator was aborted");
+    CHECK(message ==
+          "all_reduce on world (rank 1 of 4): not complete after 50 ms (a rank has died); "
+          "the communicator was aborted");
     CHECK(f.aborts == 1);
     CHECK(f.polls == 50);  // one clock reading per poll, 1 ms each
 }

@@ -26,8 +26,9 @@ TEST_CASE_TEMPLATE("A communicator that moves the other kind of memory is refuse
     const ModelConfig c = TinyK2::config;
     const char* tensors = backend::in_host_memory<B> ? "tensors are in host memory" : "tensors are in device memory";
     SelfWorld wrong("wrong world", backend::in_host_memory<B>);  // the other kind
-    io_testing::check_error([&] { parallel::ExpertParallelDispatcher<B> d(wrong); },
-                            {"ExpertParallelDispatcher on wrong world", tensors, "NcclCommunicator", "MpiCommunicator"});
+    io_testing::check_error(
+        [&] { parallel::ExpertParallelDispatcher<B> d(wrong); },
+        {"ExpertParallelDispatcher on wrong world", tensors, "NcclCommunicator", "MpiCommunicator"});
     parallel::ProcessGroups g(wrong, c.parallel);
     nn::Transformer<B> part(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<B>(g));
     io_testing::check_error([&] { parallel::Pipeline<B> p(part, g, 1); }, {"Pipeline on pipeline group", tensors});

@@ -5,8 +5,9 @@
 // same losses and gradients bit for bit as the pipeline that keeps everything on the device, less device memory at
 // the peak, and pinned buffers reused by the next step. The expert-parallel MoE's cache (the rows received from the
 // expert group, kept for the experts' backward) moves too: a layer whose MoE dispatches over a one-rank expert
-// group (parallel::ExpertParallelDispatcher) leaves on the device exactly what the accounting (config/accounting.hpp) says stays there,
-// the per-token statistics and routing plans, and its backward gives the same bits. The CPU backend refuses it.
+// group (parallel::ExpertParallelDispatcher) leaves on the device exactly what the accounting (config/accounting.hpp)
+// says stays there, the per-token statistics and routing plans, and its backward gives the same bits. The CPU backend
+// refuses it.
 #include "support/backends.hpp"
 #include "support/io_testing.hpp"
 #include "support/nn_testing.hpp"
@@ -50,8 +51,8 @@ std::vector<std::vector<index_t>> batches(int step) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: refused on the CPU backend, built on the CUDA backend",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: refused on the CPU backend, built on the CUDA backend", B,
+                   MOONMOE_TEST_BACKENDS) {
     SelfWorld world = self_world<B>();
     ModelConfig c = TinyK2::config;
     parallel::ProcessGroups g(world, c.parallel);
@@ -73,9 +74,10 @@ TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: refused on the CPU
 }
 
 #if defined(MOONMOE_TEST_CUDA)
-TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: waiting micro-batches in host memory, the same losses "
-                   "and gradients bit for bit, a lower device peak",
-                   B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "Pipeline with Activations<Offload<true>>: waiting micro-batches in host memory, the same losses "
+    "and gradients bit for bit, a lower device peak",
+    B, moonmoe::cuda) {
     static_assert(backend::offloads<B>);
     using K2bf16 = TinyK2::with<Precision<BF16>>;
     for (const bool k2_policy : {false, true}) {
@@ -120,17 +122,20 @@ TEST_CASE_TEMPLATE("Pipeline with Activations<Offload<true>>: waiting micro-batc
             // at the peak the kept pipeline holds three micro-batches' matrices, the offloaded one at most two (the
             // forward computing and the one prefetched for the next backward): a micro-batch's worth less at least
             CHECK(peak_kept - peak_offloaded >= moved / micro_batches);
-            MESSAGE(std::string(k2_policy ? "K2's policy: " : "f32: ") << moved << " bytes offloaded per step; device peak "
-                                                             << peak_kept << " kept, " << peak_offloaded << " offloaded");
+            MESSAGE(std::string(k2_policy ? "K2's policy: " : "f32: ")
+                    << moved << " bytes offloaded per step; device peak " << peak_kept << " kept, " << peak_offloaded
+                    << " offloaded");
             if (step == 0) pinned = offloaded.offload()->host().pinned_bytes();
-            else CHECK(offloaded.offload()->host().pinned_bytes() == pinned);  // the second step reuses them
+            else
+                CHECK(offloaded.offload()->host().pinned_bytes() == pinned);  // the second step reuses them
         }
     }
 }
 
-TEST_CASE_TEMPLATE("Activations<Offload<true>>: an expert-parallel MoE layer's cache leaves the statistics and plans "
-                   "on the device, as the accounting says, and gives the same backward",
-                   B, moonmoe::cuda) {
+TEST_CASE_TEMPLATE(
+    "Activations<Offload<true>>: an expert-parallel MoE layer's cache leaves the statistics and plans "
+    "on the device, as the accounting says, and gives the same backward",
+    B, moonmoe::cuda) {
     using K2bf16 = TinyK2::with<Precision<BF16>>;
     for (const bool k2_policy : {false, true}) {
         CAPTURE(k2_policy);
@@ -164,8 +169,8 @@ TEST_CASE_TEMPLATE("Activations<Offload<true>>: an expert-parallel MoE layer's c
             if (k.kind == Kept::f32 || k.kind == Kept::index) stays += k.bytes(policy);
         CHECK(index_t(resident) == stays);
         CHECK(index_t(held) == layer_activations(accounted, false, T).bytes(policy));
-        MESSAGE(std::string(k2_policy ? "K2's policy: " : "f32: ") << moved << " of " << held
-                                                                 << " bytes offloaded, " << resident << " stay");
+        MESSAGE(std::string(k2_policy ? "K2's policy: " : "f32: ")
+                << moved << " of " << held << " bytes offloaded, " << resident << " stay");
 
         off.prefetch(cb);
         off.restore(cb);

@@ -83,8 +83,9 @@ index_t simulate(const PipelineShape& s) {
 
 }  // namespace
 
-TEST_CASE("interleaved 1F1B, every rank: each (micro-batch, chunk) forward then backward once, equal counts per chunk, "
-          "in-flight activations at most warm-up + 1") {
+TEST_CASE(
+    "interleaved 1F1B, every rank: each (micro-batch, chunk) forward then backward once, equal counts per chunk, "
+    "in-flight activations at most warm-up + 1") {
     int shapes = 0;
     for (const PipelineShape& s : sweep()) {
         ++shapes;
@@ -179,11 +180,14 @@ TEST_CASE("interleaved 1F1B: all ranks together never deadlock, and the bubble i
 }
 
 TEST_CASE("pipeline schedule: shapes without a schedule are refused, naming the numbers") {
-    CHECK_THROWS_WITH_AS(interleaved_1f1b({4, 2, 7}, 0), doctest::Contains("multiple of PP 4; got 7"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(interleaved_1f1b({4, 2, 7}, 0), doctest::Contains("multiple of PP 4; got 7"),
+                         std::invalid_argument);
     CHECK_THROWS_WITH_AS(interleaved_1f1b({4, 1, 3}, 0), doctest::Contains("3 micro-batches for 4 pipeline ranks"),
                          std::invalid_argument);
-    CHECK_THROWS_WITH_AS(interleaved_1f1b({4, 2, 8}, 4), doctest::Contains("rank 4 outside [0, 4)"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(interleaved_1f1b({0, 1, 1}, 0), doctest::Contains("must be at least 1"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(interleaved_1f1b({4, 2, 8}, 4), doctest::Contains("rank 4 outside [0, 4)"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(interleaved_1f1b({0, 1, 1}, 0), doctest::Contains("must be at least 1"),
+                         std::invalid_argument);
     CHECK_NOTHROW(interleaved_1f1b({4, 2, 8}, 0));
     CHECK_NOTHROW(interleaved_1f1b({3, 1, 5}, 2));  // V = 1 takes any M >= PP
 }

@@ -88,7 +88,11 @@ TEST_CASE("plot: the PNG has the figure's size, a white background and the serie
     plot::Figure fig;
     fig.width = 400, fig.height = 300;
     fig.panels.push_back({.series = {{.x = {0, 10}, .y = {0, 10}, .color = red, .width = 3}},
-                          .x_min = 0, .x_max = 10, .y_min = 0, .y_max = 10, .grid = false});
+                          .x_min = 0,
+                          .x_max = 10,
+                          .y_min = 0,
+                          .y_max = 10,
+                          .grid = false});
     const Png img(written("plot_line.png", fig));
     const plot::PlotArea a = plot::layout(fig).at(0);
     CHECK(img.width == 400);
@@ -119,17 +123,19 @@ TEST_CASE("plot: a NaN or an inf breaks the line, and a point between two breaks
     const double inf = std::numeric_limits<double>::infinity();
     plot::Figure fig;
     fig.width = 600, fig.height = 300;
-    fig.panels.push_back({.series = {{.x = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, .y = {1, 1, nan, 1, 1, inf, 1, nan, 1, nan},
-                                      .color = blue, .width = 4}},
+    fig.panels.push_back({.series = {{.x = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
+                                      .y = {1, 1, nan, 1, 1, inf, 1, nan, 1, nan},
+                                      .color = blue,
+                                      .width = 4}},
                           .grid = false});
     const Png img(written("plot_gaps.png", fig));
     const plot::PlotArea a = plot::layout(fig).at(0);
     const double y = a.py(1);
     CHECK(near(img.at(a.px(0.5), y), blue));
     CHECK(near(img.at(a.px(3.5), y), blue));
-    CHECK(img.at(a.px(2), y) == white);  // the NaN at x = 2
-    CHECK(img.at(a.px(5), y) == white);  // the inf at x = 5
-    CHECK(img.at(a.px(7), y) == white);  // the NaN at x = 7
+    CHECK(img.at(a.px(2), y) == white);     // the NaN at x = 2
+    CHECK(img.at(a.px(5), y) == white);     // the inf at x = 5
+    CHECK(img.at(a.px(7), y) == white);     // the NaN at x = 7
     CHECK(near(img.at(a.px(8), y), blue));  // x = 8: a dot, with white on both sides
     CHECK(img.at(a.px(8) + 5, y) == white);
     CHECK(img.at(a.px(8) - 5, y) == white);
@@ -140,7 +146,11 @@ TEST_CASE("plot: points far outside explicit limits still draw their lines' visi
     plot::Figure fig;
     fig.width = 400, fig.height = 300;
     fig.panels.push_back({.series = {{.x = {0, 1, 2}, .y = {0, 1e12, 0}, .color = blue, .width = 3}},
-                          .x_min = -1, .x_max = 3, .y_min = -1, .y_max = 10, .grid = false});
+                          .x_min = -1,
+                          .x_max = 3,
+                          .y_min = -1,
+                          .y_max = 10,
+                          .grid = false});
     const Png img(written("plot_far.png", fig));
     const plot::PlotArea a = plot::layout(fig).at(0);
     for (double y : {1.0, 5.0, 9.0}) {  // two near-vertical lines, up from x = 0 and down to x = 2
@@ -157,7 +167,11 @@ TEST_CASE("plot: a dashed reference line alternates dashes and gaps, a solid one
     fig.width = 500, fig.height = 300;
     fig.panels.push_back({.hlines = {{.y = 2, .label = "dashed", .color = teal},
                                      {.y = 8, .label = "solid", .color = purple, .dashed = false}},
-                          .x_min = 0, .x_max = 10, .y_min = 0, .y_max = 10, .grid = false,
+                          .x_min = 0,
+                          .x_max = 10,
+                          .y_min = 0,
+                          .y_max = 10,
+                          .grid = false,
                           .legend = plot::LegendPlacement::none});
     const Png img(written("plot_hlines.png", fig));
     const plot::PlotArea a = plot::layout(fig).at(0);
@@ -178,9 +192,10 @@ TEST_CASE("plot: a log axis spaces decades evenly and leaves out non-positive va
     const plot::Rgb green{30, 150, 30};
     plot::Figure fig;
     fig.width = 500, fig.height = 400;
-    fig.panels.push_back({.series = {{.x = {0, 1, 2, 3, 4, 5, 6}, .y = {1, 10, 100, 1000, 1e4, 0, -5}, .color = green,
-                                      .width = 3}},
-                          .log_y = true, .grid = false});
+    fig.panels.push_back(
+        {.series = {{.x = {0, 1, 2, 3, 4, 5, 6}, .y = {1, 10, 100, 1000, 1e4, 0, -5}, .color = green, .width = 3}},
+         .log_y = true,
+         .grid = false});
     const Png img(written("plot_log.png", fig));
     const plot::PlotArea a = plot::layout(fig).at(0);
     CHECK(a.log_y);
@@ -235,7 +250,12 @@ TEST_CASE("plot: the legend shows each labelled series' colour, in the corner wi
         plot::Figure fig;
         fig.width = 500, fig.height = 400;
         fig.panels.push_back({.series = {{.label = "rising", .x = {0, 10}, .y = {0, 10}, .color = red}},
-                              .x_min = 0, .x_max = 10, .y_min = 0, .y_max = 10, .grid = false, .legend = where});
+                              .x_min = 0,
+                              .x_max = 10,
+                              .y_min = 0,
+                              .y_max = 10,
+                              .grid = false,
+                              .legend = where});
         return fig;
     };
     const plot::PlotArea a = plot::layout(figure(plot::LegendPlacement::none)).at(0);
@@ -343,20 +363,18 @@ TEST_CASE("plot: bad input and an unwritable file are reported") {
 TEST_CASE("plot: write_png also writes every point to <stem>.plot.csv") {
     CHECK(plot::csv_path("dir/curves.png") == "dir/curves.plot.csv");
     plot::Figure fig;
-    fig.panels.push_back({.title = "loss", .series = {{.label = "Parallel<2, 2, 2>", .x = {1, 2}, .y = {0.5, nan}},
-                                                      {.label = "say \"hi\"", .y = {1e-7}}}});
+    fig.panels.push_back({.title = "loss",
+                          .series = {{.label = "Parallel<2, 2, 2>", .x = {1, 2}, .y = {0.5, nan}},
+                                     {.label = "say \"hi\"", .y = {1e-7}}}});
     fig.panels.push_back({.series = {{.y = {3}}}, .hlines = {{.y = 100, .label = "tau"}}});
     const std::string path = written("plot_csv.png", fig);
     std::ifstream f(plot::csv_path(path));
     REQUIRE(f);
     std::vector<std::string> lines;
     for (std::string l; std::getline(f, l);) lines.push_back(l);
-    CHECK(lines == std::vector<std::string>{"panel,series,x,y",
-                                            "loss,\"Parallel<2, 2, 2>\",1,0.5",
-                                            "loss,\"Parallel<2, 2, 2>\",2,nan",
-                                            "loss,\"say \"\"hi\"\"\",0,1e-07",
-                                            "panel 2,,0,3",
-                                            "panel 2,tau,,100"});
+    CHECK(lines == std::vector<std::string>{"panel,series,x,y", "loss,\"Parallel<2, 2, 2>\",1,0.5",
+                                            "loss,\"Parallel<2, 2, 2>\",2,nan", "loss,\"say \"\"hi\"\"\",0,1e-07",
+                                            "panel 2,,0,3", "panel 2,tau,,100"});
 }
 
 TEST_CASE("plot: sample figure (Muon vs MuonClip, synthetic)") {
@@ -377,10 +395,15 @@ TEST_CASE("plot: sample figure (Muon vs MuonClip, synthetic)") {
     }
     plot::Figure fig;
     fig.title = "Muon vs MuonClip (synthetic data)";
-    fig.panels.push_back({.title = "Training loss", .x_label = "step", .y_label = "loss",
-                          .series = {{.label = "Muon", .x = steps, .y = loss_muon, .color = plot::colors::blue},
-                                     {.label = "MuonClip", .x = steps, .y = loss_clip, .color = plot::colors::orange}}});
-    fig.panels.push_back({.title = "Max attention logit", .x_label = "step", .y_label = "max logit",
+    fig.panels.push_back(
+        {.title = "Training loss",
+         .x_label = "step",
+         .y_label = "loss",
+         .series = {{.label = "Muon", .x = steps, .y = loss_muon, .color = plot::colors::blue},
+                    {.label = "MuonClip", .x = steps, .y = loss_clip, .color = plot::colors::orange}}});
+    fig.panels.push_back({.title = "Max attention logit",
+                          .x_label = "step",
+                          .y_label = "max logit",
                           .series = {{.label = "Muon", .x = steps, .y = logit_muon, .color = plot::colors::blue},
                                      {.label = "MuonClip", .x = steps, .y = logit_clip, .color = plot::colors::orange}},
                           .hlines = {{.y = 100, .label = "QK-Clip τ = 100", .color = plot::colors::red}},

@@ -34,11 +34,12 @@ bool same_bits(const float* a, const float* b, std::size_t n) { return std::memc
 /// arbitrary points, as another process on a shared machine does.
 class BusyThread {
 public:
-    BusyThread() : thread_([this] {
-        std::uint64_t x = 1;
-        while (!stop_.load(std::memory_order_relaxed)) x = x * 6364136223846793005ull + 1;
-        sink_.store(x, std::memory_order_relaxed);
-    }) {}
+    BusyThread()
+        : thread_([this] {
+              std::uint64_t x = 1;
+              while (!stop_.load(std::memory_order_relaxed)) x = x * 6364136223846793005ull + 1;
+              sink_.store(x, std::memory_order_relaxed);
+          }) {}
     ~BusyThread() {
         stop_.store(true);
         thread_.join();
@@ -79,7 +80,8 @@ Run train(int thread_count, std::size_t heap_shift, int steps) {
     std::uint64_t state = 5;
     Run r;
     for (int step = 0; step < steps; ++step) {
-        for (auto& id : ids) id = index_t(((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 256);
+        for (auto& id : ids)
+            id = index_t(((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 256);
         model.zero_grad();
         r.losses.push_back(model.train_step(ids.data(), layout));
         for (auto& layer : model.layers)
@@ -130,7 +132,8 @@ TEST_CASE("exp_shifted and softmax_rows give the same bits wherever the row lies
         CHECK(same_bits(s.data(), first_softmax.data(), std::size_t(n)));
         CHECK(same_bits(&lse, &first_lse, 1));
     }
-    for (index_t j = 0; j < n; ++j) CHECK(first_exp[j] == doctest::Approx(std::exp(double(values[j]) - 0.5)).epsilon(1e-6));
+    for (index_t j = 0; j < n; ++j)
+        CHECK(first_exp[j] == doctest::Approx(std::exp(double(values[j]) - 0.5)).epsilon(1e-6));
 }
 
 TEST_CASE("gemm and syrk: the same bits run after run for a fixed thread count, wherever the operands lie") {
@@ -140,8 +143,10 @@ TEST_CASE("gemm and syrk: the same bits run after run for a fixed thread count, 
         index_t m, n, k;
     };
     // split along n, along m, nothing to split, and the few-rows path
-    const Case cases[] = {{Trans::no, Trans::yes, 300, 1100, 96}, {Trans::yes, Trans::no, 1000, 300, 64},
-                          {Trans::no, Trans::no, 40, 30, 20}, {Trans::no, Trans::yes, 12, 700, 300}};
+    const Case cases[] = {{Trans::no, Trans::yes, 300, 1100, 96},
+                          {Trans::yes, Trans::no, 1000, 300, 64},
+                          {Trans::no, Trans::no, 40, 30, 20},
+                          {Trans::no, Trans::yes, 12, 700, 300}};
     for (int threads : {1, 2, 3}) {
         CAPTURE(threads);
         set_threads(threads);
@@ -163,7 +168,8 @@ TEST_CASE("gemm and syrk: the same bits run after run for a fixed thread count, 
                           View<float, 2>(out.data() + offset, {c.m, c.n}));
                 std::vector<float> result(out.begin() + offset, out.begin() + offset + c.m * c.n);
                 if (first.empty()) first = result;
-                else CHECK(same_bits(result.data(), first.data(), first.size()));
+                else
+                    CHECK(same_bits(result.data(), first.data(), first.size()));
             }
         }
         Tensor<float, 2> x({600, 130});
@@ -173,12 +179,14 @@ TEST_CASE("gemm and syrk: the same bits run after run for a fixed thread count, 
             Tensor<float, 2> c({600, 600});
             Ops::syrk(1.0f, View<const float, 2>(x.view()), 0.0f, c.view());
             if (first.empty()) first.assign(c.data(), c.data() + c.numel());
-            else CHECK(same_bits(c.data(), first.data(), first.size()));
+            else
+                CHECK(same_bits(c.data(), first.data(), first.size()));
         }
     }
 }
 
-TEST_CASE("a multi-step MuonClip training run at 2 threads is bitwise repeatable, with a thread competing for the cores") {
+TEST_CASE(
+    "a multi-step MuonClip training run at 2 threads is bitwise repeatable, with a thread competing for the cores") {
     const ThreadCount restore;
     const int steps = 6;
     const Run first = train(2, 0, steps);

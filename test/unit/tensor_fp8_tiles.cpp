@@ -92,8 +92,10 @@ TEST_CASE_TEMPLATE("Fp8Tiles: shapes of codes and scales, bytes held", B, MOONMO
     CHECK(Fp8Tiles<B>().bytes() == 0);
 }
 
-TEST_CASE_TEMPLATE("quantize_fp8_tiles / dequantize_fp8_tiles: codes, scales and values equal torch's float8_e4m3fn "
-                   "bit for bit, from pitched views into pitched views", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "quantize_fp8_tiles / dequantize_fp8_tiles: codes, scales and values equal torch's float8_e4m3fn "
+    "bit for bit, from pitched views into pitched views",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     const Reference ref(data_dir("fp8") + "/tiles.safetensors");
     int cases = 0, subnormal_codes = 0, zero_tiles = 0, nan_codes = 0;
@@ -158,12 +160,14 @@ TEST_CASE_TEMPLATE("quantize_fp8_tiles / dequantize_fp8_tiles: codes, scales and
     CHECK(cases == 4);
     // the data covers what it claims (tools/make_fp8_reference.py)
     CHECK(subnormal_codes >= 20);
-    CHECK(zero_tiles >= 3);  // all zeros, -0 only, an amax whose amax / 448 underflows
+    CHECK(zero_tiles >= 3);   // all zeros, -0 only, an amax whose amax / 448 underflows
     CHECK(nan_codes >= 129);  // the NaN tile, and inf / inf
 }
 
-TEST_CASE_TEMPLATE("quantize_fp8_tiles: the error bound |x - x'| <= 2^-4 |x| + 2^-10 scale on N(0, 1) activations at "
-                   "K2's hidden width, rows at scales 2^-20 .. 2^20", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "quantize_fp8_tiles: the error bound |x - x'| <= 2^-4 |x| + 2^-10 scale on N(0, 1) activations at "
+    "K2's hidden width, rows at scales 2^-20 .. 2^20",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     const index_t rows = 1024, cols = 7168, tiles = fp8_tiles_per_row(cols);
     Tensor<float, 2, cpu> xh({rows, cols});
@@ -207,16 +211,18 @@ TEST_CASE_TEMPLATE("quantize_fp8_tiles: the error bound |x - x'| <= 2^-4 |x| + 2
     CHECK(scale_mismatch == 0);
     CHECK(beyond == 0);
     CHECK(worst_normal <= (1.0 / 17) * (1 + 0x1p-20));
-    CHECK(worst_normal >= 0.058);  // and nearly reached: some values lie near such a tie
+    CHECK(worst_normal >= 0.058);                            // and nearly reached: some values lie near such a tie
     CHECK(rel == doctest::Approx(rel_plain).epsilon(0.02));  // scaling a row by 2^k changes nothing
     CHECK(rel < 0.03);
     MESSAGE("fp8 tiles, N(0, 1) " << rows << " x " << cols << ": ||x - x'|| / ||x|| = " << rel_plain
-            << ", max |x - x'| / |x| over normal codes = " << worst_normal << ", zero codes "
-            << double(zero_codes) / double(rows * cols));
+                                  << ", max |x - x'| / |x| over normal codes = " << worst_normal << ", zero codes "
+                                  << double(zero_codes) / double(rows * cols));
 }
 
-TEST_CASE_TEMPLATE("quantize_fp8_tiles: no rows, no columns, one element, shape errors name what was found and what "
-                   "was expected", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "quantize_fp8_tiles: no rows, no columns, one element, shape errors name what was found and what "
+    "was expected",
+    B, MOONMOE_TEST_BACKENDS) {
     using Ops = backend::Ops<B>;
     // rows = 0, cols = 0: nothing to do, no launch
     Tensor<float, 2, B> none({0, 300});

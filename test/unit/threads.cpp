@@ -64,12 +64,13 @@ TEST_CASE("a CPU quota becomes a thread count rounded up, at least 1, OMP_NUM_TH
 
 TEST_CASE("the cgroup directories that limit this process, from /proc/self/cgroup and /proc/self/mountinfo") {
     int version = -1;
-    const std::string v2_mount = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 "
-                                 "rw,nsdelegate,memory_recursiveprot\n";
+    const std::string v2_mount =
+        "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 "
+        "rw,nsdelegate,memory_recursiveprot\n";
     SUBCASE("cgroup v2 on a host: the process's cgroup and its parents") {
-        const auto dirs = cc::cgroup_cpu_dirs("0::/user.slice/user-0.slice/session-3.scope\n",
-                                                  "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n" + v2_mount,
-                                                  version);
+        const auto dirs =
+            cc::cgroup_cpu_dirs("0::/user.slice/user-0.slice/session-3.scope\n",
+                                "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n" + v2_mount, version);
         CHECK(version == 2);
         CHECK(dirs == std::vector<std::string>{"/sys/fs/cgroup/user.slice/user-0.slice/session-3.scope",
                                                "/sys/fs/cgroup/user.slice/user-0.slice", "/sys/fs/cgroup/user.slice",
@@ -95,8 +96,8 @@ TEST_CASE("the cgroup directories that limit this process, from /proc/self/cgrou
             v1_cgroup, "41 35 0:36 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:17 - cgroup cgroup rw,cpu,cpuacct\n",
             version);
         CHECK(version == 1);
-        CHECK(dirs == std::vector<std::string>{"/sys/fs/cgroup/cpu,cpuacct/docker/abc", "/sys/fs/cgroup/cpu,cpuacct/docker",
-                                               "/sys/fs/cgroup/cpu,cpuacct"});
+        CHECK(dirs == std::vector<std::string>{"/sys/fs/cgroup/cpu,cpuacct/docker/abc",
+                                               "/sys/fs/cgroup/cpu,cpuacct/docker", "/sys/fs/cgroup/cpu,cpuacct"});
     }
     SUBCASE("no cgroup file system") {
         CHECK(cc::cgroup_cpu_dirs("", "", version).empty());
@@ -158,19 +159,19 @@ TEST_CASE("parallel loops: nested loops run inline, an exception reaches the cal
     set_threads(2);
     // nested: every (i, j) once
     std::vector<std::atomic<int>> hits(40 * 300);
-    parallel_chunks(40, [&](index_t i) {
-        parallel_for(300, [&](index_t j) { hits[std::size_t(i * 300 + j)].fetch_add(1); });
-    });
+    parallel_chunks(
+        40, [&](index_t i) { parallel_for(300, [&](index_t j) { hits[std::size_t(i * 300 + j)].fetch_add(1); }); });
     int wrong = 0;
     for (auto& h : hits) wrong += h.load() != 1;
     CHECK(wrong == 0);
     // an exception in a chunk: rethrown once every other chunk has finished or been skipped; the pool still works
     std::atomic<int> ran{0};
-    CHECK_THROWS_WITH_AS(parallel_chunks(64, [&](index_t c) {
-                             ran.fetch_add(1);
-                             std::this_thread::sleep_for(std::chrono::microseconds(200));
-                             if (c == 5) throw std::runtime_error("chunk 5 failed");
-                         }),
+    CHECK_THROWS_WITH_AS(parallel_chunks(64,
+                                         [&](index_t c) {
+                                             ran.fetch_add(1);
+                                             std::this_thread::sleep_for(std::chrono::microseconds(200));
+                                             if (c == 5) throw std::runtime_error("chunk 5 failed");
+                                         }),
                          "chunk 5 failed", std::runtime_error);
     CHECK(ran.load() >= 1);
     std::atomic<long> sum{0};

@@ -31,8 +31,8 @@ TEST_CASE("train_tiny: MuonClip holds the max logit at tau where Muon alone exce
     CHECK(clips > 0);
     double a = 0, b = 0;
     for (std::size_t i = muon.size() - 20; i < muon.size(); ++i) a += muon[i].loss, b += clip[i].loss;
-    MESSAGE("Muon alone peaks at " << muon_peak << ", MuonClip at " << clip_peak << " (tau " << o.tau << "); final losses "
-                                   << a / 20 << " and " << b / 20);
+    MESSAGE("Muon alone peaks at " << muon_peak << ", MuonClip at " << clip_peak << " (tau " << o.tau
+                                   << "); final losses " << a / 20 << " and " << b / 20);
     CHECK(std::abs(b / a - 1.0) < 0.05);
 }
 

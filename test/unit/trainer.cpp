@@ -61,7 +61,8 @@ TEST_CASE_TEMPLATE("Trainer<Model> is the model and optimizer of its type, drive
         // two micro-batches per step: each gradient scaled by 1/2, as the pipeline scales them
         const std::vector<std::vector<index_t>> mbs = {pattern(2, 16, step), pattern(2, 16, step + 2)};
         const float got = run.step(mbs, layout);
-        const float a = model.train_step(mbs[0].data(), layout, 0.5f), b = model.train_step(mbs[1].data(), layout, 0.5f);
+        const float a = model.train_step(mbs[0].data(), layout, 0.5f),
+                    b = model.train_step(mbs[1].data(), layout, 0.5f);
         opt.step();
         CHECK(got == (a + b) / 2.0f);
         CHECK(run.last_report().step == step + 1);
@@ -112,7 +113,8 @@ TEST_CASE("Trainer<Model> runs what the type says and refuses what it does not a
     SUBCASE("load_transformer<Model> builds the model on the type's backend") {
         static_assert(std::is_same_v<decltype(load_transformer<TinyK2>("")), nn::Transformer<cpu>>);
 #if defined(MOONMOE_TEST_CUDA)
-        static_assert(std::is_same_v<decltype(load_transformer<TinyK2::with<Backend<moonmoe::cuda>>>("")), nn::Transformer<moonmoe::cuda>>);
+        static_assert(std::is_same_v<decltype(load_transformer<TinyK2::with<Backend<moonmoe::cuda>>>("")),
+                                     nn::Transformer<moonmoe::cuda>>);
 #endif
     }
 }

@@ -33,8 +33,8 @@ static_assert(Masters::config.precision.weights == NumberFormat::f32);
 /// The projections, the experts and lm_head; not the router's gate (read in f32, as transformers reads it)
 bool stored_in_bf16(const ParamRef& p) {
     const bool router = p.name.ends_with(".mlp.gate.weight");
-    return !router && (p.kind == ParamKind::matrix || p.kind == ParamKind::expert_matrix ||
-                       p.kind == ParamKind::output_head);
+    return !router &&
+           (p.kind == ParamKind::matrix || p.kind == ParamKind::expert_matrix || p.kind == ParamKind::output_head);
 }
 
 /// A parameter's stored values widened to f32 on the host: value16 where the parameter is bf16, else value.
@@ -69,7 +69,6 @@ std::map<std::string, std::vector<float>> read_values(nn::Transformer<B>& m) {
     return out;
 }
 
-
 const std::vector<index_t> ids = {3, 17, 42, 7, 99, 5, 61, 23, 88, 14, 2, 9, 77, 31, 50, 64, 12, 8, 95, 40};
 const auto layout = nn::TokenLayout::sequences(2, 10);
 
@@ -103,8 +102,8 @@ TEST_CASE_TEMPLATE("Weights<BF16>: matrices held in bf16 alone, a BF16 checkpoin
     const std::size_t before_masters = stats.current.load();
     nn::Transformer<B> with_masters = load_transformer<Masters, B>(data_dir("tiny_k2_bf16"));
     const std::size_t held_masters = stats.current.load() - before_masters;
-    MESSAGE(std::string(B::name) << ": tiny K2 from BF16 files: Weights<BF16> holds " << held << " bytes (peak while loading "
-                    << peak << "), Precision<BF16> " << held_masters);
+    MESSAGE(std::string(B::name) << ": tiny K2 from BF16 files: Weights<BF16> holds " << held
+                                 << " bytes (peak while loading " << peak << "), Precision<BF16> " << held_masters);
     CHECK(held_masters - held == std::size_t(4 * bf16_elements));
     // the load staged nothing in f32 on the backend (bf16 tensors are copied as they are)
     CHECK(peak == held);
@@ -131,8 +130,10 @@ TEST_CASE_TEMPLATE("Weights<BF16> computes what Precision<BF16> computes, bit fo
         CHECK(to_host(m16.decode(&ids[std::size_t(t)], 1, s16)) == to_host(m32.decode(&ids[std::size_t(t)], 1, s32)));
 }
 
-TEST_CASE_TEMPLATE("Weights<BF16> trains as Precision<BF16> does: the optimizer's f32 masters, MuonClip steps equal "
-                   "bit for bit", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "Weights<BF16> trains as Precision<BF16> does: the optimizer's f32 masters, MuonClip steps equal "
+    "bit for bit",
+    B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> m16 = load_transformer<Stored16, B>(data_dir("tiny_k2_bf16"));
     nn::Transformer<B> m32 = load_transformer<Masters, B>(data_dir("tiny_k2_bf16"));
     using Opt = moonmoe::Optimizer<Muon<>, QKClip<1.0>>;  // a tau that clips
@@ -193,8 +194,10 @@ TEST_CASE_TEMPLATE("Weights<BF16>: saved as BF16 bit for bit, as F32 widened exa
     CHECK(values_of(wide) == values);
 }
 
-TEST_CASE_TEMPLATE("Weights<BF16>: init_weights draws the f32 values and rounds them, an f32 checkpoint is rounded "
-                   "on loading", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "Weights<BF16>: init_weights draws the f32 values and rounds them, an f32 checkpoint is rounded "
+    "on loading",
+    B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> m16(Stored16::config), m32(Masters::config);
     nn::init_weights(m16);
     nn::init_weights(m32);
@@ -230,8 +233,10 @@ TEST_CASE_TEMPLATE("Weights<BF16>: init_weights draws the f32 values and rounds 
     CHECK(mismatched == 0);
 }
 
-TEST_CASE_TEMPLATE("Weights<BF16>: a run resumed from the saved bf16 weights and optimizer state (with the masters) "
-                   "continues bit for bit", B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "Weights<BF16>: a run resumed from the saved bf16 weights and optimizer state (with the masters) "
+    "continues bit for bit",
+    B, MOONMOE_TEST_BACKENDS) {
     using Opt = moonmoe::Optimizer<Muon<>, QKClip<1.0>>;
     nn::Transformer<B> model = load_transformer<Stored16, B>(data_dir("tiny_k2_bf16"));
     optim::Optimizer<Opt, B> opt{model};

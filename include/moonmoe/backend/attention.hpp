@@ -60,8 +60,9 @@ struct AttentionGrads {
 
 template <class B>
 struct AttentionOps {
-    static_assert(missing_backend<B>, "moonmoe: no attention primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no attention primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The argument checks every backend's AttentionOps runs before touching data (shapes and strides only), so both
@@ -145,7 +146,8 @@ index_t check_backward(const AttentionQueries<B>& q, const AttentionKeys<B>& kv,
     for (int p = 0; p < q.parts; ++p) {
         check_heads_view(op, p ? "dq[1]" : "dq[0]", grads.dq[p].shape, grads.dq[p].strides, T, H, q.q[p].shape[2]);
         check_heads_view(op, p ? "dk[1]" : "dk[0]", grads.dk[p].shape, grads.dk[p].strides, T, KV, q.q[p].shape[2]);
-        if (KV > 1 && grads.dk[p].strides[1] == 0) throw shape_error("attention_backward: dk needs a non-zero head stride");
+        if (KV > 1 && grads.dk[p].strides[1] == 0)
+            throw shape_error("attention_backward: dk needs a non-zero head stride");
     }
     check_heads_view(op, "dv", grads.dv.shape, grads.dv.strides, T, KV, dim_v);
     if (KV > 1 && grads.dv.strides[1] == 0) throw shape_error("attention_backward: dv needs a non-zero head stride");

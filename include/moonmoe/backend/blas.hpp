@@ -47,8 +47,9 @@ enum class Trans : bool { no = false, yes = true };
 
 template <class B>
 struct BlasOps {
-    static_assert(missing_backend<B>, "moonmoe: no BLAS primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no BLAS primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The argument checks every backend's BlasOps runs before touching data (shapes and strides only), so both
@@ -129,8 +130,8 @@ inline void check_groups(const char* op, index_t groups, std::span<const index_t
 }
 
 template <class T, class Bk>
-void check_gemm_grouped(const View<const T, 2, Bk>& X, const View<const T, 3, Bk>& W,
-                        const View<float, 2, Bk>& Y, std::span<const index_t> offsets) {
+void check_gemm_grouped(const View<const T, 2, Bk>& X, const View<const T, 3, Bk>& W, const View<float, 2, Bk>& Y,
+                        std::span<const index_t> offsets) {
     check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
     if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
 }

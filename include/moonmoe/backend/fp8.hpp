@@ -28,8 +28,9 @@ namespace moonmoe::backend {
 
 template <class B>
 struct Fp8Ops {
-    static_assert(missing_backend<B>, "moonmoe: no fp8 primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no fp8 primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The per-tile arithmetic both backends share.

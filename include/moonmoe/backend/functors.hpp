@@ -111,7 +111,9 @@ struct AddTo {
 /// nearest even, as numeric/bf16.hpp's convert does (MapOps::cast)
 struct Convert {
     template <class To, class From>
-    MOONMOE_HD void operator()(To& y, From x) const { y = convert<To>(x); }
+    MOONMOE_HD void operator()(To& y, From x) const {
+        y = convert<To>(x);
+    }
 };
 
 // ---- SwiGLU ----

@@ -16,9 +16,7 @@ namespace moonmoe::backend {
 
 template <class B>
 struct KernelOps {
-    static std::string use(KernelChoice) {
-        return std::string(B::name) + ": one implementation of each primitive";
-    }
+    static std::string use(KernelChoice) { return std::string(B::name) + ": one implementation of each primitive"; }
 };
 
 /// "attention, rmsnorm" / "none": the fast kernels a choice switches on.

@@ -25,8 +25,9 @@ namespace moonmoe::backend {
 
 template <class B>
 struct MapOps {
-    static_assert(missing_backend<B>, "moonmoe: no element-wise primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no element-wise primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The argument checks every backend's MapOps runs before touching data (shapes only), so both backends reject

@@ -43,8 +43,9 @@ struct MemoryStats {
 
 template <class B>
 struct Memory {
-    static_assert(missing_backend<B>, "moonmoe: no memory primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no memory primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// Whether host code may read and write the backend's memory through plain pointers.

@@ -30,8 +30,9 @@ namespace moonmoe::backend {
 
 template <class B>
 struct OptimOps {
-    static_assert(missing_backend<B>, "moonmoe: no optim primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no optim primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The argument checks every backend's OptimOps runs before touching data (shapes and strides only), so both
@@ -55,13 +56,15 @@ void check_scaled_copy(Trans t, const View<const T, 2, B>& src, const View<const
                        const View<T, 2, B>& dst) {
     require_one("scaled_copy: the factor", factor);
     if (t == Trans::no) require_same_shapes("scaled_copy", src, dst);
-    else check_transposed("scaled_copy (transposed)", src, dst);
+    else
+        check_transposed("scaled_copy (transposed)", src, dst);
 }
 
 template <class B>
 void check_scale_rows(const View<float, 2, B>& w, const View<const float, 1, B>& factors) {
     if (factors.shape[0] != w.shape[0])
-        throw shape_error("scale_rows: " + shape_string(factors.shape) + " factors for the rows of " + shape_string(w.shape));
+        throw shape_error("scale_rows: " + shape_string(factors.shape) + " factors for the rows of " +
+                          shape_string(w.shape));
 }
 
 template <class B>

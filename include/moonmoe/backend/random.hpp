@@ -16,8 +16,9 @@ namespace moonmoe::backend {
 
 template <class B>
 struct RandomOps {
-    static_assert(missing_backend<B>, "moonmoe: no RNG primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no RNG primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 namespace rng {

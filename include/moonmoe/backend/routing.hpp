@@ -1,4 +1,5 @@
-// moonmoe/backend/routing.hpp: the routing (router selection and backward, dispatch plan, gather, combine, sorted scatter-add) primitives.
+// moonmoe/backend/routing.hpp: the routing (router selection and backward, dispatch plan, gather, combine, sorted
+// scatter-add) primitives.
 //
 // T tokens, E experts, K experts per token; a pair (t, j) is slot t * K + j of the [T, K] routing tensors. Index
 // tensors hold index_t. A dispatch plan sorts the pairs whose expert lies in [first, first + L) (one expert-parallel
@@ -47,8 +48,9 @@ namespace moonmoe::backend {
 
 template <class B>
 struct RoutingOps {
-    static_assert(missing_backend<B>, "moonmoe: no routing primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no routing primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The argument checks every backend's RoutingOps runs before touching data (shapes and strides only), so both
@@ -57,8 +59,9 @@ namespace contract {
 
 template <class... V>
 void require_contiguous(const char* op, const V&... v) {
-    ((v.contiguous() ? void() : throw shape_error(std::string(op) + ": a view of shape " + shape_string(v.shape) +
-                                                  " must be contiguous")),
+    ((v.contiguous()
+          ? void()
+          : throw shape_error(std::string(op) + ": a view of shape " + shape_string(v.shape) + " must be contiguous")),
      ...);
 }
 

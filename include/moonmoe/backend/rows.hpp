@@ -33,8 +33,9 @@ namespace moonmoe::backend {
 
 template <class B>
 struct RowOps {
-    static_assert(missing_backend<B>, "moonmoe: no rows primitives for this backend; include "
-                                      "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+    static_assert(missing_backend<B>,
+                  "moonmoe: no rows primitives for this backend; include "
+                  "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
 };
 
 /// The argument checks every backend's RowOps runs before touching data (shapes and strides only), so both
@@ -94,7 +95,8 @@ void check_cross_entropy(const View<const float, 2, B>& logits, const View<const
 template <class B>
 void check_embedding_gather(const View<const float, 2, B>& table, const View<const index_t, 1, B>& ids,
                             const View<float, 2, B>& out) {
-    if (table.shape[1] != out.shape[1]) throw_shape_mismatch("embedding_gather: table against out", table.shape, out.shape);
+    if (table.shape[1] != out.shape[1])
+        throw_shape_mismatch("embedding_gather: table against out", table.shape, out.shape);
     require_vector("embedding_gather", "ids", ids, out.shape[0]);
 }
 

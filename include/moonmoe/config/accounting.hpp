@@ -3,8 +3,8 @@
 // run-time form ActivationsConfig; activation_steps lists the K2 report's five), and bytes held per rank
 // under a Parallel<> layout (states, and the activations of the micro-batches its pipeline schedule keeps in flight).
 //
-// The parameter formulas count the tensors of the released checkpoints; they reproduce 1,026,408,232,448 for Kimi K2 and
-// 671,026,419,200 for DeepSeek-V3. All functions take sizes resolved (no Dynamic left).
+// The parameter formulas count the tensors of the released checkpoints; they reproduce 1,026,408,232,448 for Kimi K2
+// and 671,026,419,200 for DeepSeek-V3. All functions take sizes resolved (no Dynamic left).
 #pragma once
 
 #include <stdexcept>
@@ -15,14 +15,14 @@ namespace moonmoe {
 
 /// One attention layer's parameters by HF tensor name (0 where the tensor does not exist in this layout).
 struct AttentionParams {
-    index_t q_a_proj = 0, q_a_layernorm = 0, q_b_proj = 0, q_proj = 0;   // q_proj: MLA without q compression, MHA
+    index_t q_a_proj = 0, q_a_layernorm = 0, q_b_proj = 0, q_proj = 0;  // q_proj: MLA without q compression, MHA
     index_t kv_a_proj_with_mqa = 0, kv_a_layernorm = 0, kv_b_proj = 0;  // MLA
-    index_t k_proj = 0, v_proj = 0;                                      // MHA
+    index_t k_proj = 0, v_proj = 0;                                     // MHA
     index_t o_proj = 0;
 
     constexpr index_t total() const {
-        return q_a_proj + q_a_layernorm + q_b_proj + q_proj + kv_a_proj_with_mqa + kv_a_layernorm + kv_b_proj +
-               k_proj + v_proj + o_proj;
+        return q_a_proj + q_a_layernorm + q_b_proj + q_proj + kv_a_proj_with_mqa + kv_a_layernorm + kv_b_proj + k_proj +
+               v_proj + o_proj;
     }
     /// Entries that are matrices (the rest are norm gains).
     constexpr index_t matrices() const { return total() - q_a_layernorm - kv_a_layernorm; }
@@ -57,12 +57,12 @@ struct ParameterCounts {
     index_t attention;                ///< all layers
     index_t layer_norms;              ///< input and post-attention norms of every layer, plus the final norm
     index_t dense_mlp_layer, dense_mlps;
-    index_t expert;                   ///< one routed expert: gate, up and down projections
+    index_t expert;  ///< one routed expert: gate, up and down projections
     index_t routed_experts_layer, shared_experts_layer, router_layer;  ///< router: gate weight + correction bias
     index_t routed_experts, shared_experts, routers;                   ///< over all MoE layers
     index_t embedding, lm_head;
     index_t total;
-    index_t total_without_embeddings;   ///< without embed_tokens and lm_head
+    index_t total_without_embeddings;  ///< without embed_tokens and lm_head
     /// Activated parameters, the published convention: the weights one token's forward multiplies by (TopK routed
     /// and the shared experts, attention, routers, norms, lm_head), without embed_tokens (a table lookup). This is
     /// the count behind DeepSeek-V2-Lite's 2.4B, DeepSeek-V2's 21B, DeepSeek-V3's 37B (arXiv 2412.19437) and Kimi
@@ -106,12 +106,12 @@ struct FlopCounts {
     index_t attention_projections;  ///< q / kv / o projections, all layers
     index_t attention_scores;       ///< q.k and p.v, all layers
     index_t dense_mlps;
-    index_t routed_experts;         ///< TopK experts per MoE layer
+    index_t routed_experts;  ///< TopK experts per MoE layer
     index_t shared_experts;
     index_t routers;
     index_t lm_head;
-    index_t forward;                ///< the sum
-    index_t forward_backward;       ///< 3 x forward: backward computes an input and a weight gradient per product
+    index_t forward;           ///< the sum
+    index_t forward_backward;  ///< 3 x forward: backward computes an input and a weight gradient per product
 };
 
 constexpr FlopCounts count_flops(const ModelConfig& c, index_t seq_len) {
@@ -192,10 +192,11 @@ struct KeptTensors {
 
 /// What one decoder layer keeps for backward from a micro-batch of `tokens` tokens, tensor by tensor, as its caches
 /// hold them (nn/decoder_layer.hpp, mla.hpp or mha.hpp, swiglu.hpp, moe.hpp, router.hpp; with EP > 1 the MoE's
-/// dispatcher exchanges over the expert group and its cache keeps the received rows). Routed experts count the (token, expert) pairs they receive: tokens x TopK, exact on
-/// one rank and, with EP > 1, under balanced routing (each of the EP ranks sends every rank 1/EP of its tokens x
-/// TopK pairs). Host-side bookkeeping (the token layout, segment offsets) and the optional sequence-wise balance
-/// loss's gradient (Router::balance_loss, not part of the model's loss) are not counted.
+/// dispatcher exchanges over the expert group and its cache keeps the received rows). Routed experts count the (token,
+/// expert) pairs they receive: tokens x TopK, exact on one rank and, with EP > 1, under balanced routing (each of the
+/// EP ranks sends every rank 1/EP of its tokens x TopK pairs). Host-side bookkeeping (the token layout, segment
+/// offsets) and the optional sequence-wise balance loss's gradient (Router::balance_loss, not part of the model's loss)
+/// are not counted.
 constexpr KeptTensors layer_activations(const ModelConfig& c, bool dense, index_t tokens) {
     const AttentionConfig& a = c.attention;
     const index_t T = tokens, H = c.dims.hidden;
@@ -334,7 +335,8 @@ struct ChunkActivations {
     index_t dense_layer, moe_layer, head;  ///< bytes
 
     constexpr ChunkActivations(const ModelConfig& c, const ActivationSetup& a)
-        : config(c), dense_layer(layer_activations(c, true, a.tokens()).bytes(a.activations)),
+        : config(c),
+          dense_layer(layer_activations(c, true, a.tokens()).bytes(a.activations)),
           moe_layer(layer_activations(c, false, a.tokens()).bytes(a.activations)),
           head(head_activations(c, a.tokens()).bytes(a.activations)) {}
 
@@ -369,8 +371,8 @@ struct RankMemory {
     index_t pipeline_rank;  ///< the most loaded pipeline rank (any of its EP ranks holds the same)
     index_t layers, dense_layers, moe_layers;
     bool embedding, head;
-    index_t dp;             ///< data-parallel size used
-    index_t expert_params;  ///< routed-expert parameters on this rank (its 1/EP share of each MoE layer)
+    index_t dp;                 ///< data-parallel size used
+    index_t expert_params;      ///< routed-expert parameters on this rank (its 1/EP share of each MoE layer)
     index_t replicated_params;  ///< everything else on this rank (replicated over the EP ranks)
     index_t muon_params, adamw_params, bias_params;
     index_t weight_bytes, gradient_bytes, optimizer_bytes;
@@ -408,8 +410,8 @@ constexpr RankMemory rank_memory(const ModelConfig& c, index_t pipeline_rank, in
     r.bias_params = r.moe_layers * router_bias;
     const index_t replicated_muon = r.layers * attention_matrices + r.dense_layers * p.dense_mlp_layer +
                                     r.moe_layers * (p.shared_experts_layer + router_weight);
-    const index_t adamw = r.layers * (attention_norms + 2 * H) + (r.embedding ? p.embedding : 0) +
-                          (r.head ? p.lm_head + H : 0);
+    const index_t adamw =
+        r.layers * (attention_norms + 2 * H) + (r.embedding ? p.embedding : 0) + (r.head ? p.lm_head + H : 0);
     r.replicated_params = replicated_muon + adamw + r.bias_params;
     r.muon_params = c.optimizer.muon.enabled ? replicated_muon + r.expert_params : 0;
     r.adamw_params = adamw + (c.optimizer.muon.enabled ? 0 : replicated_muon + r.expert_params);

@@ -23,7 +23,13 @@
 #include "precision.hpp"
 
 namespace moonmoe {
-namespace slots { struct activations; struct recompute; struct activation_storage; struct mlp_inputs; struct offload; }
+namespace slots {
+struct activations;
+struct recompute;
+struct activation_storage;
+struct mlp_inputs;
+struct offload;
+}  // namespace slots
 
 /// How one kept matrix is stored: f32, bf16 (2 bytes, exact for the values bf16 compute rounded), or FP8-E4M3 in
 /// 1 x 128 tiles with f32 scales (tensor/fp8_tiles.hpp; lossy).
@@ -33,14 +39,16 @@ enum class KeptFormat { f32, bf16, fp8 };
 /// forward keeps for its backward. The modules read it at construction (nn/kept.hpp stores what it says) and the
 /// accounting counts by it (config/accounting.hpp, layer_activations(...).bytes(activations)).
 struct ActivationsConfig {
-    bool recompute_norms = false;           ///< RMSNorm outputs: recomputed from the kept input and 1/rms
-    bool recompute_up_projections = false;  ///< MLA's q_b_proj (with RoPE) and kv_b_proj outputs
+    bool recompute_norms = false;              ///< RMSNorm outputs: recomputed from the kept input and 1/rms
+    bool recompute_up_projections = false;     ///< MLA's q_b_proj (with RoPE) and kv_b_proj outputs
     NumberFormat storage = NumberFormat::f32;  ///< kept values: f32, or bf16 (under bf16 compute only)
-    bool fp8_mlp_inputs = false;            ///< MoE up-projection and SwiGLU inputs in FP8-E4M3 tiles
-    bool offload = false;                   ///< kept matrices in host memory between forward and backward (CUDA)
+    bool fp8_mlp_inputs = false;               ///< MoE up-projection and SwiGLU inputs in FP8-E4M3 tiles
+    bool offload = false;                      ///< kept matrices in host memory between forward and backward (CUDA)
     constexpr bool operator==(const ActivationsConfig&) const = default;
     /// How the values the compute policy rounds are kept, and the bytes of one.
-    constexpr KeptFormat value_format() const { return storage == NumberFormat::bf16 ? KeptFormat::bf16 : KeptFormat::f32; }
+    constexpr KeptFormat value_format() const {
+        return storage == NumberFormat::bf16 ? KeptFormat::bf16 : KeptFormat::f32;
+    }
     constexpr index_t value_bytes() const { return storage == NumberFormat::bf16 ? 2 : 4; }
     /// How the MoE up-projections' and SwiGLU's inputs are kept.
     constexpr KeptFormat mlp_input_format() const { return fp8_mlp_inputs ? KeptFormat::fp8 : value_format(); }
@@ -51,9 +59,9 @@ struct ActivationsConfig {
 };
 
 /// What Recompute<...> lists.
-struct NormOutputs {};     ///< every RMSNorm's output (input_layernorm, post_attention_layernorm, q_a / kv_a norms)
-struct UpProjections {};   ///< MLA's q_b_proj and kv_b_proj outputs
-struct KimiK2Selection {}; ///< both: "LayerNorm, SwiGLU, and MLA up-projections" (SwiGLU and MoE down are always)
+struct NormOutputs {};      ///< every RMSNorm's output (input_layernorm, post_attention_layernorm, q_a / kv_a norms)
+struct UpProjections {};    ///< MLA's q_b_proj and kv_b_proj outputs
+struct KimiK2Selection {};  ///< both: "LayerNorm, SwiGLU, and MLA up-projections" (SwiGLU and MoE down are always)
 
 /// FP8-E4M3, a storage format only (tensor/fp8_tiles.hpp).
 struct FP8 {};
@@ -63,7 +71,8 @@ struct Recompute {
     template <class W>
     static constexpr bool lists = (std::is_same_v<What, W> || ...) || (std::is_same_v<What, KimiK2Selection> || ...);
     static_assert(((std::is_same_v<What, NormOutputs> || std::is_same_v<What, UpProjections> ||
-                    std::is_same_v<What, KimiK2Selection>) && ...),
+                    std::is_same_v<What, KimiK2Selection>) &&
+                   ...),
                   "Recompute<...>: takes NormOutputs, UpProjections or KimiK2Selection");
     using slot = slots::recompute;
     static constexpr bool norms = lists<NormOutputs>, up_projections = lists<UpProjections>;
@@ -84,11 +93,12 @@ using Offload = Value<slots::offload, On>;
 /// of Model<...>.
 template <class... Args>
 struct Activations {
-    static_assert((detail::named_argument<Args> && ...) &&
-                      detail::only_accepted<detail::slot_list<slots::recompute, slots::activation_storage,
-                                                              slots::mlp_inputs, slots::offload>,
-                                            Args...>,
-                  "Activations<...>: takes Recompute<...>, Storage<F32 | BF16>, MlpInputs<F32 | FP8> and Offload<bool>");
+    static_assert(
+        (detail::named_argument<Args> && ...) &&
+            detail::only_accepted<
+                detail::slot_list<slots::recompute, slots::activation_storage, slots::mlp_inputs, slots::offload>,
+                Args...>,
+        "Activations<...>: takes Recompute<...>, Storage<F32 | BF16>, MlpInputs<F32 | FP8> and Offload<bool>");
     static_assert(detail::no_repeats<Args...>, "Activations<...>: the same argument is given twice");
     using slot = slots::activations;
     using recompute = detail::pick_t<slots::recompute, Recompute<>, Args...>;
@@ -99,13 +109,14 @@ struct Activations {
                   "MlpInputs<F>: F is FP8, or F32 to store them as the other values");
     static constexpr bool offload = detail::value_of<slots::offload, false, Args...>;
     static constexpr ActivationsConfig value{recompute::norms, recompute::up_projections, storage::format,
-                                            std::is_same_v<mlp_inputs, FP8>, offload};
+                                             std::is_same_v<mlp_inputs, FP8>, offload};
 };
 
 /// Kimi K2's activations (report §2.4.3), offload aside: selective recomputation, bf16 values, FP8 MLP inputs.
 /// Needs Precision<BF16>. With the offload too (a model on the CUDA backend): KimiK2ActivationsOffloaded.
 using KimiK2Activations = Activations<Recompute<KimiK2Selection>, Storage<BF16>, MlpInputs<FP8>>;
-using KimiK2ActivationsOffloaded = Activations<Recompute<KimiK2Selection>, Storage<BF16>, MlpInputs<FP8>, Offload<true>>;
+using KimiK2ActivationsOffloaded =
+    Activations<Recompute<KimiK2Selection>, Storage<BF16>, MlpInputs<FP8>, Offload<true>>;
 
 /// The Kimi K2 technical report's §2.4.3 "Activation Reduction" taken one step at a time, (a) to (e), as the
 /// accounting's tables list them (examples/kimi_k2_1t.cpp, docs/activation_memory.md).
@@ -125,8 +136,8 @@ inline constexpr ActivationsConfig fp8 = KimiK2Activations::value;
 /// (e) (d) + offload of the activations in flight to host memory (activation_resident_units stay on the GPU).
 inline constexpr ActivationsConfig offload = KimiK2ActivationsOffloaded::value;
 inline constexpr ActivationsConfig all[] = {keep_f32, keep_bf16, recompute, fp8, offload};
-inline constexpr const char* names[] = {"(a) f32 (the modules)", "(b) bf16", "(c) + recompute",
-                                        "(d) + fp8 MLP inputs", "(e) + offload"};
+inline constexpr const char* names[] = {"(a) f32 (the modules)", "(b) bf16", "(c) + recompute", "(d) + fp8 MLP inputs",
+                                        "(e) + offload"};
 }  // namespace activation_steps
 
 /// The step's name ("(c) + recompute") when `a` is one of activation_steps, else "Activations<...>".

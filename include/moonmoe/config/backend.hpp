@@ -14,12 +14,20 @@
 #include "named.hpp"
 
 namespace moonmoe {
-namespace slots { struct backend; }
+namespace slots {
+struct backend;
+}
 
 enum class BackendKind { cpu, cuda };
 
-struct cpu { static constexpr BackendKind kind = BackendKind::cpu; static constexpr const char* name = "cpu"; };
-struct cuda { static constexpr BackendKind kind = BackendKind::cuda; static constexpr const char* name = "cuda"; };
+struct cpu {
+    static constexpr BackendKind kind = BackendKind::cpu;
+    static constexpr const char* name = "cpu";
+};
+struct cuda {
+    static constexpr BackendKind kind = BackendKind::cuda;
+    static constexpr const char* name = "cuda";
+};
 
 template <class Tag>
 concept backend_tag = requires {
@@ -45,8 +53,10 @@ using FastKernels = CudaKernels<true, true, true, true>;
 template <class Tag = cpu, class Kernels = PortableKernels>
 struct Backend {
     static_assert(backend_tag<Tag>, "Backend<Tag>: Tag must be a backend tag, moonmoe::cpu or moonmoe::cuda");
-    static_assert(requires { { Kernels::value } -> std::convertible_to<KernelChoice>; },
-                  "Backend<Tag, Kernels>: Kernels is PortableKernels, FastKernels or CudaKernels<a, r, t, g>");
+    static_assert(
+        requires {
+            { Kernels::value } -> std::convertible_to<KernelChoice>;
+        }, "Backend<Tag, Kernels>: Kernels is PortableKernels, FastKernels or CudaKernels<a, r, t, g>");
     static_assert(Tag::kind == BackendKind::cuda || !Kernels::value.any(),
                   "Backend<cpu, Kernels>: the fast kernels are the CUDA backend's; the CPU backend has one "
                   "implementation of each primitive (use Backend<cuda, Kernels>, or Backend<cpu>)");

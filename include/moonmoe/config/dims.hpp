@@ -7,15 +7,27 @@
 
 namespace moonmoe {
 namespace slots {
-struct dims; struct hidden; struct layers; struct dense_layers; struct vocab; struct dense_hidden; struct norm_eps;
+struct dims;
+struct hidden;
+struct layers;
+struct dense_layers;
+struct vocab;
+struct dense_hidden;
+struct norm_eps;
 }  // namespace slots
 
-template <index_t N> using Hidden = Value<slots::hidden, N>;             ///< hidden_size
-template <index_t N> using Layers = Value<slots::layers, N>;             ///< num_hidden_layers
-template <index_t N> using DenseLayers = Value<slots::dense_layers, N>;  ///< first_k_dense_replace
-template <index_t N> using Vocab = Value<slots::vocab, N>;               ///< vocab_size
-template <index_t N> using DenseHidden = Value<slots::dense_hidden, N>;  ///< intermediate_size of the dense MLPs
-template <auto E> using NormEps = Value<slots::norm_eps, double(E)>;           ///< rms_norm_eps
+template <index_t N>
+using Hidden = Value<slots::hidden, N>;  ///< hidden_size
+template <index_t N>
+using Layers = Value<slots::layers, N>;  ///< num_hidden_layers
+template <index_t N>
+using DenseLayers = Value<slots::dense_layers, N>;  ///< first_k_dense_replace
+template <index_t N>
+using Vocab = Value<slots::vocab, N>;  ///< vocab_size
+template <index_t N>
+using DenseHidden = Value<slots::dense_hidden, N>;  ///< intermediate_size of the dense MLPs
+template <auto E>
+using NormEps = Value<slots::norm_eps, double(E)>;  ///< rms_norm_eps
 
 struct DimsConfig {
     index_t hidden;

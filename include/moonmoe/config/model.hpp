@@ -2,8 +2,8 @@
 // Backend<...>, Precision<...>, Activations<...>>`, a whole model as a type.
 //
 // Components come in any order and each is optional: a missing one is Kimi K2's (and Parallel<1, 1, 1>,
-// Backend<cpu>, Precision<F32>, Activations<>). The type checks its configuration when it is used (any member access), and
-// answers the accounting questions at compile time when every size is static:
+// Backend<cpu>, Precision<F32>, Activations<>). The type checks its configuration when it is used (any member access),
+// and answers the accounting questions at compile time when every size is static:
 //
 //   using K2 = moonmoe::KimiK2;
 //   static_assert(K2::parameter_count() == 1'026'408'232'448);
@@ -32,9 +32,9 @@ struct Model {
     using precision = detail::pick_t<slots::precision, Precision<>, Components...>;
     using activations = detail::pick_t<slots::activations, Activations<>, Components...>;
 
-    static constexpr ModelConfig config{dims::value,      attention::value, rope::value,  moe::value,
-                                        optimizer::value, parallel::value,  backend::kind, precision::value,
-                                        activations::value};
+    static constexpr ModelConfig config{dims::value,   attention::value, rope::value,
+                                        moe::value,    optimizer::value, parallel::value,
+                                        backend::kind, precision::value, activations::value};
     static_assert(config.activations.valid(config.precision),
                   "Activations<Storage<BF16>> keeps the bf16 values of Precision<BF16>: use Precision<BF16>");
 
@@ -54,29 +54,49 @@ struct Model {
     using with = typename detail::replacing<Model, New...>::template apply<Components...>;
 
     /// Parameter counts per component and in total.
-    static constexpr ParameterCounts parameters() requires is_static { return count_parameters(config); }
-    static constexpr index_t parameter_count() requires is_static { return parameters().total; }
-    static constexpr index_t activated_parameter_count() requires is_static { return parameters().active; }
+    static constexpr ParameterCounts parameters()
+        requires is_static
+    {
+        return count_parameters(config);
+    }
+    static constexpr index_t parameter_count()
+        requires is_static
+    {
+        return parameters().total;
+    }
+    static constexpr index_t activated_parameter_count()
+        requires is_static
+    {
+        return parameters().active;
+    }
 
     /// Forward FLOPs per token at sequence length `seq_len` (causal), per component.
-    static constexpr FlopCounts flops_per_token(index_t seq_len) requires is_static {
+    static constexpr FlopCounts flops_per_token(index_t seq_len)
+        requires is_static
+    {
         return count_flops(config, seq_len);
     }
 
     /// Bytes one layer keeps for its backward from `tokens` tokens under the type's Activations<...>: what its
     /// caches hold.
-    static constexpr index_t layer_activation_bytes(bool dense, index_t tokens) requires is_static {
+    static constexpr index_t layer_activation_bytes(bool dense, index_t tokens)
+        requires is_static
+    {
         return layer_activations(config, dense, tokens).bytes(config.activations);
     }
 
     static constexpr bool dp_is_static = config.parallel.dp != Dynamic;
 
     /// Bytes held by the most loaded rank of the Parallel<> layout, at the DP size of the type...
-    static constexpr RankMemory memory_per_rank() requires(is_static && dp_is_static) {
+    static constexpr RankMemory memory_per_rank()
+        requires(is_static && dp_is_static)
+    {
         return most_loaded_rank(config, config.parallel.dp);
     }
     /// ...or at data-parallel size `dp` (for a type whose DP is Dynamic, or to ask "what if").
-    static constexpr RankMemory memory_per_rank(index_t dp) requires is_static {
+    static constexpr RankMemory memory_per_rank(index_t dp)
+        requires is_static
+    {
         ModelConfig c = config;
         c.parallel.dp = dp;
         return most_loaded_rank(c, dp);

@@ -21,50 +21,89 @@
 
 namespace moonmoe {
 namespace slots {
-struct moe; struct experts; struct top_k; struct shared; struct expert_hidden; struct groups; struct top_groups;
-struct score; struct correction_bias; struct norm_top_k; struct routed_scale; struct group_score;
+struct moe;
+struct experts;
+struct top_k;
+struct shared;
+struct expert_hidden;
+struct groups;
+struct top_groups;
+struct score;
+struct correction_bias;
+struct norm_top_k;
+struct routed_scale;
+struct group_score;
 }  // namespace slots
 
 /// How router logits become scores.
 enum class ScoreFunc { sigmoid, softmax };
-struct Sigmoid { static constexpr ScoreFunc value = ScoreFunc::sigmoid; static constexpr bool dynamic = false; };
-struct Softmax { static constexpr ScoreFunc value = ScoreFunc::softmax; static constexpr bool dynamic = false; };
+struct Sigmoid {
+    static constexpr ScoreFunc value = ScoreFunc::sigmoid;
+    static constexpr bool dynamic = false;
+};
+struct Softmax {
+    static constexpr ScoreFunc value = ScoreFunc::softmax;
+    static constexpr bool dynamic = false;
+};
 /// The score function of config.json (scoring_func; DeepseekV2ForCausalLM: always softmax).
-struct AnyScore { static constexpr ScoreFunc value = ScoreFunc::sigmoid; static constexpr bool dynamic = true; };
+struct AnyScore {
+    static constexpr ScoreFunc value = ScoreFunc::sigmoid;
+    static constexpr bool dynamic = true;
+};
 
 /// How a group of experts is scored when only TopGroups of Groups may be used (Groups > 1).
 enum class GroupScoreFunc {
     top_two_sum,  ///< sum of the group's two largest selection scores (DeepSeek-V3 noaux_tc); dropped groups: -inf
     max,          ///< the group's largest score (DeepSeek-V2 group_limited_greedy); dropped groups' scores: 0
 };
-struct TopTwoSum { static constexpr GroupScoreFunc value = GroupScoreFunc::top_two_sum; static constexpr bool dynamic = false; };
-struct GroupMax { static constexpr GroupScoreFunc value = GroupScoreFunc::max; static constexpr bool dynamic = false; };
+struct TopTwoSum {
+    static constexpr GroupScoreFunc value = GroupScoreFunc::top_two_sum;
+    static constexpr bool dynamic = false;
+};
+struct GroupMax {
+    static constexpr GroupScoreFunc value = GroupScoreFunc::max;
+    static constexpr bool dynamic = false;
+};
 /// The group scoring of config.json (topk_method and architecture).
-struct AnyGroupScore { static constexpr GroupScoreFunc value = GroupScoreFunc::top_two_sum; static constexpr bool dynamic = true; };
+struct AnyGroupScore {
+    static constexpr GroupScoreFunc value = GroupScoreFunc::top_two_sum;
+    static constexpr bool dynamic = true;
+};
 
-template <index_t N> using Experts = Value<slots::experts, N>;            ///< n_routed_experts
-template <index_t N> using TopK = Value<slots::top_k, N>;                 ///< num_experts_per_tok
-template <index_t N> using Shared = Value<slots::shared, N>;              ///< n_shared_experts
-template <index_t N> using ExpertHidden = Value<slots::expert_hidden, N>; ///< moe_intermediate_size
-template <index_t N> using Groups = Value<slots::groups, N>;              ///< n_group
-template <index_t N> using TopGroups = Value<slots::top_groups, N>;       ///< topk_group
-template <class F> using Score = Policy<slots::score, F>;                 ///< scoring_func: Score<Sigmoid>
-template <class F> using GroupScore = Policy<slots::group_score, F>;      ///< topk_method's group rule
-template <auto B> using CorrectionBias = Value<slots::correction_bias, B>;///< e_score_correction_bias (noaux_tc)
-template <auto B> using NormTopK = Value<slots::norm_top_k, B>;           ///< norm_topk_prob
-template <auto V> using RoutedScale = Value<slots::routed_scale, double(V)>;    ///< routed_scaling_factor
+template <index_t N>
+using Experts = Value<slots::experts, N>;  ///< n_routed_experts
+template <index_t N>
+using TopK = Value<slots::top_k, N>;  ///< num_experts_per_tok
+template <index_t N>
+using Shared = Value<slots::shared, N>;  ///< n_shared_experts
+template <index_t N>
+using ExpertHidden = Value<slots::expert_hidden, N>;  ///< moe_intermediate_size
+template <index_t N>
+using Groups = Value<slots::groups, N>;  ///< n_group
+template <index_t N>
+using TopGroups = Value<slots::top_groups, N>;  ///< topk_group
+template <class F>
+using Score = Policy<slots::score, F>;  ///< scoring_func: Score<Sigmoid>
+template <class F>
+using GroupScore = Policy<slots::group_score, F>;  ///< topk_method's group rule
+template <auto B>
+using CorrectionBias = Value<slots::correction_bias, B>;  ///< e_score_correction_bias (noaux_tc)
+template <auto B>
+using NormTopK = Value<slots::norm_top_k, B>;  ///< norm_topk_prob
+template <auto V>
+using RoutedScale = Value<slots::routed_scale, double(V)>;  ///< routed_scaling_factor
 
 struct MoEConfig {
     index_t experts;
     index_t top_k;
-    index_t shared;         ///< shared experts, one SwiGLU of width shared * expert_hidden
+    index_t shared;  ///< shared experts, one SwiGLU of width shared * expert_hidden
     index_t expert_hidden;
-    index_t groups;         ///< experts are split into `groups`; a token may use experts of `top_groups` groups
+    index_t groups;  ///< experts are split into `groups`; a token may use experts of `top_groups` groups
     index_t top_groups;
     ScoreFunc score;
-    bool correction_bias;   ///< a per-expert bias added to scores for selection only, moved by load balancing
+    bool correction_bias;  ///< a per-expert bias added to scores for selection only, moved by load balancing
     bool norm_top_k;
-    double routed_scale;    ///< Dynamic (-1.0): from config.json
+    double routed_scale;  ///< Dynamic (-1.0): from config.json
     GroupScoreFunc group_score;
     /// Which of the values above the type leaves open: resolve() replaces each of them with config.json's value.
     struct FromFile {
@@ -93,8 +132,11 @@ struct MoE {
     MOONMOE_CHECK_ARGUMENTS("MoE<...>", accepted, Args);
     static constexpr index_t groups = detail::value_of<slots::groups, index_t{1}, Args...>;
     using score = detail::policy_of<slots::score, Sigmoid, Args...>;
-    using group_score = detail::policy_of<slots::group_score, std::conditional_t<score::dynamic, AnyGroupScore,
-        std::conditional_t<score::value == ScoreFunc::softmax, GroupMax, TopTwoSum>>, Args...>;
+    using group_score = detail::policy_of<
+        slots::group_score,
+        std::conditional_t<score::dynamic, AnyGroupScore,
+                           std::conditional_t<score::value == ScoreFunc::softmax, GroupMax, TopTwoSum>>,
+        Args...>;
     static constexpr detail::FlagState correction_bias =
         detail::flag_following_score<detail::value_of<slots::correction_bias, detail::unset_flag{}, Args...>, score,
                                      /*sigmoid=*/true, /*softmax=*/false>();

@@ -116,20 +116,19 @@ struct rebind<Target, std::tuple<Ts...>> {
 template <template <class...> class Target, class... New>
 struct replacing {
     template <class... Old>
-    using apply = typename rebind<
-        Target, decltype(std::tuple_cat(
-                    std::declval<std::conditional_t<(slot_count<slot_of_t<Old>, New...> > 0), std::tuple<>,
-                                                    std::tuple<Old>>>()...,
-                    std::declval<std::tuple<New...>>()))>::type;
+    using apply = typename rebind<Target, decltype(std::tuple_cat(
+                                              std::declval<std::conditional_t<(slot_count<slot_of_t<Old>, New...> > 0),
+                                                                              std::tuple<>, std::tuple<Old>>>()...,
+                                              std::declval<std::tuple<New...>>()))>::type;
 };
 
 }  // namespace detail
 }  // namespace moonmoe
 
 /// Checks every component runs on its arguments; the message names the component.
-#define MOONMOE_CHECK_ARGUMENTS(component, accepted, args)                                                    \
-    static_assert((::moonmoe::detail::named_argument<args> && ...),                                           \
-                  component ": every argument must be a named argument such as Heads<64>");                   \
-    static_assert(::moonmoe::detail::only_accepted<accepted, args...>,                                        \
-                  component ": an argument does not belong here (see the component's list of arguments)");    \
+#define MOONMOE_CHECK_ARGUMENTS(component, accepted, args)                                                             \
+    static_assert((::moonmoe::detail::named_argument<args> && ...),                                                    \
+                  component ": every argument must be a named argument such as Heads<64>");                            \
+    static_assert(::moonmoe::detail::only_accepted<accepted, args...>,                                                 \
+                  component ": an argument does not belong here (see the component's list of arguments)");             \
     static_assert(::moonmoe::detail::no_repeats<args...>, component ": the same argument is given twice")

@@ -17,14 +17,35 @@
 
 namespace moonmoe {
 namespace slots {
-struct optimizer; struct muon; struct adamw; struct qk_clip; struct schedule;
-struct momentum; struct nesterov; struct ns_steps; struct ns_coefficients; struct update_scale; struct weight_decay;
-struct learning_rate; struct beta1; struct beta2; struct eps; struct clip_alpha; struct clip_scope; struct ns_products;
-struct warmup; struct stable; struct decay; struct final_lr; struct bias_update_rate;
+struct optimizer;
+struct muon;
+struct adamw;
+struct qk_clip;
+struct schedule;
+struct momentum;
+struct nesterov;
+struct ns_steps;
+struct ns_coefficients;
+struct update_scale;
+struct weight_decay;
+struct learning_rate;
+struct beta1;
+struct beta2;
+struct eps;
+struct clip_alpha;
+struct clip_scope;
+struct ns_products;
+struct warmup;
+struct stable;
+struct decay;
+struct final_lr;
+struct bias_update_rate;
 }  // namespace slots
 
 // ---- Newton-Schulz coefficient schedules: (a, b, c) per iteration, p(x) = a x + b x^3 + c x^5 ----
-struct NSCoefficients { double a, b, c; };
+struct NSCoefficients {
+    double a, b, c;
+};
 
 /// Keller Jordan's fixed quintic, repeated every iteration (KellerJordan/Muon, torch.optim.Muon default).
 struct KellerQuintic {
@@ -33,19 +54,20 @@ struct KellerQuintic {
 };
 /// Polar Express as in modded-nanogpt (normalise by 1.02 * ||X||_F).
 struct PolarExpress {
-    static constexpr NSCoefficients table[] = {
-        {8.156554524902461, -22.48329292557795, 15.878769915207462},
-        {4.042929935166739, -2.808917465908714, 0.5000178451051316},
-        {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
-        {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
-        {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
+    static constexpr NSCoefficients table[] = {{8.156554524902461, -22.48329292557795, 15.878769915207462},
+                                               {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+                                               {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+                                               {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+                                               {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
     static constexpr bool cycle = false;
     static constexpr double norm_safety = 1.02;
 };
 /// You's per-iteration quintic (Emerging-Optimizers "quintic"), cycled past five steps.
 struct YouQuintic {
-    static constexpr NSCoefficients table[] = {{4.0848, -6.8946, 2.9270}, {3.9505, -6.3029, 2.6377},
-                                               {3.7418, -5.5913, 2.3037}, {2.8769, -3.1427, 1.2046},
+    static constexpr NSCoefficients table[] = {{4.0848, -6.8946, 2.9270},
+                                               {3.9505, -6.3029, 2.6377},
+                                               {3.7418, -5.5913, 2.3037},
+                                               {2.8769, -3.1427, 1.2046},
                                                {2.8366, -3.0525, 1.2012}};
     static constexpr bool cycle = true;
 };
@@ -53,7 +75,9 @@ struct YouQuintic {
 // ---- Muon update scale policies: the factor on the orthogonalised update of an n x m matrix ----
 /// 0.2 * sqrt(max(n, m)): matches AdamW's update RMS so Muon reuses AdamW's lr and weight decay (Moonlight, K2).
 template <auto K = 0.2>
-struct MatchAdamWRMS { static constexpr double factor = double(K); };
+struct MatchAdamWRMS {
+    static constexpr double factor = double(K);
+};
 /// sqrt(max(1, n / m)): Keller Jordan's original scale.
 struct ShapeScale {};
 
@@ -62,23 +86,38 @@ enum class UpdateScaleKind { match_adamw_rms, shape };
 // ---- How Newton-Schulz multiplies: the products of X X^T (symmetric) as blocks with the mirror, or in full ----
 enum class Products { symmetric, general };
 /// X X^T and the polynomial's square as block products over one triangle, mirrored (fewer multiply-adds).
-struct SymmetricProducts { static constexpr Products value = Products::symmetric; };
+struct SymmetricProducts {
+    static constexpr Products value = Products::symmetric;
+};
 /// Every product in full, as torch.optim.Muon multiplies.
-struct GeneralProducts { static constexpr Products value = Products::general; };
+struct GeneralProducts {
+    static constexpr Products value = Products::general;
+};
 /// NSProducts<P>: how Newton-Schulz multiplies. Default: symmetric in f32 (fewer multiply-adds at the same rate),
 /// general in bf16 (the block products run below the large ones' rate there: optim/newton_schulz.hpp).
-template <class P> using NSProducts = Policy<slots::ns_products, P>;
+template <class P>
+using NSProducts = Policy<slots::ns_products, P>;
 
-template <auto V> using Momentum = Value<slots::momentum, double(V)>;
-template <bool B> using Nesterov = Value<slots::nesterov, B>;
-template <int N> using NSSteps = Value<slots::ns_steps, N>;
-template <class C> using Coefficients = Policy<slots::ns_coefficients, C>;
-template <class S> using UpdateScale = Policy<slots::update_scale, S>;
-template <auto V> using WeightDecay = Value<slots::weight_decay, double(V)>;
-template <auto V> using LearningRate = Value<slots::learning_rate, double(V)>;  ///< peak lr (the schedule multiplies it)
-template <auto V> using Beta1 = Value<slots::beta1, double(V)>;
-template <auto V> using Beta2 = Value<slots::beta2, double(V)>;
-template <auto V> using Eps = Value<slots::eps, double(V)>;
+template <auto V>
+using Momentum = Value<slots::momentum, double(V)>;
+template <bool B>
+using Nesterov = Value<slots::nesterov, B>;
+template <int N>
+using NSSteps = Value<slots::ns_steps, N>;
+template <class C>
+using Coefficients = Policy<slots::ns_coefficients, C>;
+template <class S>
+using UpdateScale = Policy<slots::update_scale, S>;
+template <auto V>
+using WeightDecay = Value<slots::weight_decay, double(V)>;
+template <auto V>
+using LearningRate = Value<slots::learning_rate, double(V)>;  ///< peak lr (the schedule multiplies it)
+template <auto V>
+using Beta1 = Value<slots::beta1, double(V)>;
+template <auto V>
+using Beta2 = Value<slots::beta2, double(V)>;
+template <auto V>
+using Eps = Value<slots::eps, double(V)>;
 
 struct MuonConfig {
     bool enabled;  ///< false: AdamW takes the matrices too (NoMuon)
@@ -94,12 +133,15 @@ struct MuonConfig {
 };
 
 namespace detail {
-template <class S> struct scale_of;
-template <auto K> struct scale_of<MatchAdamWRMS<K>> {
+template <class S>
+struct scale_of;
+template <auto K>
+struct scale_of<MatchAdamWRMS<K>> {
     static constexpr UpdateScaleKind kind = UpdateScaleKind::match_adamw_rms;
     static constexpr double factor = double(K);
 };
-template <> struct scale_of<ShapeScale> {
+template <>
+struct scale_of<ShapeScale> {
     static constexpr UpdateScaleKind kind = UpdateScaleKind::shape;
     static constexpr double factor = 1.0;
 };
@@ -116,10 +158,9 @@ struct Muon {
     using ns_precision = detail::policy_of<slots::ns_precision, F32, Args...>;
     static_assert(number_format<ns_precision>, "NSPrecision<F>: F is moonmoe::F32 or moonmoe::BF16");
     using scale = detail::scale_of<detail::policy_of<slots::update_scale, MatchAdamWRMS<>, Args...>>;
-    using products = detail::policy_of<slots::ns_products,
-                                       std::conditional_t<ns_precision::format == NumberFormat::bf16, GeneralProducts,
-                                                          SymmetricProducts>,
-                                       Args...>;
+    using products = detail::policy_of<
+        slots::ns_products,
+        std::conditional_t<ns_precision::format == NumberFormat::bf16, GeneralProducts, SymmetricProducts>, Args...>;
     static constexpr MuonConfig value{
         .enabled = true,
         .momentum = detail::value_of<slots::momentum, 0.95, Args...>,
@@ -139,9 +180,14 @@ struct NoMuon {
     using slot = slots::muon;
     using coefficients = KellerQuintic;
     using ns_precision = F32;
-    static constexpr MuonConfig value{.enabled = false, .momentum = 0.95, .nesterov = true, .ns_steps = 5,
-                                      .scale = UpdateScaleKind::match_adamw_rms, .scale_factor = 0.2,
-                                      .weight_decay = 0.1, .learning_rate = 2e-4};
+    static constexpr MuonConfig value{.enabled = false,
+                                      .momentum = 0.95,
+                                      .nesterov = true,
+                                      .ns_steps = 5,
+                                      .scale = UpdateScaleKind::match_adamw_rms,
+                                      .scale_factor = 0.2,
+                                      .weight_decay = 0.1,
+                                      .learning_rate = 2e-4};
 };
 
 struct AdamWConfig {
@@ -169,15 +215,21 @@ enum class ClipScope {
     per_head,   ///< each head by its own maximum (K2's Algorithm 1)
     per_layer,  ///< all heads of a layer by the layer's maximum (the report's naive form)
 };
-struct PerHead { static constexpr ClipScope value = ClipScope::per_head; };
-struct PerLayer { static constexpr ClipScope value = ClipScope::per_layer; };
+struct PerHead {
+    static constexpr ClipScope value = ClipScope::per_head;
+};
+struct PerLayer {
+    static constexpr ClipScope value = ClipScope::per_layer;
+};
 
-template <auto A> using ClipAlpha = Value<slots::clip_alpha, double(A)>;  ///< MHA: q *= gamma^alpha, k *= gamma^(1-alpha)
-template <class S> using Scope = Policy<slots::clip_scope, S>;
+template <auto A>
+using ClipAlpha = Value<slots::clip_alpha, double(A)>;  ///< MHA: q *= gamma^alpha, k *= gamma^(1-alpha)
+template <class S>
+using Scope = Policy<slots::clip_scope, S>;
 
 struct QKClipConfig {
     bool enabled;
-    double tau;    ///< threshold on the maximum scaled pre-softmax logit
+    double tau;  ///< threshold on the maximum scaled pre-softmax logit
     double alpha;
     ClipScope scope;
 };
@@ -205,10 +257,14 @@ struct NoQKClip {
 };
 
 // ---- WSD learning-rate schedule: linear warm-up, constant, cosine decay to a final rate ----
-template <long long N> using Warmup = Value<slots::warmup, N>;  ///< steps
-template <long long N> using Stable = Value<slots::stable, N>;  ///< steps at the peak rate after warm-up
-template <long long N> using Decay = Value<slots::decay, N>;    ///< steps of cosine decay
-template <auto V> using FinalLR = Value<slots::final_lr, double(V)>;  ///< as a fraction of the peak rate
+template <long long N>
+using Warmup = Value<slots::warmup, N>;  ///< steps
+template <long long N>
+using Stable = Value<slots::stable, N>;  ///< steps at the peak rate after warm-up
+template <long long N>
+using Decay = Value<slots::decay, N>;  ///< steps of cosine decay
+template <auto V>
+using FinalLR = Value<slots::final_lr, double(V)>;  ///< as a fraction of the peak rate
 
 struct ScheduleConfig {
     long long warmup, stable, decay;
@@ -243,7 +299,7 @@ struct KimiK2Schedule {
     static constexpr double tokens_per_step = 67e6;
     static constexpr long long warmup = 500;
     static constexpr long long stable = detail::steps_for_tokens(10e12, tokens_per_step) - warmup;  // 148,754
-    static constexpr long long decay = detail::steps_for_tokens(5.5e12, tokens_per_step);          // 82,090
+    static constexpr long long decay = detail::steps_for_tokens(5.5e12, tokens_per_step);           // 82,090
     static constexpr double final_fraction = 2e-5 / 2e-4;
 };
 
@@ -256,7 +312,7 @@ struct DeepSeekV3Schedule {
     static constexpr double tokens_per_step = 15360.0 * 4096.0;
     static constexpr long long warmup = 2000;
     static constexpr long long stable = detail::steps_for_tokens(10e12, tokens_per_step) - warmup;  // 156,946
-    static constexpr long long decay = detail::steps_for_tokens(4.3e12, tokens_per_step);          // 68,347
+    static constexpr long long decay = detail::steps_for_tokens(4.3e12, tokens_per_step);           // 68,347
     static constexpr double final_fraction = 2.2e-5 / 2.2e-4;
 };
 
@@ -275,7 +331,8 @@ struct WSD {
 
 // ---- Auxiliary-loss-free balancing (arXiv 2412.19437 §2.1.2): bias_i += gamma * sign(mean load - load_i) ----
 /// gamma, the bias update speed, per optimizer step; BiasUpdateRate<0.0> freezes the correction bias.
-template <auto V> using BiasUpdateRate = Value<slots::bias_update_rate, double(V)>;
+template <auto V>
+using BiasUpdateRate = Value<slots::bias_update_rate, double(V)>;
 /// DeepSeek-V3's gamma "0.001 for the first 14.3T tokens, and 0.0 for the remaining 500B tokens" (§4.2): the first
 /// value; setting the optimizer's bias_update_rate to 0 for the last phase is the caller's.
 inline constexpr double deepseek_v3_bias_update_rate = 0.001;
@@ -293,8 +350,8 @@ struct OptimizerConfig {
 template <class... Args>
 struct Optimizer {
     using slot = slots::optimizer;
-    using accepted = detail::slot_list<slots::muon, slots::adamw, slots::qk_clip, slots::schedule,
-                                       slots::bias_update_rate>;
+    using accepted =
+        detail::slot_list<slots::muon, slots::adamw, slots::qk_clip, slots::schedule, slots::bias_update_rate>;
     MOONMOE_CHECK_ARGUMENTS("Optimizer<...>", accepted, Args);
     using muon = detail::pick_t<slots::muon, Muon<>, Args...>;
     using adamw = detail::pick_t<slots::adamw, AdamW<>, Args...>;

@@ -11,25 +11,40 @@
 
 namespace moonmoe {
 namespace slots {
-struct parallel; struct virtual_stages; struct split; struct micro_batches;
+struct parallel;
+struct virtual_stages;
+struct split;
+struct micro_batches;
 }  // namespace slots
 
-template <index_t N> using VirtualStages = Value<slots::virtual_stages, N>;  ///< model chunks per pipeline rank
-template <index_t N> using MicroBatches = Value<slots::micro_batches, N>;    ///< per optimizer step, per DP replica
+template <index_t N>
+using VirtualStages = Value<slots::virtual_stages, N>;  ///< model chunks per pipeline rank
+template <index_t N>
+using MicroBatches = Value<slots::micro_batches, N>;  ///< per optimizer step, per DP replica
 
 enum class SplitKind { balanced, even, uneven };
 
 /// Layers spread as evenly as possible over the PP x V chunks; chunks that get one layer fewer are the first and
 /// last (they also hold the embedding and the head), then the ones nearest them. The default.
-struct BalancedSplit { static constexpr SplitKind kind = SplitKind::balanced; static constexpr index_t first = 0, last = 0; };
+struct BalancedSplit {
+    static constexpr SplitKind kind = SplitKind::balanced;
+    static constexpr index_t first = 0, last = 0;
+};
 /// Every chunk holds the same number of layers; Layers must be a multiple of PP x V.
-struct EvenSplit { static constexpr SplitKind kind = SplitKind::even; static constexpr index_t first = 0, last = 0; };
+struct EvenSplit {
+    static constexpr SplitKind kind = SplitKind::even;
+    static constexpr index_t first = 0, last = 0;
+};
 /// The first and last chunks hold `First` and `Last` layers, the others share the rest evenly (Megatron's
 /// decoder_first/last_pipeline_num_layers).
 template <index_t First, index_t Last>
-struct UnevenSplit { static constexpr SplitKind kind = SplitKind::uneven; static constexpr index_t first = First, last = Last; };
+struct UnevenSplit {
+    static constexpr SplitKind kind = SplitKind::uneven;
+    static constexpr index_t first = First, last = Last;
+};
 
-template <class S> using Split = Policy<slots::split, S>;
+template <class S>
+using Split = Policy<slots::split, S>;
 
 struct ParallelConfig {
     index_t pp, ep, dp;
@@ -79,7 +94,7 @@ constexpr index_t layers_in_chunk(const ParallelConfig& p, index_t layers, index
     // balanced: `short_chunks` chunks get base layers, the rest base + 1; short ones taken from both ends inwards.
     const index_t base = layers / n, short_chunks = n - layers % n;
     if (layers % n == 0) return base;
-    const index_t from_end = chunk < n - 1 - chunk ? chunk : n - 1 - chunk;  // 0 for the first and last chunk
+    const index_t from_end = chunk < n - 1 - chunk ? chunk : n - 1 - chunk;         // 0 for the first and last chunk
     const index_t rank_from_ends = 2 * from_end + (chunk < n - 1 - chunk ? 0 : 1);  // 0,1 = ends; 2,3 = next...
     return rank_from_ends < short_chunks ? base : base + 1;
 }

@@ -18,7 +18,11 @@
 #include "named.hpp"
 
 namespace moonmoe {
-namespace slots { struct precision; struct ns_precision; struct weights; }
+namespace slots {
+struct precision;
+struct ns_precision;
+struct weights;
+}  // namespace slots
 
 /// The number formats of the compute path.
 enum class NumberFormat { f32, bf16 };
@@ -73,8 +77,9 @@ struct Precision {
     using weights = detail::policy_of<slots::weights, F32, Args...>;
     static_assert(number_format<weights>, "Weights<F>: F is moonmoe::F32 or moonmoe::BF16");
     static constexpr PrecisionConfig value{Compute::format, weights::format};
-    static_assert(value.valid(), "Precision<F32, Weights<BF16>>: bf16 weights are read by bf16 products only; "
-                                 "use Precision<BF16, Weights<BF16>>");
+    static_assert(value.valid(),
+                  "Precision<F32, Weights<BF16>>: bf16 weights are read by bf16 products only; "
+                  "use Precision<BF16, Weights<BF16>>");
 };
 
 /// Muon's Newton-Schulz precision: `Muon<NSPrecision<BF16>>` iterates in bf16 as torch.optim.Muon does (bf16

@@ -1,8 +1,8 @@
 // moonmoe/config/presets.hpp: Kimi K2, DeepSeek-V3, and tiny models of each shape for tests.
 //
 // Every architecture value is that of the released config.json files; the optimizer values are the training recipes
-// of the Kimi K2 technical report §2.5 and of DeepSeek-V3 (arXiv 2412.19437 §4.2). The presets spell each value out even
-// where it equals the default, so they read as the configuration they are.
+// of the Kimi K2 technical report §2.5 and of DeepSeek-V3 (arXiv 2412.19437 §4.2). The presets spell each value out
+// even where it equals the default, so they read as the configuration they are.
 #pragma once
 
 #include "model.hpp"
@@ -21,8 +21,7 @@ using KimiK2 = Model<
               WSD<Warmup<KimiK2Schedule::warmup>, Stable<KimiK2Schedule::stable>, Decay<KimiK2Schedule::decay>,
                   FinalLR<KimiK2Schedule::final_fraction>>,
               BiasUpdateRate<deepseek_v3_bias_update_rate>>,
-    Parallel<16, 16, Dynamic, VirtualStages<2>>,
-    Backend<cpu>>;
+    Parallel<16, 16, Dynamic, VirtualStages<2>>, Backend<cpu>>;
 
 /// deepseek-ai/DeepSeek-V3 (main model; the MTP module is not part of it): 671,026,419,200 parameters.
 /// Trained with AdamW and no QK-Clip, by the recipe of arXiv 2412.19437 §4.2 (AdamW beta 0.9 / 0.95, weight decay
@@ -38,8 +37,7 @@ using DeepSeekV3 = Model<
               WSD<Warmup<DeepSeekV3Schedule::warmup>, Stable<DeepSeekV3Schedule::stable>,
                   Decay<DeepSeekV3Schedule::decay>, FinalLR<DeepSeekV3Schedule::final_fraction>>,
               BiasUpdateRate<deepseek_v3_bias_update_rate>>,
-    Parallel<16, 16, Dynamic, VirtualStages<2>>,
-    Backend<cpu>>;
+    Parallel<16, 16, Dynamic, VirtualStages<2>>, Backend<cpu>>;
 
 /// A few-thousand-parameter model of Kimi K2's shape: one group, first layer dense, YaRN with beta 1 / 1.
 using TinyK2 = Model<
@@ -63,7 +61,8 @@ using TinyV3 = Model<
 /// Every size and every routing / RoPE value Dynamic: the shape of any DeepSeek-V3-architecture checkpoint (and of
 /// DeepSeek-V2's, DeepseekV2ForCausalLM), read from its config.json.
 using AnyDeepSeekV3 = Model<
-    Dims<Hidden<Dynamic>, Layers<Dynamic>, DenseLayers<Dynamic>, Vocab<Dynamic>, DenseHidden<Dynamic>, NormEps<Dynamic>>,
+    Dims<Hidden<Dynamic>, Layers<Dynamic>, DenseLayers<Dynamic>, Vocab<Dynamic>, DenseHidden<Dynamic>,
+         NormEps<Dynamic>>,
     Attention<MLA<Heads<Dynamic>, QRank<Dynamic>, KVRank<Dynamic>, NopeDim<Dynamic>, RopeDim<Dynamic>, VDim<Dynamic>>>,
     RoPE<Theta<Dynamic>, MaxPositions<Dynamic>, Interleave<Dynamic>, AnyScaling>,
     MoE<Experts<Dynamic>, TopK<Dynamic>, Shared<Dynamic>, ExpertHidden<Dynamic>, Groups<Dynamic>, TopGroups<Dynamic>,

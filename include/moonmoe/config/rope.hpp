@@ -2,9 +2,9 @@
 //
 // `RoPE<Theta<50000.0>, MaxPositions<131072>, YaRN<Factor<32.0>, OriginalMaxPositions<4096>, BetaFast<1.0>,
 // BetaSlow<1.0>, MScale<1.0>, MScaleAllDim<1.0>>>` is Kimi K2 (the default). The formulas follow Hugging Face
-// `transformers` (modeling_rope_utils.py `_compute_yarn_parameters`): the correction range uses original_max_position_embeddings, the
-// softmax scale carries get_mscale(factor, mscale_all_dim)^2, and cos/sin carry get_mscale(f, mscale) /
-// get_mscale(f, mscale_all_dim).
+// `transformers` (modeling_rope_utils.py `_compute_yarn_parameters`): the correction range uses
+// original_max_position_embeddings, the softmax scale carries get_mscale(factor, mscale_all_dim)^2, and cos/sin carry
+// get_mscale(f, mscale) / get_mscale(f, mscale_all_dim).
 //
 // A value the type leaves open is read from config.json when a checkpoint is loaded: `Theta<Dynamic>`,
 // `Interleave<Dynamic>`, any YaRN number `<Dynamic>` (reals are stored as -1.0), or the whole scaling with
@@ -16,19 +16,37 @@
 
 namespace moonmoe {
 namespace slots {
-struct rope; struct rope_scaling; struct theta; struct max_positions; struct factor; struct original_max_positions;
-struct beta_fast; struct beta_slow; struct mscale; struct mscale_all_dim; struct interleave;
+struct rope;
+struct rope_scaling;
+struct theta;
+struct max_positions;
+struct factor;
+struct original_max_positions;
+struct beta_fast;
+struct beta_slow;
+struct mscale;
+struct mscale_all_dim;
+struct interleave;
 }  // namespace slots
 
-template <auto V> using Theta = Value<slots::theta, double(V)>;                       ///< rope_theta
-template <index_t N> using MaxPositions = Value<slots::max_positions, N>;       ///< max_position_embeddings
-template <auto B> using Interleave = Value<slots::interleave, B>;               ///< rope_interleave (HF default true)
-template <auto V> using Factor = Value<slots::factor, double(V)>;                     ///< rope_scaling.factor
-template <index_t N> using OriginalMaxPositions = Value<slots::original_max_positions, N>;
-template <auto V> using BetaFast = Value<slots::beta_fast, double(V)>;
-template <auto V> using BetaSlow = Value<slots::beta_slow, double(V)>;
-template <auto V> using MScale = Value<slots::mscale, double(V)>;
-template <auto V> using MScaleAllDim = Value<slots::mscale_all_dim, double(V)>;
+template <auto V>
+using Theta = Value<slots::theta, double(V)>;  ///< rope_theta
+template <index_t N>
+using MaxPositions = Value<slots::max_positions, N>;  ///< max_position_embeddings
+template <auto B>
+using Interleave = Value<slots::interleave, B>;  ///< rope_interleave (HF default true)
+template <auto V>
+using Factor = Value<slots::factor, double(V)>;  ///< rope_scaling.factor
+template <index_t N>
+using OriginalMaxPositions = Value<slots::original_max_positions, N>;
+template <auto V>
+using BetaFast = Value<slots::beta_fast, double(V)>;
+template <auto V>
+using BetaSlow = Value<slots::beta_slow, double(V)>;
+template <auto V>
+using MScale = Value<slots::mscale, double(V)>;
+template <auto V>
+using MScaleAllDim = Value<slots::mscale_all_dim, double(V)>;
 
 struct RopeConfig {
     double theta;
@@ -48,8 +66,8 @@ struct RopeConfig {
 template <class... Args>
 struct YaRN {
     using slot = slots::rope_scaling;
-    using accepted = detail::slot_list<slots::factor, slots::original_max_positions, slots::beta_fast,
-                                       slots::beta_slow, slots::mscale, slots::mscale_all_dim>;
+    using accepted = detail::slot_list<slots::factor, slots::original_max_positions, slots::beta_fast, slots::beta_slow,
+                                       slots::mscale, slots::mscale_all_dim>;
     MOONMOE_CHECK_ARGUMENTS("YaRN<...>", accepted, Args);
     static constexpr bool enabled = true, dynamic = false;
     static constexpr double factor = detail::value_of<slots::factor, 32.0, Args...>;
@@ -86,7 +104,8 @@ struct RoPE {
     using accepted = detail::slot_list<slots::theta, slots::max_positions, slots::interleave, slots::rope_scaling>;
     MOONMOE_CHECK_ARGUMENTS("RoPE<...>", accepted, Args);
     using scaling = detail::pick_t<slots::rope_scaling, YaRN<>, Args...>;
-    static constexpr detail::FlagState interleave = detail::flag_state<detail::value_of<slots::interleave, true, Args...>>();
+    static constexpr detail::FlagState interleave =
+        detail::flag_state<detail::value_of<slots::interleave, true, Args...>>();
     static constexpr RopeConfig value{
         .theta = detail::value_of<slots::theta, 50000.0, Args...>,
         .max_positions = detail::value_of<slots::max_positions, index_t{131072}, Args...>,
@@ -107,7 +126,9 @@ struct RoPE {
 // ---- YaRN numbers (HF `_compute_yarn_parameters`, DeepSeek `precompute_freqs_cis`) ----
 
 /// yarn_get_mscale(s, m) = 1 if s <= 1 else 0.1 * m * ln(s) + 1
-constexpr double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * detail::clog(scale) + 1.0; }
+constexpr double yarn_mscale(double scale, double m) {
+    return scale <= 1.0 ? 1.0 : 0.1 * m * detail::clog(scale) + 1.0;
+}
 
 /// Dimension index (of rope_dim/2 frequencies) at which `rotations` full turns fit in the original context.
 constexpr double yarn_correction_dim(const RopeConfig& r, index_t rope_dim, double rotations) {

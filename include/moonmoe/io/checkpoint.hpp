@@ -106,7 +106,8 @@ public:
         // DeepSeek-V3 / K2 quantise to E4M3 only (quantization_config.fmt); E5M2 codes read as E4M3 scales would be
         // garbage, and a scale beside an unquantised weight means the file is not what config.json says.
         if (r.dtype == DType::f8_e5m2)
-            throw io_error(at + " is F8_E5M2, but FP8 checkpoints of this architecture are E4M3 (quantization_config.fmt "
+            throw io_error(at +
+                           " is F8_E5M2, but FP8 checkpoints of this architecture are E4M3 (quantization_config.fmt "
                            "e4m3); convert the tensor or the checkpoint");
         if (r.dtype != DType::f8_e4m3 && contains(scale_name))
             throw io_error(at + " is " + std::string(dtype_name(r.dtype)) + ", not FP8, but the checkpoint has a " +
@@ -133,8 +134,9 @@ public:
     void read_bf16(std::string_view name, std::span<const index_t> expected_shape, std::span<bf16> out) {
         const SafetensorsFile& file = shard(name);
         const TensorRecord& r = file.at(name);
-        if (r.dtype != DType::bf16 || !std::equal(r.shape.begin(), r.shape.end(), expected_shape.begin(),
-                                                  expected_shape.end()) || out.size() != std::size_t(r.numel())) {
+        if (r.dtype != DType::bf16 ||
+            !std::equal(r.shape.begin(), r.shape.end(), expected_shape.begin(), expected_shape.end()) ||
+            out.size() != std::size_t(r.numel())) {
             std::vector<float> wide(out.size());
             read_f32(name, expected_shape, wide);  // checks, names what is wrong
             for (std::size_t i = 0; i < out.size(); ++i) out[i] = bf16::from_float(wide[i]);
@@ -142,8 +144,11 @@ public:
         }
         const std::string scale_name = r.name + std::string(scale_suffix);
         if (contains(scale_name))
-            throw io_error(file.path() + ": tensor " + detail::quoted(r.name) + " is BF16, not FP8, but the checkpoint "
-                           "has a " + detail::quoted(scale_name) + " for it; a block scale belongs only to an F8_E4M3 "
+            throw io_error(file.path() + ": tensor " + detail::quoted(r.name) +
+                           " is BF16, not FP8, but the checkpoint "
+                           "has a " +
+                           detail::quoted(scale_name) +
+                           " for it; a block scale belongs only to an F8_E4M3 "
                            "weight");
         std::memcpy(out.data(), r.bytes.data(), out.size_bytes());  // little-endian bits, as bf16 holds them
         used_.insert(r.name);
@@ -176,8 +181,8 @@ public:
 
 private:
     struct Shard {
-        std::string name;                       ///< the file name in the directory
-        std::optional<SafetensorsFile> file;    ///< once opened
+        std::string name;                     ///< the file name in the directory
+        std::optional<SafetensorsFile> file;  ///< once opened
     };
 
     const SafetensorsFile& shard(std::string_view name) const {
@@ -257,7 +262,7 @@ private:
     HFConfig config_;
     // Opened on first use (a const read may open one); the vector is filled once, so the files never move.
     mutable std::vector<Shard> shards_;
-    mutable std::vector<std::size_t> opened_;  // indices into shards_, in the order opened
+    mutable std::vector<std::size_t> opened_;                   // indices into shards_, in the order opened
     std::map<std::string, std::size_t, std::less<>> shard_of_;  // tensor name -> index into shards_
     std::set<std::string, std::less<>> used_;
 };

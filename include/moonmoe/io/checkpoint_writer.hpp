@@ -64,10 +64,10 @@ namespace detail {
 
 inline std::string_view torch_dtype_name(DType t) {
     switch (t) {
-        case DType::f32: return "float32";
-        case DType::bf16: return "bfloat16";
-        case DType::f16: return "float16";
-        default: return "";
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    default: return "";
     }
 }
 
@@ -93,7 +93,8 @@ inline SafetensorsWriter tensors_writer(const std::string& file, std::span<const
             const std::span<const float> values = t.values.empty() ? std::span<const float>(wide) : t.values;
             if (store == DType::f32) {
                 if (t.values.empty()) writer.add_f32(t.name, t.shape, values);  // `wide` goes at the end of this loop
-                else writer.add_borrowed(t.name, store, t.shape, std::as_bytes(values));
+                else
+                    writer.add_borrowed(t.name, store, t.shape, std::as_bytes(values));
                 continue;
             }
             narrow.resize(values.size());
@@ -137,7 +138,7 @@ inline CheckpointEntry classify_checkpoint_entry(std::string_view name) {
 inline std::optional<std::vector<std::string>> replaceable_checkpoint(const std::filesystem::path& dir,
                                                                       const std::string& where) {
     namespace fs = std::filesystem;
-    struct stat st {};
+    struct stat st{};
     if (::lstat(dir.c_str(), &st) != 0) {
         const int e = errno;
         if (e == ENOENT) return std::nullopt;
@@ -150,7 +151,8 @@ inline std::optional<std::vector<std::string>> replaceable_checkpoint(const std:
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string name = it->path().filename().string();
         const auto refuse = [&](const std::string& why) {
-            throw io_error(where + ": holds " + detail::quoted(name) + ", " + why + "; write_checkpoint replaces a checkpoint " +
+            throw io_error(where + ": holds " + detail::quoted(name) + ", " + why +
+                           "; write_checkpoint replaces a checkpoint " +
                            "directory as a whole and will not delete it (move it, or write elsewhere)");
         };
         if (::lstat(it->path().c_str(), &st) != 0) {
@@ -242,7 +244,6 @@ inline void write_tensors(const std::filesystem::path& file, std::span<const Nam
     detail::tensors_writer(file.string(), tensors, store).write(file);
 }
 
-
 // Sharded checkpoints: tensors go into shards in the order given, a new shard starting when the next tensor would
 // take the current one past max_shard_bytes, so a tensor larger than that has a shard of its own (huggingface_hub's
 // split_state_dict_into_shards follows the same rule, but files an oversized tensor before the shard being filled).
@@ -323,7 +324,8 @@ public:
         std::error_code ec;
         fs::create_directories(target_.parent_path(), ec);
         if (ec)
-            throw io_error(where + ": cannot create the directory " + target_.parent_path().string() + ": " + ec.message());
+            throw io_error(where + ": cannot create the directory " + target_.parent_path().string() + ": " +
+                           ec.message());
         companions_ = replaceable_checkpoint(target_, where);
         name_ = target_.filename().string();
         parent_ = open_directory(target_.parent_path(), where);
@@ -396,7 +398,8 @@ inline void write_sharded_checkpoint(const std::filesystem::path& dir, const HFC
     const std::string where = dir.string();
     if (max_shard_bytes == 0) throw io_error(where + ": max_shard_bytes must be positive");
     if (detail::torch_dtype_name(store).empty())
-        throw io_error(where + ": cannot store tensors as " + std::string(dtype_name(store)) + "; use F32, BF16 or F16");
+        throw io_error(where + ": cannot store tensors as " + std::string(dtype_name(store)) +
+                       "; use F32, BF16 or F16");
     const auto ranges = detail::shard_ranges(tensors, dtype_size(store), max_shard_bytes);
     const bool sharded = ranges.size() > 1;
 

@@ -43,30 +43,31 @@ inline void decode_to_f32(DType dtype, std::span<const std::byte> bytes, std::sp
         throw io_error("decode: " + std::to_string(bytes.size()) + " bytes cannot hold " + std::to_string(out.size()) +
                        " elements of " + std::string(dtype_name(dtype)));
     switch (dtype) {
-        case DType::f32: std::memcpy(out.data(), bytes.data(), out.size() * 4); return;
-        case DType::f64: return decode_each<double>(bytes, out, [](double v) { return float(v); });
-        case DType::f16: return decode_each<std::uint16_t>(bytes, out, [](std::uint16_t v) { return f16{v}.to_float(); });
-        case DType::bf16: return decode_each<std::uint16_t>(bytes, out, [](std::uint16_t v) { return bf16{v}.to_float(); });
-        case DType::f8_e4m3:
-            return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return f8_e4m3{v}.to_float(); });
-        case DType::f8_e5m2:  // e5m2 is the top byte of an IEEE half
-            return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return f16{std::uint16_t(v << 8)}.to_float(); });
-        case DType::i64: return decode_each<std::int64_t>(bytes, out, [](std::int64_t v) { return float(v); });
-        case DType::i32: return decode_each<std::int32_t>(bytes, out, [](std::int32_t v) { return float(v); });
-        case DType::i16: return decode_each<std::int16_t>(bytes, out, [](std::int16_t v) { return float(v); });
-        case DType::i8: return decode_each<std::int8_t>(bytes, out, [](std::int8_t v) { return float(v); });
-        case DType::u64: return decode_each<std::uint64_t>(bytes, out, [](std::uint64_t v) { return float(v); });
-        case DType::u32: return decode_each<std::uint32_t>(bytes, out, [](std::uint32_t v) { return float(v); });
-        case DType::u16: return decode_each<std::uint16_t>(bytes, out, [](std::uint16_t v) { return float(v); });
-        case DType::u8: return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return float(v); });
-        case DType::boolean: return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return v ? 1.0f : 0.0f; });
+    case DType::f32: std::memcpy(out.data(), bytes.data(), out.size() * 4); return;
+    case DType::f64: return decode_each<double>(bytes, out, [](double v) { return float(v); });
+    case DType::f16: return decode_each<std::uint16_t>(bytes, out, [](std::uint16_t v) { return f16{v}.to_float(); });
+    case DType::bf16: return decode_each<std::uint16_t>(bytes, out, [](std::uint16_t v) { return bf16{v}.to_float(); });
+    case DType::f8_e4m3:
+        return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return f8_e4m3{v}.to_float(); });
+    case DType::f8_e5m2:  // e5m2 is the top byte of an IEEE half
+        return decode_each<std::uint8_t>(bytes, out,
+                                         [](std::uint8_t v) { return f16{std::uint16_t(v << 8)}.to_float(); });
+    case DType::i64: return decode_each<std::int64_t>(bytes, out, [](std::int64_t v) { return float(v); });
+    case DType::i32: return decode_each<std::int32_t>(bytes, out, [](std::int32_t v) { return float(v); });
+    case DType::i16: return decode_each<std::int16_t>(bytes, out, [](std::int16_t v) { return float(v); });
+    case DType::i8: return decode_each<std::int8_t>(bytes, out, [](std::int8_t v) { return float(v); });
+    case DType::u64: return decode_each<std::uint64_t>(bytes, out, [](std::uint64_t v) { return float(v); });
+    case DType::u32: return decode_each<std::uint32_t>(bytes, out, [](std::uint32_t v) { return float(v); });
+    case DType::u16: return decode_each<std::uint16_t>(bytes, out, [](std::uint16_t v) { return float(v); });
+    case DType::u8: return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return float(v); });
+    case DType::boolean: return decode_each<std::uint8_t>(bytes, out, [](std::uint8_t v) { return v ? 1.0f : 0.0f; });
     }
 }
 
 inline void check_output_size(const TensorRecord& r, std::size_t out_size) {
     if (out_size != std::size_t(r.numel()))
-        throw io_error("tensor " + detail::quoted(r.name) + " " + format_shape(r.shape) + " has " + std::to_string(r.numel()) +
-                       " elements, the output buffer " + std::to_string(out_size));
+        throw io_error("tensor " + detail::quoted(r.name) + " " + format_shape(r.shape) + " has " +
+                       std::to_string(r.numel()) + " elements, the output buffer " + std::to_string(out_size));
 }
 
 }  // namespace detail
@@ -98,16 +99,16 @@ inline void dequantize_fp8(const TensorRecord& weight, const TensorRecord& scale
         throw io_error("tensor " + detail::quoted(weight.name) + " is " + std::string(dtype_name(weight.dtype)) +
                        ", not an FP8 weight");
     if (weight.shape.size() != 2)
-        throw io_error("FP8 tensor " + detail::quoted(weight.name) + " has shape " + detail::format_shape(weight.shape) +
-                       "; block dequantisation needs a 2-D [out, in] weight");
+        throw io_error("FP8 tensor " + detail::quoted(weight.name) + " has shape " +
+                       detail::format_shape(weight.shape) + "; block dequantisation needs a 2-D [out, in] weight");
     if (block[0] <= 0 || block[1] <= 0)
         throw io_error("FP8 block size " + detail::format_shape(block) + " must be positive");
     const auto want = fp8_scale_shape(weight.shape, block);
     if (scale_inv.dtype != DType::f32 || scale_inv.shape.size() != 2 || scale_inv.shape[0] != want[0] ||
         scale_inv.shape[1] != want[1])
-        throw io_error("tensor " + detail::quoted(scale_inv.name) + " is " + std::string(dtype_name(scale_inv.dtype)) + " " +
-                       detail::format_shape(scale_inv.shape) + " but FP8 weight " + detail::quoted(weight.name) + " " +
-                       detail::format_shape(weight.shape) + " in " + detail::format_shape(block) +
+        throw io_error("tensor " + detail::quoted(scale_inv.name) + " is " + std::string(dtype_name(scale_inv.dtype)) +
+                       " " + detail::format_shape(scale_inv.shape) + " but FP8 weight " + detail::quoted(weight.name) +
+                       " " + detail::format_shape(weight.shape) + " in " + detail::format_shape(block) +
                        " blocks needs F32 " + detail::format_shape(want));
     detail::check_output_size(weight, out.size());
 

@@ -39,8 +39,10 @@ inline std::string quoted(std::string_view name, std::size_t limit = 120) {
     for (std::size_t i = 0; i < name.size() && i < limit; ++i) {
         const auto c = static_cast<unsigned char>(name[i]);
         if (c == '\'' || c == '\\') s += '\\', s += char(c);
-        else if (c >= 0x20 && c < 0x7f) s += char(c);
-        else s += "\\x", s += hex[c >> 4], s += hex[c & 15];
+        else if (c >= 0x20 && c < 0x7f)
+            s += char(c);
+        else
+            s += "\\x", s += hex[c >> 4], s += hex[c & 15];
     }
     s += '\'';
     if (name.size() > limit) s += "... (" + std::to_string(name.size()) + " bytes)";
@@ -69,7 +71,8 @@ std::string closest_names(std::string_view wanted, const Names& candidates, std:
     std::vector<std::pair<std::size_t, std::string_view>> scored;
     if (wanted.size() > max_suggestion_name) return "";
     for (const auto& name : candidates)
-        if (std::string_view(name).size() <= max_suggestion_name) scored.emplace_back(edit_distance(wanted, name), name);
+        if (std::string_view(name).size() <= max_suggestion_name)
+            scored.emplace_back(edit_distance(wanted, name), name);
     const std::size_t n = std::min(count, scored.size());
     std::partial_sort(scored.begin(), scored.begin() + std::ptrdiff_t(n), scored.end());
     std::string s;

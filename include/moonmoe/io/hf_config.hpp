@@ -53,21 +53,22 @@ enum class HFArchitecture { deepseek_v3, deepseek_v2 };
 
 /// What a DeepSeek-V3-architecture config.json says, beyond and including the ModelConfig.
 struct HFConfig {
-    std::string source;                      ///< the file (or name) every error message starts with
-    std::vector<std::string> architectures;  ///< contains "DeepseekV3ForCausalLM" or "DeepseekV2ForCausalLM" (or is empty)
-    std::string model_type;                  ///< "kimi_k2", "deepseek_v3", "deepseek_v2", ...
+    std::string source;  ///< the file (or name) every error message starts with
+    std::vector<std::string>
+        architectures;       ///< contains "DeepseekV3ForCausalLM" or "DeepseekV2ForCausalLM" (or is empty)
+    std::string model_type;  ///< "kimi_k2", "deepseek_v3", "deepseek_v2", ...
     HFArchitecture architecture = HFArchitecture::deepseek_v3;
     /// Sizes and numerics as the file states them; parallel, optimizer and backend are AnyDeepSeekV3's defaults.
     ModelConfig model;
-    std::string topk_method;                  ///< "noaux_tc" (correction bias), "greedy", "group_limited_greedy"
-    index_t mtp_layers = 0;                   ///< num_nextn_predict_layers: MTP modules stored as layers L, L+1, ...
-    double attention_factor = 1.0;            ///< cos/sin multiplier HF derives from the YaRN fields (1.0 for K2, V3)
+    std::string topk_method;        ///< "noaux_tc" (correction bias), "greedy", "group_limited_greedy"
+    index_t mtp_layers = 0;         ///< num_nextn_predict_layers: MTP modules stored as layers L, L+1, ...
+    double attention_factor = 1.0;  ///< cos/sin multiplier HF derives from the YaRN fields (1.0 for K2, V3)
     std::optional<std::array<index_t, 2>> fp8_block;  ///< quantization_config.weight_block_size of an FP8 checkpoint
     std::optional<index_t> bos_token_id;
-    std::vector<index_t> eos_token_ids;       ///< eos_token_id, an integer or a list
-    std::string torch_dtype;                  ///< "torch_dtype" (v4) or "dtype" (v5), "" if absent
-    bool rope_parameters_format = false;      ///< RoPE came from transformers 5's rope_parameters
-    nlohmann::json json;                      ///< the whole document, for fields not carried above
+    std::vector<index_t> eos_token_ids;   ///< eos_token_id, an integer or a list
+    std::string torch_dtype;              ///< "torch_dtype" (v4) or "dtype" (v5), "" if absent
+    bool rope_parameters_format = false;  ///< RoPE came from transformers 5's rope_parameters
+    nlohmann::json json;                  ///< the whole document, for fields not carried above
 };
 
 namespace detail {
@@ -159,7 +160,8 @@ inline void read_architecture(const ConfigFields& f, const nlohmann::json& j, HF
         }
         for (const auto& name : out.architectures) {
             if (name == "DeepseekV3ForCausalLM" || name == "DeepseekV2ForCausalLM") {
-                out.architecture = name == "DeepseekV3ForCausalLM" ? HFArchitecture::deepseek_v3 : HFArchitecture::deepseek_v2;
+                out.architecture =
+                    name == "DeepseekV3ForCausalLM" ? HFArchitecture::deepseek_v3 : HFArchitecture::deepseek_v2;
                 return;
             }
         }
@@ -181,15 +183,18 @@ inline void read_unsupported_features(const ConfigFields& f, HFArchitecture arch
     if (arch == HFArchitecture::deepseek_v2 && f.flag_or("mlp_bias", false))
         f.fail("mlp_bias", "is true; DeepSeek-V2's MLPs and experts have no bias");
     if (const auto act = f.text_or("hidden_act", "silu"); act != "silu")
-        f.fail("hidden_act", "is " + detail::quoted(act) + "; the DeepSeek-V3 MLPs and experts are SwiGLU and need 'silu'");
+        f.fail("hidden_act",
+               "is " + detail::quoted(act) + "; the DeepSeek-V3 MLPs and experts are SwiGLU and need 'silu'");
     if (f.flag_or("attention_bias", false))
         f.fail("attention_bias", "is true; DeepSeek-V3 attention projections have no bias");
     if (f.flag_or("tie_word_embeddings", false))
-        f.fail("tie_word_embeddings", "is true; DeepSeek-V3 keeps lm_head separate from embed_tokens, and so does "
-                                      "moonmoe's model");
+        f.fail("tie_word_embeddings",
+               "is true; DeepSeek-V3 keeps lm_head separate from embed_tokens, and so does "
+               "moonmoe's model");
     if (const index_t freq = f.size_or("moe_layer_freq", 1); freq != 1)
-        f.fail("moe_layer_freq", "is " + std::to_string(freq) + "; moonmoe puts an MoE block in every layer from "
-                                 "first_k_dense_replace on (moe_layer_freq 1)");
+        f.fail("moe_layer_freq", "is " + std::to_string(freq) +
+                                     "; moonmoe puts an MoE block in every layer from "
+                                     "first_k_dense_replace on (moe_layer_freq 1)");
 }
 
 /// rope_theta / rope_scaling (v4) or rope_parameters (v5) into `rope`; returns HF's cos/sin attention factor.
@@ -198,8 +203,9 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
     rope.max_positions = f.size("max_position_embeddings");
     rope.interleave = f.flag_or("rope_interleave", true);
     if (out.architecture == HFArchitecture::deepseek_v2 && !rope.interleave)
-        f.fail("rope_interleave", "is false; DeepseekV2ForCausalLM always rotates interleaved pairs (transformers' "
-                                  "apply_rotary_emb ignores the field)");
+        f.fail("rope_interleave",
+               "is false; DeepseekV2ForCausalLM always rotates interleaved pairs (transformers' "
+               "apply_rotary_emb ignores the field)");
 
     const bool has_scaling = f.has("rope_scaling") && !j["rope_scaling"].empty();
     const char* dict_key = has_scaling ? "rope_scaling" : f.has("rope_parameters") ? "rope_parameters" : nullptr;
@@ -212,8 +218,10 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
         if (d.has(layer_type)) d.fail(layer_type, "is a per-layer-type RoPE; DeepSeek-V3 uses one RoPE for all layers");
 
     if (d.has("rope_theta")) rope.theta = d.number("rope_theta");
-    else if (f.has("rope_theta")) rope.theta = f.number("rope_theta");
-    else throw io_error(out.source + ": missing field rope_theta (top level or inside rope_parameters)");
+    else if (f.has("rope_theta"))
+        rope.theta = f.number("rope_theta");
+    else
+        throw io_error(out.source + ": missing field rope_theta (top level or inside rope_parameters)");
 
     const std::string type = d.text_or("rope_type", d.text_or("type", "default"));
     if (type == "default") {
@@ -222,7 +230,8 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
         rope.beta_fast = rope.beta_slow = rope.mscale = rope.mscale_all_dim = 0.0;
         return 1.0;
     }
-    if (type != "yarn") d.fail("rope_type", "is " + detail::quoted(type) + "; moonmoe supports 'yarn' and 'default' RoPE");
+    if (type != "yarn")
+        d.fail("rope_type", "is " + detail::quoted(type) + "; moonmoe supports 'yarn' and 'default' RoPE");
     if (!d.flag_or("truncate", true))
         d.fail("truncate", "is false; moonmoe's YaRN rounds the correction range to whole dimensions (truncate true)");
     rope.yarn = true;
@@ -232,8 +241,8 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
     const auto inner = d.optional_size("original_max_position_embeddings");
     const auto outer = f.optional_size("original_max_position_embeddings");
     if (inner && outer && *inner != *outer)
-        f.fail("original_max_position_embeddings", "is " + std::to_string(*outer) + " at the top level but " +
-                                                       std::to_string(*inner) + " in " + dict_key);
+        f.fail("original_max_position_embeddings",
+               "is " + std::to_string(*outer) + " at the top level but " + std::to_string(*inner) + " in " + dict_key);
     rope.original_max_positions = inner ? *inner : outer ? *outer : rope.max_positions;
     rope.beta_fast = d.number_or("beta_fast", 32.0);  // HF: `get("beta_fast") or 32`
     rope.beta_slow = d.number_or("beta_slow", 1.0);
@@ -249,9 +258,11 @@ inline double read_rope(const ConfigFields& f, const nlohmann::json& j, HFConfig
         hf_factor = yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim);
     const double ours = rope_attention_factor(rope);
     if (std::abs(hf_factor - ours) > 1e-12 * std::abs(hf_factor))
-        throw io_error(out.source + ": " + dict_key + " gives a cos/sin attention factor of " + std::to_string(hf_factor) +
+        throw io_error(out.source + ": " + dict_key + " gives a cos/sin attention factor of " +
+                       std::to_string(hf_factor) +
                        " in transformers, but moonmoe computes mscale(factor, mscale) / mscale(factor, "
-                       "mscale_all_dim) = " + std::to_string(ours) + "; state mscale and mscale_all_dim explicitly");
+                       "mscale_all_dim) = " +
+                       std::to_string(ours) + "; state mscale and mscale_all_dim explicitly");
     return hf_factor;
 }
 
@@ -274,10 +285,12 @@ inline void read_moe(const ConfigFields& f, HFConfig& out) {
         // routed_scaling_factor; it reads neither scoring_func nor norm_topk_prob. DeepSeek's own V2 code would
         // normalise (and then not scale) with norm_topk_prob true: such a file means two things, so it is refused.
         if (moe.score != ScoreFunc::softmax)
-            f.fail("scoring_func", "is " + detail::quoted(score) + "; DeepseekV2ForCausalLM scores experts with softmax");
+            f.fail("scoring_func",
+                   "is " + detail::quoted(score) + "; DeepseekV2ForCausalLM scores experts with softmax");
         if (moe.norm_top_k)
-            f.fail("norm_topk_prob", "is true; transformers' DeepseekV2ForCausalLM never normalises the top-k weights "
-                                     "(DeepSeek's own V2 code would, and then skip routed_scaling_factor)");
+            f.fail("norm_topk_prob",
+                   "is true; transformers' DeepseekV2ForCausalLM never normalises the top-k weights "
+                   "(DeepSeek's own V2 code would, and then skip routed_scaling_factor)");
         if (out.topk_method != "greedy" && out.topk_method != "group_limited_greedy")
             f.fail("topk_method", "is " + detail::quoted(out.topk_method) +
                                       "; DeepseekV2ForCausalLM routes by 'greedy' or 'group_limited_greedy'");
@@ -324,13 +337,15 @@ inline void read_quantization(const ConfigFields& f, const nlohmann::json& j, HF
     if (!q.is_object()) f.fail("quantization_config", "must be an object, found " + describe_json(q));
     const ConfigFields qf(q, out.source, "quantization_config.");
     if (const auto method = qf.text_or("quant_method", ""); method != "fp8")
-        qf.fail("quant_method", "is " + detail::quoted(method) + "; moonmoe reads block-FP8 ('fp8') or unquantised checkpoints");
+        qf.fail("quant_method",
+                "is " + detail::quoted(method) + "; moonmoe reads block-FP8 ('fp8') or unquantised checkpoints");
     if (const auto fmt = qf.text_or("fmt", "e4m3"); fmt != "e4m3")
         qf.fail("fmt", "is " + detail::quoted(fmt) + "; moonmoe's FP8 weights are e4m3");
     std::array<index_t, 2> block = default_fp8_block;
     if (qf.has("weight_block_size")) {
         const auto& b = q["weight_block_size"];
-        if (!b.is_array() || b.size() != 2) qf.fail("weight_block_size", "must be [rows, cols], found " + describe_json(b));
+        if (!b.is_array() || b.size() != 2)
+            qf.fail("weight_block_size", "must be [rows, cols], found " + describe_json(b));
         block = {qf.as_size("weight_block_size", b[0]), qf.as_size("weight_block_size", b[1])};
         if (block[0] == 0 || block[1] == 0) qf.fail("weight_block_size", "must be positive, found " + b.dump());
     }
@@ -452,7 +467,8 @@ inline ModelConfig resolve(const ModelConfig& type_config, const HFConfig& file)
         }
         slot = given;
     };
-    const auto take_real = [&](double& slot, double fixed, double given, const std::string& field, const char* argument) {
+    const auto take_real = [&](double& slot, double fixed, double given, const std::string& field,
+                               const char* argument) {
         if (!is_dynamic(fixed) && fixed != given)
             mismatch(field, detail::format_real(given), std::string(argument) + "<" + detail::format_real(fixed) + ">");
         slot = given;
@@ -501,21 +517,22 @@ inline ModelConfig resolve(const ModelConfig& type_config, const HFConfig& file)
     // How groups are scored matters only where groups limit the choice.
     const bool group_limited = out.moe.groups > 1 && out.moe.top_groups < out.moe.groups;
     if (group_limited && !t.moe.from_file.group_score && t.moe.group_score != f.moe.group_score)
-        mismatch("topk_method", method + (f.moe.group_score == GroupScoreFunc::max
-                                              ? " (groups scored by their largest score, DeepseekV2ForCausalLM)"
-                                              : " (groups scored by their two largest scores, DeepseekV3ForCausalLM)"),
+        mismatch("topk_method",
+                 method + (f.moe.group_score == GroupScoreFunc::max
+                               ? " (groups scored by their largest score, DeepseekV2ForCausalLM)"
+                               : " (groups scored by their two largest scores, DeepseekV3ForCausalLM)"),
                  std::string("GroupScore<") + detail::group_score_name(t.moe.group_score) + ">");
     out.moe.group_score = f.moe.group_score;
 
     // RoPE.
     take_real(out.rope.theta, t.rope.theta, f.rope.theta, "rope_theta", "Theta");
-    take_flag(out.rope.interleave, t.rope.from_file.interleave, t.rope.interleave, f.rope.interleave,
-              "rope_interleave", boolean(f.rope.interleave), "Interleave");
+    take_flag(out.rope.interleave, t.rope.from_file.interleave, t.rope.interleave, f.rope.interleave, "rope_interleave",
+              boolean(f.rope.interleave), "Interleave");
     const std::string dict = file.rope_parameters_format ? "rope_parameters." : "rope_scaling.";
     if (!t.rope.from_file.scaling) {
         if (t.rope.yarn != f.rope.yarn)
-            mismatch(dict + (file.rope_parameters_format ? "rope_type" : "type"), f.rope.yarn ? "'yarn'" : "'default' (or absent)",
-                     t.rope.yarn ? "YaRN<...>" : "NoScaling");
+            mismatch(dict + (file.rope_parameters_format ? "rope_type" : "type"),
+                     f.rope.yarn ? "'yarn'" : "'default' (or absent)", t.rope.yarn ? "YaRN<...>" : "NoScaling");
         if (f.rope.yarn) {
             take_real(out.rope.factor, t.rope.factor, f.rope.factor, dict + "factor", "Factor");
             take(out.rope.original_max_positions, t.rope.original_max_positions, f.rope.original_max_positions,

@@ -26,11 +26,13 @@ inline nlohmann::json hf_config_json(const ModelConfig& c, double initializer_ra
     const std::string what = "config.json for this model: ";
     if (!c.is_static()) throw config_error(what + "every size must be known (resolve Dynamic sizes first)");
     if (c.attention.kind != AttentionKind::mla)
-        throw config_error(what + "DeepseekV3ForCausalLM has Multi-head Latent Attention; a model with Attention<MHA<...>> "
-                                  "has no Hugging Face DeepseekV3 checkpoint form");
+        throw config_error(what +
+                           "DeepseekV3ForCausalLM has Multi-head Latent Attention; a model with Attention<MHA<...>> "
+                           "has no Hugging Face DeepseekV3 checkpoint form");
     if (c.moe.score != ScoreFunc::sigmoid)
-        throw config_error(what + "DeepseekV3ForCausalLM scores experts with a sigmoid; a model with Score<Softmax> "
-                                  "would be routed differently by transformers");
+        throw config_error(what +
+                           "DeepseekV3ForCausalLM scores experts with a sigmoid; a model with Score<Softmax> "
+                           "would be routed differently by transformers");
     validate(c);
     nlohmann::json j;
     j["architectures"] = {"DeepseekV3ForCausalLM"};
@@ -51,7 +53,8 @@ inline nlohmann::json hf_config_json(const ModelConfig& c, double initializer_ra
 
     j["num_attention_heads"] = c.attention.heads;
     j["num_key_value_heads"] = c.attention.heads;
-    j["q_lora_rank"] = c.attention.q_rank == NoQCompression ? nlohmann::json(nullptr) : nlohmann::json(c.attention.q_rank);
+    j["q_lora_rank"] =
+        c.attention.q_rank == NoQCompression ? nlohmann::json(nullptr) : nlohmann::json(c.attention.q_rank);
     j["kv_lora_rank"] = c.attention.kv_rank;
     j["qk_nope_head_dim"] = c.attention.nope_dim;
     j["qk_rope_head_dim"] = c.attention.rope_dim;

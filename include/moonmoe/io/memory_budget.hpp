@@ -103,8 +103,10 @@ inline std::string format_count(double n) {
 inline std::string format_bytes(double bytes) {
     char buf[48];
     if (bytes >= 1e12) std::snprintf(buf, sizeof buf, "%.3g TB", bytes / 1e12);
-    else if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.3g GB", bytes / 1e9);
-    else std::snprintf(buf, sizeof buf, "%.3g MB", bytes / 1e6);
+    else if (bytes >= 1e9)
+        std::snprintf(buf, sizeof buf, "%.3g GB", bytes / 1e9);
+    else
+        std::snprintf(buf, sizeof buf, "%.3g MB", bytes / 1e6);
     return buf;
 }
 
@@ -180,7 +182,9 @@ inline MemoryEstimate estimate_model_memory(const ModelConfig& c, const std::str
         3 * dense, true);
     add(shape("mlp.gate.weight").times(mo.experts, "n_routed_experts").times(H, "hidden_size"), moe_layers, true);
     add(shape("mlp.gate.e_score_correction_bias").times(mo.experts, "n_routed_experts"), moe_layers, false, false);
-    add(shape("mlp.experts.N.gate_proj.weight").times(mo.expert_hidden, "moe_intermediate_size").times(H, "hidden_size"),
+    add(shape("mlp.experts.N.gate_proj.weight")
+            .times(mo.expert_hidden, "moe_intermediate_size")
+            .times(H, "hidden_size"),
         3 * double(std::max<index_t>(mo.experts, 0)) * moe_layers, true);
     add(shape("mlp.shared_experts.gate_proj.weight")
             .times(mo.shared, "n_shared_experts")
@@ -200,15 +204,14 @@ inline MemoryEstimate check_memory_budget(const ModelConfig& c, const std::strin
     const bool given = limit.has_value();
     if (!limit) limit = detail::available_memory_bytes();
     if (limit && m.total_bytes() > *limit)
-        throw io_error(source + ": the model needs " + detail::format_bytes(m.total_bytes()) + " (" +
-                       detail::format_bytes(m.values_bytes) + " of FP32 values for " + detail::format_count(m.parameters) +
-                       " parameters, " +
-                       detail::format_bytes(m.gradient_bytes) + " of gradients" +
-                       (with_optimizer_state ? ", " + detail::format_bytes(m.optimizer_bytes) + " of optimizer state" : "") +
-                       "; the largest tensor is " + m.largest_tensor + "), more than the " +
-                       detail::format_bytes(*limit) +
-                       (given ? " allowed by the caller's memory_limit" : " of memory available to this process") +
-                       "; check num_hidden_layers, hidden_size, vocab_size and the expert counts");
+        throw io_error(
+            source + ": the model needs " + detail::format_bytes(m.total_bytes()) + " (" +
+            detail::format_bytes(m.values_bytes) + " of FP32 values for " + detail::format_count(m.parameters) +
+            " parameters, " + detail::format_bytes(m.gradient_bytes) + " of gradients" +
+            (with_optimizer_state ? ", " + detail::format_bytes(m.optimizer_bytes) + " of optimizer state" : "") +
+            "; the largest tensor is " + m.largest_tensor + "), more than the " + detail::format_bytes(*limit) +
+            (given ? " allowed by the caller's memory_limit" : " of memory available to this process") +
+            "; check num_hidden_layers, hidden_size, vocab_size and the expert counts");
     return m;
 }
 

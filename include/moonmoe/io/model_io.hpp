@@ -58,8 +58,9 @@ void check_finite_values(const std::string& where, const std::string& name, std:
     index_t flat = bad - values.begin();
     std::vector<index_t> index(shape.size());
     for (std::size_t d = shape.size(); d-- > 0;) index[d] = flat % shape[d], flat /= shape[d];
-    throw io_error(where + ": tensor " + detail::quoted(name) + " holds " + (std::isnan(wide(*bad)) ? "NaN" : "an infinity") +
-                   " at " + format_shape(index) + " (the first non-finite weight of the checkpoint)");
+    throw io_error(where + ": tensor " + detail::quoted(name) + " holds " +
+                   (std::isnan(wide(*bad)) ? "NaN" : "an infinity") + " at " + format_shape(index) +
+                   " (the first non-finite weight of the checkpoint)");
 }
 
 /// The layer index N of "model.layers.N.<rest>", or nullopt.
@@ -95,7 +96,8 @@ inline bool held_by_another_part(const nn::ModelPart& part, const ModelConfig& c
         if (std::find(part.layers.begin(), part.layers.end(), *layer) == part.layers.end()) return true;
         const auto expert = expert_of(name);
         const index_t count = part.expert_count < 0 ? c.moe.experts - part.first_expert : part.expert_count;
-        return expert && *expert < c.moe.experts && (*expert < part.first_expert || *expert >= part.first_expert + count);
+        return expert && *expert < c.moe.experts &&
+               (*expert < part.first_expert || *expert >= part.first_expert + count);
     }
     if (name == "model.embed_tokens.weight") return !part.embedding;
     if (name == "model.norm.weight" || name == "lm_head.weight") return !part.head;
@@ -114,12 +116,14 @@ inline std::string describe_part(const nn::ModelPart& part, const ModelConfig& c
         i = j + 1;
     }
     const index_t count = part.expert_count < 0 ? c.moe.experts - part.first_expert : part.expert_count;
-    std::string out = part.layers.empty() ? "no decoder layer" : (part.layers.size() == 1 ? "layer " : "layers ") + layers;
+    std::string out =
+        part.layers.empty() ? "no decoder layer" : (part.layers.size() == 1 ? "layer " : "layers ") + layers;
     out += " of " + std::to_string(c.dims.layers);
     if (c.dims.layers > c.dims.dense_layers)
         out += ", routed experts " +
-               (count == 0 ? std::string("none") : std::to_string(part.first_expert) +
-                                                       (count > 1 ? "-" + std::to_string(part.first_expert + count - 1) : "")) +
+               (count == 0 ? std::string("none")
+                           : std::to_string(part.first_expert) +
+                                 (count > 1 ? "-" + std::to_string(part.first_expert + count - 1) : "")) +
                " of " + std::to_string(c.moe.experts);
     out += part.embedding ? ", the embedding" : ", no embedding";
     out += part.head ? ", the final norm and lm_head" : ", no final norm / lm_head";
@@ -174,17 +178,20 @@ void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& 
             values = staging;
         }
         if constexpr (std::is_same_v<T, bf16>) ck.read_bf16(p.name, std::span<const index_t>(p.shape), values);
-        else ck.read_f32(p.name, std::span<const index_t>(p.shape), values);
+        else
+            ck.read_f32(p.name, std::span<const index_t>(p.shape), values);
         if (options.check_finite) detail::check_finite_values<T>(where, p.name, p.shape, values);
-        if constexpr (!backend::host_visible<B>) backend::Memory<B>::to_device(into, values.data(), values.size_bytes());
+        if constexpr (!backend::host_visible<B>)
+            backend::Memory<B>::to_device(into, values.data(), values.size_bytes());
     };
     std::vector<float> staging;
     std::vector<bf16> staging16;
     model.visit_params([&](const ParamRef& p) {
         if (p.value) load(p, p.value, staging);
-        else load(p, p.value16, staging16);
+        else
+            load(p, p.value16, staging16);
     });
-    model.refresh_working_weights();  // bf16 compute: the bf16 values of the loaded f32 ones
+    model.refresh_working_weights();                 // bf16 compute: the bf16 values of the loaded f32 ones
     model.hf_config_json = ck.config().json.dump();  // saved back with the weights: bos / eos ids and all
     const index_t layers = model.config.dims.layers, mtp_layers = ck.config().mtp_layers;
     std::vector<std::string> extra;
@@ -195,8 +202,8 @@ void load_weights(nn::Transformer<B>& model, Checkpoint& ck, const LoadOptions& 
             throw io_error(where + ": tensor " + detail::quoted(name) + " belongs to layer " + std::to_string(*layer) +
                            ", which config.json's num_nextn_predict_layers " + std::to_string(mtp_layers) +
                            " makes a multi-token-prediction module, but the layer has no MTP tensors (eh_proj, "
-                           "enorm, hnorm): it is a decoder layer, so num_hidden_layers " + std::to_string(layers) +
-                           " is smaller than the checkpoint");
+                           "enorm, hnorm): it is a decoder layer, so num_hidden_layers " +
+                           std::to_string(layers) + " is smaller than the checkpoint");
         if (!mtp && !detail::held_by_another_part(model.part, model.config, name)) extra.push_back(name);
     }
     if (!extra.empty()) {
@@ -280,7 +287,8 @@ void save_parameters(const std::filesystem::path& file, nn::Transformer<B>& mode
     model.visit_params([&](const ParamRef& p) {
         if (what == Saved::values) return tensors.push_back(detail::stored_values<B>(p, copies, copies16));
         if (!p.grad) return;  // the router bias has no gradient
-        tensors.push_back({p.name, p.shape, detail::host_values<B>(static_cast<const float*>(p.grad), p.numel(), copies)});
+        tensors.push_back(
+            {p.name, p.shape, detail::host_values<B>(static_cast<const float*>(p.grad), p.numel(), copies)});
     });
     write_tensors(file, tensors);
 }

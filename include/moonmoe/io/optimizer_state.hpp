@@ -2,8 +2,8 @@
 //
 // Tensors `<param>.momentum` (Muon), `<param>.exp_avg` and `<param>.exp_avg_sq` (AdamW), and `<param>.master` (the
 // f32 master of a parameter stored in bf16, Weights<BF16>), F32, shaped like the parameter; the step count in the
-// metadata ("step"). Loading a master rounds it into the bf16 parameter too. Loading checks that every slot finds its state with the
-// right shape and that the file holds nothing else, naming the file and tensor otherwise.
+// metadata ("step"). Loading a master rounds it into the bf16 parameter too. Loading checks that every slot finds its
+// state with the right shape and that the file holds nothing else, naming the file and tensor otherwise.
 #pragma once
 
 #include <filesystem>
@@ -69,7 +69,8 @@ void load_optimizer_state(const std::filesystem::path& file, optim::Optimizer<Co
             detail::read_state(f, name, s.param.shape, state);
         });
     for (const std::string& name : f.names())
-        if (!expected.count(name)) throw io_error(file.string() + ": state for an unknown parameter: " + detail::quoted(name));
+        if (!expected.count(name))
+            throw io_error(file.string() + ": state for an unknown parameter: " + detail::quoted(name));
     opt.set_steps(std::stoll(step->second));
     opt.round_masters();
 }

@@ -97,9 +97,11 @@ inline TensorRecord parse_tensor_entry(const std::string& where, const std::stri
 
     const auto& off = e["data_offsets"];
     std::optional<std::uint64_t> begin, end;
-    if (off.is_array() && off.size() == 2) begin = json_nonnegative_integer(off[0]), end = json_nonnegative_integer(off[1]);
+    if (off.is_array() && off.size() == 2)
+        begin = json_nonnegative_integer(off[0]), end = json_nonnegative_integer(off[1]);
     if (!begin || !end)
-        throw io_error(at + "data_offsets " + json_excerpt(off) + " is not a pair of non-negative integers [begin, end]");
+        throw io_error(at + "data_offsets " + json_excerpt(off) +
+                       " is not a pair of non-negative integers [begin, end]");
     if (*begin > *end) throw io_error(at + "data_offsets " + json_excerpt(off) + " has begin > end");
     if (*end > data.size())
         throw io_error(at + "data_offsets " + json_excerpt(off) + " end beyond the data section (" +
@@ -154,7 +156,8 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
             const auto& key = parsed.get_ref<const std::string&>();
             if (std::find(entry_keys.begin(), entry_keys.end(), key) != entry_keys.end())
                 throw io_error(where + ": " +
-                               (keys.back() == "__metadata__" ? std::string("__metadata__") : "tensor " + detail::quoted(keys.back())) +
+                               (keys.back() == "__metadata__" ? std::string("__metadata__")
+                                                              : "tensor " + detail::quoted(keys.back())) +
                                ": field " + detail::quoted(key) + " appears twice");
             entry_keys.push_back(key);
         }
@@ -178,7 +181,8 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
         if (name == "__metadata__") {
             if (!entry.is_object()) throw io_error(where + ": __metadata__ is not a JSON object");
             for (const auto& [k, v] : entry.items()) {
-                if (!v.is_string()) throw io_error(where + ": __metadata__ value of " + detail::quoted(k) + " is not a string");
+                if (!v.is_string())
+                    throw io_error(where + ": __metadata__ value of " + detail::quoted(k) + " is not a string");
                 out.metadata.emplace(k, v.get<std::string>());
             }
             continue;
@@ -190,7 +194,8 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
     std::vector<const TensorRecord*> by_offset;
     for (const auto& r : out.records) by_offset.push_back(&r);
     std::sort(by_offset.begin(), by_offset.end(), [](const TensorRecord* a, const TensorRecord* b) {
-        return a->bytes.data() != b->bytes.data() ? a->bytes.data() < b->bytes.data() : a->bytes.size() < b->bytes.size();
+        return a->bytes.data() != b->bytes.data() ? a->bytes.data() < b->bytes.data()
+                                                  : a->bytes.size() < b->bytes.size();
     });
     const std::byte* expected = data.data();
     const TensorRecord* previous = nullptr;

@@ -37,21 +37,21 @@ namespace detail {
 /// (BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64).
 constexpr int reference_dtype_rank(DType t) {
     switch (t) {
-        case DType::boolean: return 0;
-        case DType::u8: return 1;
-        case DType::i8: return 2;
-        case DType::f8_e5m2: return 3;
-        case DType::f8_e4m3: return 4;
-        case DType::i16: return 5;
-        case DType::u16: return 6;
-        case DType::f16: return 7;
-        case DType::bf16: return 8;
-        case DType::i32: return 9;
-        case DType::u32: return 10;
-        case DType::f32: return 11;
-        case DType::f64: return 12;
-        case DType::i64: return 13;
-        case DType::u64: return 14;
+    case DType::boolean: return 0;
+    case DType::u8: return 1;
+    case DType::i8: return 2;
+    case DType::f8_e5m2: return 3;
+    case DType::f8_e4m3: return 4;
+    case DType::i16: return 5;
+    case DType::u16: return 6;
+    case DType::f16: return 7;
+    case DType::bf16: return 8;
+    case DType::i32: return 9;
+    case DType::u32: return 10;
+    case DType::f32: return 11;
+    case DType::f64: return 12;
+    case DType::i64: return 13;
+    case DType::u64: return 14;
     }
     return -1;
 }
@@ -82,7 +82,8 @@ public:
     }
 
 private:
-    void add_entry(std::string name, DType dtype, std::vector<index_t> shape, std::span<const std::byte> bytes, bool copy) {
+    void add_entry(std::string name, DType dtype, std::vector<index_t> shape, std::span<const std::byte> bytes,
+                   bool copy) {
         const std::string at = "safetensors writer: tensor " + detail::quoted(name) + ": ";
         if (name == "__metadata__") throw io_error(at + "the name is reserved for the metadata map");
         if (names_.count(name)) throw io_error(at + "added twice");
@@ -109,7 +110,6 @@ private:
     }
 
 public:
-
     /// Sets one "__metadata__" entry (Hugging Face writes {"format": "pt"}).
     void metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
@@ -150,7 +150,7 @@ private:
         std::string name, quoted_name;
         DType dtype;
         std::vector<index_t> shape;
-        std::vector<std::byte> owned;       ///< the copy, unless borrowed
+        std::vector<std::byte> owned;      ///< the copy, unless borrowed
         std::span<const std::byte> bytes;  ///< owned, or the caller's
     };
 

@@ -63,13 +63,18 @@ struct DecoderLayer {
     /// their pairs with `dispatcher` (null: local; nn/dispatch.hpp).
     DecoderLayer(const ModelConfig& c, index_t index, index_t first_expert = 0, index_t expert_count = -1,
                  std::shared_ptr<Dispatcher<B>> dispatcher = {})
-        : hidden(c.dims.hidden), dense(index < c.dims.dense_layers), latent(c.attention.kind == AttentionKind::mla),
-          input_layernorm(c.dims.hidden, c.dims.norm_eps), post_attention_layernorm(c.dims.hidden, c.dims.norm_eps) {
+        : hidden(c.dims.hidden),
+          dense(index < c.dims.dense_layers),
+          latent(c.attention.kind == AttentionKind::mla),
+          input_layernorm(c.dims.hidden, c.dims.norm_eps),
+          post_attention_layernorm(c.dims.hidden, c.dims.norm_eps) {
         check_precision(c.precision);
         if (latent) self_attn = MLA<B>(c);
-        else mha = MHA<B>(c);
+        else
+            mha = MHA<B>(c);
         if (dense) mlp = SwiGLU<B>(c.dims.hidden, c.dims.dense_hidden, ParamKind::matrix, c.precision);
-        else moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count, c.precision, std::move(dispatcher));
+        else
+            moe = MoE<B>(c.moe, c.dims.hidden, first_expert, expert_count, c.precision, std::move(dispatcher));
         set_precision(c.precision);
         set_activations(c.activations);
     }
@@ -85,9 +90,11 @@ struct DecoderLayer {
         // attention's and the MLP's inputs are the norms' outputs: recomputed here in backward and handed to theirs
         const KeepInput keep_inputs = a.recompute_norms ? KeepInput::no : KeepInput::yes;
         if (latent) self_attn.set_activations(a, keep_inputs);
-        else mha.set_activations(a, keep_inputs);
+        else
+            mha.set_activations(a, keep_inputs);
         if (dense) mlp.set_activations(a, keep_inputs);
-        else moe.set_activations(a, keep_inputs);
+        else
+            moe.set_activations(a, keep_inputs);
     }
     KeptFormat kept_value() const { return activations.value_format(); }
 
@@ -99,16 +106,20 @@ struct DecoderLayer {
         input_layernorm.set_precision(p);
         post_attention_layernorm.set_precision(p);
         if (latent) self_attn.set_precision(p);
-        else mha.set_precision(p);
+        else
+            mha.set_precision(p);
         if (dense) mlp.set_precision(p);
-        else moe.set_precision(p);
+        else
+            moe.set_precision(p);
     }
     /// Re-rounds the bf16 working copies of the weights from the masters (bf16 policy; nothing under f32).
     void refresh_working() {
         if (latent) self_attn.refresh_working();
-        else mha.refresh_working();
+        else
+            mha.refresh_working();
         if (dense) mlp.refresh_working();
-        else moe.refresh_working();
+        else
+            moe.refresh_working();
     }
 
     // ---- what the optimizer reaches: the attention's per-head maxima (QK-Clip), the router (bias balancing) ----
@@ -141,14 +152,16 @@ struct DecoderLayer {
         input_layernorm.forward(h, a_in.view(), c.rstd1.view());
         Mat attn({T, hidden});
         if (latent) self_attn.forward(a_in.view(), layout, attn.view(), c.attn, pass);
-        else mha.forward(a_in.view(), layout, attn.view(), c.mha, pass);
+        else
+            mha.forward(a_in.view(), layout, attn.view(), c.mha, pass);
         a_in = Mat{};  // attention keeps its own copy of its input, if any
         add(h, attn.view(), h1.view());
         Mat m_in({T, hidden});
         post_attention_layernorm.forward(h1.view(), m_in.view(), c.rstd2.view());
         Mat m({T, hidden});
         if (dense) mlp.forward(m_in.view(), m.view(), c.mlp);
-        else moe.forward(m_in.view(), m.view(), c.moe, pass);
+        else
+            moe.forward(m_in.view(), m.view(), c.moe, pass);
         m_in = Mat{};  // the MLP / MoE keep their own copy, if any
         add(h1.view(), m.view(), out);
         c.h1 = KeptMatrix<B>(std::move(h1), kept_value());
@@ -161,13 +174,15 @@ struct DecoderLayer {
         Mat dm({T, hidden}), dh1({T, hidden}), da({T, hidden}), in;
         if (activations.recompute_norms) in = post_attention_layernorm.recompute(h1.view());
         if (dense) mlp.backward(dout, c.mlp, dm.view(), Accumulate::no, in.view());
-        else moe.backward(dout, c.moe, dm.view(), Accumulate::no, in.view());
+        else
+            moe.backward(dout, c.moe, dm.view(), Accumulate::no, in.view());
         in = Mat{};
         Ops::copy(dout, dh1.view());
         post_attention_layernorm.backward(h1.view(), c.rstd2.view(), dm.view(), dh1.view(), Accumulate::yes);
         if (activations.recompute_norms) in = input_layernorm.recompute(h.view());
         if (latent) self_attn.backward(dh1.view(), c.attn, da.view(), Accumulate::no, in.view());
-        else mha.backward(dh1.view(), c.mha, da.view(), Accumulate::no, in.view());
+        else
+            mha.backward(dh1.view(), c.mha, da.view(), Accumulate::no, in.view());
         in = Mat{};
         Ops::copy(dh1.view(), dh);
         input_layernorm.backward(h.view(), c.rstd1.view(), da.view(), dh, Accumulate::yes);
@@ -183,7 +198,8 @@ struct DecoderLayer {
     DecodeCache make_decode_cache(index_t capacity) const {
         DecodeCache d;
         if (latent) d.latent = typename MLA<B>::LatentCache(capacity, self_attn.cfg);
-        else d.kv = typename MHA<B>::KVCache(capacity, mha.cfg);
+        else
+            d.kv = typename MHA<B>::KVCache(capacity, mha.cfg);
         return d;
     }
 
@@ -224,9 +240,11 @@ struct DecoderLayer {
 
     void visit_params(const std::string& name, const ParamVisitor& f) {
         if (latent) self_attn.visit_params(name + ".self_attn", f);
-        else mha.visit_params(name + ".self_attn", f);
+        else
+            mha.visit_params(name + ".self_attn", f);
         if (dense) mlp.visit_params(name + ".mlp", f);
-        else moe.visit_params(name + ".mlp", f);
+        else
+            moe.visit_params(name + ".mlp", f);
         input_layernorm.visit_params(name + ".input_layernorm", f);
         post_attention_layernorm.visit_params(name + ".post_attention_layernorm", f);
     }

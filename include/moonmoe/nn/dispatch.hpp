@@ -31,9 +31,9 @@ namespace moonmoe::nn {
 /// One forward's exchange of rows between a rank's pairs (in its plan's order) and the experts it holds.
 template <class B>
 struct ExpertExchange {
-    std::vector<index_t> send_rows;       ///< rows this rank sends each rank of its group (one entry: local)
-    std::vector<index_t> recv_rows;       ///< rows each rank sends this one
-    std::vector<index_t> expert_offsets;  ///< [local experts + 1]: local expert e's rows, expert-major
+    std::vector<index_t> send_rows;         ///< rows this rank sends each rank of its group (one entry: local)
+    std::vector<index_t> recv_rows;         ///< rows each rank sends this one
+    std::vector<index_t> expert_offsets;    ///< [local experts + 1]: local expert e's rows, expert-major
     Tensor<index_t, 1, B> to_expert_major;  ///< expert-major row i = received row to_expert_major[i] (exchanges)
     Tensor<index_t, 1, B> to_source_major;  ///< received row i = expert-major row to_source_major[i] (exchanges)
 
@@ -82,8 +82,8 @@ public:
     using Mat = Tensor<float, 2, B>;
     void check(index_t experts, index_t first, index_t count) const override {
         if (first < 0 || count < 0 || first + count > experts)
-            throw std::invalid_argument("MoE: experts [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                                        ") of " + std::to_string(experts));
+            throw std::invalid_argument("MoE: experts [" + std::to_string(first) + ", " +
+                                        std::to_string(first + count) + ") of " + std::to_string(experts));
     }
     PlannedExperts planned(index_t, index_t first, index_t count) const override { return {first, count}; }
     ExpertExchange<B> exchange(std::span<const index_t> plan_offsets) override {

@@ -52,7 +52,8 @@ void write_values(const ParamRef& p, Fill&& fill) {
     if (p.value) return fill(View<float, 2, B>(p.value, flat));
     Tensor<float, 2, B> staging(flat);
     fill(staging.view());
-    backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(staging.view()), View<bf16, 2, B>(p.value16, flat));
+    backend::Ops<B>::template cast<bf16, float>(View<const float, 2, B>(staging.view()),
+                                                View<bf16, 2, B>(p.value16, flat));
 }
 
 /// Sets every parameter of `model` to its initial value (rules at the top of this file); gradients are left as

@@ -85,7 +85,8 @@ View<const float, 2, B> input_for_backward(KeptMatrix<B>& kept, Tensor<float, 2,
         return scratch.view();
     }
     if (!given.data && rows > 0)
-        throw std::logic_error(module + ".backward: the input was not kept (keep_input is false): pass the "
+        throw std::logic_error(module +
+                               ".backward: the input was not kept (keep_input is false): pass the "
                                "forward's input");
     return given;
 }

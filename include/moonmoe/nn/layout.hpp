@@ -50,16 +50,18 @@ public:
         if (offsets.size() < 2 || offsets.front() != 0)
             throw std::invalid_argument("TokenLayout: offsets must start at 0 and hold at least one sequence (got " +
                                         std::to_string(offsets.size()) + " offsets" +
-                                        (offsets.empty() ? "" : ", the first " + std::to_string(offsets.front())) + ")");
+                                        (offsets.empty() ? "" : ", the first " + std::to_string(offsets.front())) +
+                                        ")");
         TokenLayout l;
         for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
             if (offsets[s + 1] <= offsets[s])
-                throw std::invalid_argument("TokenLayout: offsets must increase strictly; sequence " + std::to_string(s) +
-                                            " runs from " + std::to_string(offsets[s]) + " to " +
+                throw std::invalid_argument("TokenLayout: offsets must increase strictly; sequence " +
+                                            std::to_string(s) + " runs from " + std::to_string(offsets[s]) + " to " +
                                             std::to_string(offsets[s + 1]));
         l.positions.resize(static_cast<std::size_t>(offsets.back()));
         for (std::size_t s = 0; s + 1 < offsets.size(); ++s)
-            for (index_t t = offsets[s]; t < offsets[s + 1]; ++t) l.positions[std::size_t(t)] = first_position + t - offsets[s];
+            for (index_t t = offsets[s]; t < offsets[s + 1]; ++t)
+                l.positions[std::size_t(t)] = first_position + t - offsets[s];
         l.offsets_ = std::move(offsets);
         return l;
     }
@@ -81,8 +83,8 @@ public:
     void check_rows(index_t rows, const char* what) const {
         if (tokens() != rows || index_t(positions.size()) != rows)
             throw std::invalid_argument(std::string(what) + ": the token layout covers " + std::to_string(tokens()) +
-                                        " rows with " + std::to_string(positions.size()) + " positions, the input has " +
-                                        std::to_string(rows) + " rows");
+                                        " rows with " + std::to_string(positions.size()) +
+                                        " positions, the input has " + std::to_string(rows) + " rows");
     }
 
     /// Throws unless the rows of sequence s sit at positions cached, cached + 1, ...: the next tokens of a sequence
@@ -90,9 +92,10 @@ public:
     void check_continues(index_t s, index_t cached, const char* what) const {
         for (index_t t = begin(s); t < end(s); ++t)
             if (positions[std::size_t(t)] != cached + t - begin(s))
-                throw std::invalid_argument(std::string(what) + ": token " + std::to_string(t - begin(s)) + " of sequence " +
-                                            std::to_string(s) + " is at position " + std::to_string(positions[std::size_t(t)]) +
-                                            ", but its cache holds " + std::to_string(cached) + " tokens, so it belongs at " +
+                throw std::invalid_argument(std::string(what) + ": token " + std::to_string(t - begin(s)) +
+                                            " of sequence " + std::to_string(s) + " is at position " +
+                                            std::to_string(positions[std::size_t(t)]) + ", but its cache holds " +
+                                            std::to_string(cached) + " tokens, so it belongs at " +
                                             std::to_string(cached + t - begin(s)));
     }
 

@@ -39,8 +39,7 @@ struct Linear {
     /// y = x W^T, x [rows, in] -> y [rows, out]; y += x W^T under Accumulate::yes.
     void forward(View<const float, 2, B> x, View<float, 2, B> y, Accumulate accumulate = Accumulate::no) const {
         using backend::Trans;
-        if (compute == NumberFormat::f32)
-            return Ops::linear(x, weight.value.view(), y, accumulate == Accumulate::yes);
+        if (compute == NumberFormat::f32) return Ops::linear(x, weight.value.view(), y, accumulate == Accumulate::yes);
         product_bf16(bf16_copy(x).view(), Trans::yes, weight.value16.view(), y, accumulate);
     }
 

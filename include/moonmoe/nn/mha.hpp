@@ -55,7 +55,7 @@ struct MHA {
         for (Linear<B>* l : {&q_proj, &k_proj, &v_proj, &o_proj}) l->refresh_working();
     }
     ActivationsConfig kept{};  ///< what forward keeps, and in which formats (nn/kept.hpp)
-    bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
+    bool keep_input = true;    ///< false: backward is handed x (a recomputed norm output)
     /// What forward keeps (config/activations.hpp), and whether it keeps x (KeepInput::no: backward is handed it).
     void set_activations(const ActivationsConfig& a, KeepInput keep = KeepInput::yes) {
         kept = a;
@@ -64,7 +64,7 @@ struct MHA {
 
     struct Cache {
         KeptMatrix<B> x, q, k, v, o;
-        Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        Tensor<float, 1, B> lse;          ///< [tokens * heads], per (sequence, head) at lse_offset()
         Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
         TokenLayout layout;
         std::size_t bytes() const {
@@ -88,13 +88,15 @@ struct MHA {
 
     MHA() = default;
     explicit MHA(const ModelConfig& c)
-        : cfg(c.attention), hidden(c.dims.hidden),
+        : cfg(c.attention),
+          hidden(c.dims.hidden),
           softmax_scale(float(moonmoe::softmax_scale(c.rope, c.attention.qk_head_dim()))),
           q_proj(c.dims.hidden, c.attention.heads * c.attention.qk_head_dim(), ParamKind::matrix, c.precision),
           k_proj(c.dims.hidden, c.attention.kv_heads * c.attention.qk_head_dim(), ParamKind::matrix, c.precision),
           v_proj(c.dims.hidden, c.attention.kv_heads * c.attention.v_dim, ParamKind::matrix, c.precision),
           o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden, ParamKind::matrix, c.precision),
-          rope(c.rope, c.attention.rope_dim), max_logit_per_head(Shape<1>{c.attention.heads}),
+          rope(c.rope, c.attention.rope_dim),
+          max_logit_per_head(Shape<1>{c.attention.heads}),
           compute(c.precision.compute) {
         reset_max_logits();
         set_activations(c.activations);
@@ -225,11 +227,14 @@ struct MHA {
             Ops::copy(cols(std::as_const(v), t0, n, 0, v.size(1)), cols(cache.v, cache.length, n, 0, v.size(1)));
             cache.length += n;
             const index_t L = cache.length;
-            cached.push_back({{heads_view<const float, B>(cols(std::as_const(cache.k), 0, L, 0, k.size(1)), 0, G, d(), d())},
-                              heads_view<const float, B>(cols(std::as_const(cache.v), 0, L, 0, v.size(1)), 0, G, cfg.v_dim, cfg.v_dim)});
+            cached.push_back(
+                {{heads_view<const float, B>(cols(std::as_const(cache.k), 0, L, 0, k.size(1)), 0, G, d(), d())},
+                 heads_view<const float, B>(cols(std::as_const(cache.v), 0, L, 0, v.size(1)), 0, G, cfg.v_dim,
+                                            cfg.v_dim)});
         }
         Mat o({T, H * cfg.v_dim});
-        Ops::attention_decode(queries(q), cached, layout.offsets(), softmax_scale, heads_view(o, 0, H, cfg.v_dim, cfg.v_dim));
+        Ops::attention_decode(queries(q), cached, layout.offsets(), softmax_scale,
+                              heads_view(o, 0, H, cfg.v_dim, cfg.v_dim));
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
     }

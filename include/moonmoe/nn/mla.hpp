@@ -1,4 +1,5 @@
-// moonmoe/nn/mla.hpp: Multi-head Latent Attention (DeepSeek-V2, arXiv 2405.04434, §2.1; transformers' DeepseekV3Attention), training (naive) form.
+// moonmoe/nn/mla.hpp: Multi-head Latent Attention (DeepSeek-V2, arXiv 2405.04434, §2.1; transformers'
+// DeepseekV3Attention), training (naive) form.
 //
 //   q  = q_b_proj(q_a_layernorm(q_a_proj(x)))  [or q_proj(x)]     -> per head [nope | rope]
 //   ckv = kv_a_proj_with_mqa(x) = [c (kv_rank) | k_pe (rope, one head shared by all)]
@@ -12,10 +13,10 @@
 // keeps the inputs of each projection and the per-row log-sum-exp of the scores, and recomputes the probabilities
 // (no S x S tensor survives forward). Under the activation policy (config/activations.hpp) the latent norms'
 // outputs cqn and cn are recomputed from the kept cq and c, and the up-projections' outputs q (RoPE applied) and
-// kv from cqn and cn, by the forward's operations (the same bits); kept values may be stored in bf16 (nn/kept.hpp). Forward records the per-head maximum scaled logit for QK-Clip.
-// Under the bf16 policy (nn/precision.hpp) the projections are bf16 products, the rotated q and k_pe and the
-// attention output are rounded to bf16, and attention itself runs in f32 on those bf16 values (scores, softmax and
-// the maxima in f32, as fused attention kernels do).
+// kv from cqn and cn, by the forward's operations (the same bits); kept values may be stored in bf16 (nn/kept.hpp).
+// Forward records the per-head maximum scaled logit for QK-Clip. Under the bf16 policy (nn/precision.hpp) the
+// projections are bf16 products, the rotated q and k_pe and the attention output are rounded to bf16, and attention
+// itself runs in f32 on those bf16 values (scores, softmax and the maxima in f32, as fused attention kernels do).
 #pragma once
 
 #include <algorithm>
@@ -39,10 +40,10 @@ namespace moonmoe::nn {
 /// Which rows of q_b_proj (or q_proj) and kv_b_proj belong to head h, and to its nope / rope / v parts.
 struct MLAHeadLayout {
     index_t heads, nope, rope, v;
-    index_t q_row(index_t h) const { return h * (nope + rope); }            ///< nope rows [q_row, q_row + nope)
+    index_t q_row(index_t h) const { return h * (nope + rope); }              ///< nope rows [q_row, q_row + nope)
     index_t q_rope_row(index_t h) const { return h * (nope + rope) + nope; }  ///< rope rows, `rope` of them
-    index_t k_nope_row(index_t h) const { return h * (nope + v); }          ///< kv_b rows of k_nope, `nope`
-    index_t v_row(index_t h) const { return h * (nope + v) + nope; }        ///< kv_b rows of v, `v` of them
+    index_t k_nope_row(index_t h) const { return h * (nope + v); }            ///< kv_b rows of k_nope, `nope`
+    index_t v_row(index_t h) const { return h * (nope + v) + nope; }          ///< kv_b rows of v, `v` of them
 };
 
 template <class B = cpu>
@@ -61,13 +62,13 @@ struct MLA {
     Tensor<float, 1, B> max_logit_per_head;
     NumberFormat compute = NumberFormat::f32;
     ActivationsConfig kept{};  ///< what forward keeps, and in which formats (nn/kept.hpp)
-    bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
+    bool keep_input = true;    ///< false: backward is handed x (a recomputed norm output)
     bool recompute_norms = false, recompute_up_projections = false, recompute_kv = false;  ///< q's, kv's
 
     struct Cache {
         KeptMatrix<B> x, cq, cqn, c, cn, q, kv, kpe, o;  ///< cqn, cn, q, kv: unless recomputed
         Tensor<float, 1, B> cq_rstd, c_rstd;
-        Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        Tensor<float, 1, B> lse;          ///< [tokens * heads], per (sequence, head) at lse_offset()
         Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
         TokenLayout layout;
         std::size_t bytes() const {
@@ -83,14 +84,16 @@ struct MLA {
 
     MLA() = default;
     MLA(const ModelConfig& c)
-        : cfg(c.attention), hidden(c.dims.hidden),
+        : cfg(c.attention),
+          hidden(c.dims.hidden),
           softmax_scale(float(moonmoe::softmax_scale(c.rope, c.attention.qk_head_dim()))),
           kv_a_proj_with_mqa(c.dims.hidden, c.attention.kv_rank + c.attention.rope_dim, ParamKind::matrix, c.precision),
           kv_b_proj(c.attention.kv_rank, c.attention.heads * (c.attention.nope_dim + c.attention.v_dim),
                     ParamKind::matrix, c.precision),
           o_proj(c.attention.heads * c.attention.v_dim, c.dims.hidden, ParamKind::matrix, c.precision),
           kv_a_layernorm(c.attention.kv_rank, 1e-6),  // HF builds the latent norms with the default eps
-          rope(c.rope, c.attention.rope_dim), max_logit_per_head(Shape<1>{c.attention.heads}) {
+          rope(c.rope, c.attention.rope_dim),
+          max_logit_per_head(Shape<1>{c.attention.heads}) {
         reset_max_logits();
         const index_t qdim = c.attention.heads * c.attention.qk_head_dim();
         if (cfg.q_rank > 0) {
@@ -310,7 +313,8 @@ struct MLA {
         Mat kv, pe;  ///< [capacity, kv_rank], [capacity, rope]
         index_t length = 0;
         LatentCache() = default;
-        LatentCache(index_t capacity, const AttentionConfig& a) : kv({capacity, a.kv_rank}), pe({capacity, a.rope_dim}) {}
+        LatentCache(index_t capacity, const AttentionConfig& a)
+            : kv({capacity, a.kv_rank}), pe({capacity, a.rope_dim}) {}
         index_t capacity() const { return kv.size(0); }
     };
 
@@ -332,8 +336,8 @@ struct MLA {
         const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim;
         layout.check_rows(T, "MLA.forward_absorbed");
         if (index_t(caches.size()) != N)
-            throw std::invalid_argument("MLA.forward_absorbed: " + std::to_string(caches.size()) + " latent caches for " +
-                                        std::to_string(N) + " sequences");
+            throw std::invalid_argument("MLA.forward_absorbed: " + std::to_string(caches.size()) +
+                                        " latent caches for " + std::to_string(N) + " sequences");
         for (index_t s = 0; s < N; ++s) {
             const LatentCache& cache = *caches[std::size_t(s)];
             if (cache.length + layout.length(s) > cache.capacity())
@@ -354,9 +358,11 @@ struct MLA {
             Ops::copy(cols(std::as_const(kpe), t0, n, 0, R), cols(cache.pe, cache.length, n, 0, R));
             cache.length += n;
             // one latent key / value and one rope key for all heads: head stride 0
-            const auto latent = heads_view<const float, B>(cols(std::as_const(cache.kv), 0, cache.length, 0, r), 0, H, 0, r);
-            keys.push_back({{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, cache.length, 0, R), 0, H, 0, R)},
-                            latent});
+            const auto latent =
+                heads_view<const float, B>(cols(std::as_const(cache.kv), 0, cache.length, 0, r), 0, H, 0, r);
+            keys.push_back(
+                {{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, cache.length, 0, R), 0, H, 0, R)},
+                 latent});
         }
         // q_lat = q_nope W_UK[h] per head, W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]; one batched
         // GEMM over the heads per sequence, not one over every row: a sequence's GEMMs then have the same shapes
@@ -368,8 +374,9 @@ struct MLA {
             per_head_products(Trans::no, q, t0, n, 0, nope, dqk(), 0, nope, q_lat, r);
         }
         round_to(compute, q_lat.view());
-        Ops::attention_decode({2, {heads_view(std::as_const(q_lat), 0, H, r, r), heads_view(std::as_const(q), nope, H, dqk(), R)}},
-                              keys, layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
+        Ops::attention_decode(
+            {2, {heads_view(std::as_const(q_lat), 0, H, r, r), heads_view(std::as_const(q), nope, H, dqk(), R)}}, keys,
+            layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
         round_to(compute, o_lat.view());
         // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
         for (index_t s = 0; s < N; ++s) {

@@ -96,7 +96,7 @@ struct MoE {
     index_t expert_rows = 0;  ///< rows the experts held here computed in the last forward (pairs routed to them)
     NumberFormat compute = NumberFormat::f32;
     ActivationsConfig kept{};  ///< g and u of the pairs (and x, when the dispatcher exchanges) as MLP inputs
-    bool keep_input = true;  ///< false: backward is handed u (a recomputed norm output)
+    bool keep_input = true;    ///< false: backward is handed u (a recomputed norm output)
 
     /// Wall-clock seconds spent in each part, summed over forward and backward calls (for reports). `dispatch` is
     /// the part of `experts` spent moving rows: the dispatch plan, gathering inputs, the exchange, combining.
@@ -137,8 +137,12 @@ struct MoE {
     /// local).
     MoE(const MoEConfig& c, index_t hidden_, index_t first = 0, index_t count = -1, PrecisionConfig p = {},
         std::shared_ptr<Dispatcher<B>> d = {})
-        : cfg(c), hidden(hidden_), first_expert(first), gate(c, hidden_),
-          experts(count < 0 ? c.experts - first : count, hidden_, c.expert_hidden, p), compute(p.compute) {
+        : cfg(c),
+          hidden(hidden_),
+          first_expert(first),
+          gate(c, hidden_),
+          experts(count < 0 ? c.experts - first : count, hidden_, c.expert_hidden, p),
+          compute(p.compute) {
         if (c.shared > 0) shared_experts = SwiGLU<B>(hidden_, c.shared * c.expert_hidden, ParamKind::matrix, p);
         set_dispatcher(d ? std::move(d) : local_dispatcher<B>());
     }
@@ -214,8 +218,8 @@ struct MoE {
     /// Accumulates parameter gradients (experts, shared expert, router); writes du (or adds to it under
     /// Accumulate::yes). `u` is the forward's input, required when the input is not kept (KeepInput::no; ignored
     /// otherwise). Collective over the expert group when the dispatcher exchanges.
-    void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du,
-                  Accumulate accumulate_du = Accumulate::no, View<const float, 2, B> u = {}) {
+    void backward(View<const float, 2, B> dy, Cache& c, View<float, 2, B> du, Accumulate accumulate_du = Accumulate::no,
+                  View<const float, 2, B> u = {}) {
         using clock = std::chrono::steady_clock;
         Mat kept_u;
         u = input_for_backward(c.router.u, kept_u, u, dy.shape[0], dispatcher->where("MoE"));
@@ -260,7 +264,8 @@ private:
     /// dW_e += dY[seg e]^T X[seg e] into the f32 gradient; bf16 operands under the bf16 policy.
     void expert_weight_grad(View<const float, 2, B> dY, View<const float, 2, B> X, Param<3, B>& w,
                             std::span<const index_t> offsets) const {
-        if (compute == NumberFormat::f32) return Ops::gemm_grouped_weight_grad(1.0f, dY, X, 1.0f, w.grad.view(), offsets);
+        if (compute == NumberFormat::f32)
+            return Ops::gemm_grouped_weight_grad(1.0f, dY, X, 1.0f, w.grad.view(), offsets);
         Ops::template gemm_grouped_weight_grad<bf16>(1.0f, bf16_copy(dY).view(), bf16_copy(X).view(), 1.0f,
                                                      w.grad.view(), offsets);
     }

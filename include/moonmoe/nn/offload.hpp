@@ -21,7 +21,8 @@ template <class B>
 void check_offload(bool offload) {
     if (offload && !backend::offloads<B>)
         throw config_error(std::string("Activations<Offload<true>>: activation offload moves what the backward needs "
-                                       "from GPU memory to host memory; the ") + B::name +
+                                       "from GPU memory to host memory; the ") +
+                           B::name +
                            " backend's activations are in host memory already. Offload runs on the CUDA backend "
                            "(nn::Transformer<moonmoe::cuda>); on the CPU use Activations<> without Offload");
 }

@@ -47,7 +47,8 @@ struct Param {
     Param(Shape<Rank> shape, ParamKind k, NumberFormat storage = NumberFormat::f32)
         : grad(k == ParamKind::router_bias ? Shape<Rank>{} : shape), kind(k) {
         if (storage == NumberFormat::bf16) value16 = Tensor<bf16, Rank, B>(shape);
-        else value = Tensor<float, Rank, B>(shape);
+        else
+            value = Tensor<float, Rank, B>(shape);
     }
 
     const Shape<Rank>& shape() const { return value.empty() && !value16.empty() ? value16.shape() : value.shape(); }
@@ -101,9 +102,9 @@ struct ParamRef {
     std::string name;
     ParamKind kind;
     std::vector<index_t> shape;
-    float* value;  ///< backend memory (see above); null for a parameter stored in bf16
-    float* grad;   ///< backend memory; null for the router bias
-    bf16* value16 = nullptr;  ///< the bf16 parameter, or the bf16 working copy of value; null under f32 alone
+    float* value;              ///< backend memory (see above); null for a parameter stored in bf16
+    float* grad;               ///< backend memory; null for the router bias
+    bf16* value16 = nullptr;   ///< the bf16 parameter, or the bf16 working copy of value; null under f32 alone
     bool stored_bf16 = false;  ///< value16 is the parameter itself (and value is null)
     index_t numel() const {
         const auto n = checked_product(shape);

@@ -30,14 +30,16 @@ void round_to(NumberFormat f, View<float, 2, B> y) {
 template <class B>
 void add_rounded(NumberFormat f, View<const float, 2, B> a, View<const float, 2, B> b, View<float, 2, B> out) {
     if (f == NumberFormat::bf16) backend::Ops<B>::map(fn::SumBF16{}, out, a, b);
-    else backend::Ops<B>::map(fn::Sum{}, out, a, b);
+    else
+        backend::Ops<B>::map(fn::Sum{}, out, a, b);
 }
 
 /// y += x, rounded to bf16 under the bf16 policy: a bf16 result added into a bf16 accumulator.
 template <class B>
 void accumulate_rounded(NumberFormat f, View<float, 2, B> y, View<const float, 2, B> x) {
     if (f == NumberFormat::bf16) backend::Ops<B>::map(fn::AddToBF16{}, y, x);
-    else backend::Ops<B>::map(fn::AddTo<float>{}, y, x);
+    else
+        backend::Ops<B>::map(fn::AddTo<float>{}, y, x);
 }
 
 /// A contiguous bf16 copy of a matrix (each value rounded to nearest even; exact for bf16 values).

@@ -38,9 +38,10 @@ public:
     /// Rotates each row's `dim` values in place. x: [rows, heads, dim] (any strides with unit last stride),
     /// positions [rows] on the backend. Rotation::transposed applies the transpose of the rotation (its backward).
     void apply(View<float, 3, B> x, View<const index_t, 1, B> positions, Rotation rotation = Rotation::forward) const {
-        if (x.shape[2] != dim_) throw_shape_mismatch("RotaryEmbedding.apply", x.shape, Shape<3>{x.shape[0], x.shape[1], dim_});
+        if (x.shape[2] != dim_)
+            throw_shape_mismatch("RotaryEmbedding.apply", x.shape, Shape<3>{x.shape[0], x.shape[1], dim_});
         backend::Ops<B>::rope(x, positions, inv_freq_device_.view(), attention_factor_, interleave_,
-                               rotation == Rotation::transposed);
+                              rotation == Rotation::transposed);
     }
 
 private:
@@ -49,8 +50,7 @@ private:
         inv_freq_.resize(static_cast<std::size_t>(half));
         // HF: pos_freqs = base ** (arange(0, d, 2).float() / d), all in f32
         std::vector<float> pos_freqs(static_cast<std::size_t>(half));
-        for (index_t i = 0; i < half; ++i)
-            pos_freqs[i] = std::pow(float(cfg.theta), float(2 * i) / float(rope_dim));
+        for (index_t i = 0; i < half; ++i) pos_freqs[i] = std::pow(float(cfg.theta), float(2 * i) / float(rope_dim));
         if (!cfg.yarn) {
             for (index_t i = 0; i < half; ++i) inv_freq_[i] = 1.0f / pos_freqs[i];
             return;

@@ -43,15 +43,15 @@ struct Router {
     using Mat = Tensor<float, 2, B>;
 
     MoEConfig cfg{};
-    Param<2, B> weight;  ///< mlp.gate.weight [experts, hidden]
-    Param<1, B> bias;    ///< mlp.gate.e_score_correction_bias [experts]; no gradient
+    Param<2, B> weight;          ///< mlp.gate.weight [experts, hidden]
+    Param<1, B> bias;            ///< mlp.gate.e_score_correction_bias [experts]; no gradient
     Tensor<index_t, 1, B> load;  ///< tokens routed to each expert by training forwards since the last update_bias()
     /// When set, forward uses these experts (t * K + j) instead of selecting: the routing weights stay smooth
     /// functions of the input, which is what a finite-difference check of the gradient needs. Uploaded each forward.
     const std::vector<index_t>* fixed_selection = nullptr;
 
     KeptFormat kept_input = KeptFormat::f32;  ///< how u is kept (a value of the compute policy)
-    bool keep_input = true;  ///< false: backward is handed u (a recomputed norm output)
+    bool keep_input = true;                   ///< false: backward is handed u (a recomputed norm output)
 
     struct Cache {
         KeptMatrix<B> u;  ///< input [T, hidden], unless the caller recomputes it
@@ -65,7 +65,9 @@ struct Router {
 
     Router() = default;
     Router(const MoEConfig& c, index_t hidden)
-        : cfg(c), weight({c.experts, hidden}, ParamKind::matrix), bias({c.experts}, ParamKind::router_bias),
+        : cfg(c),
+          weight({c.experts, hidden}, ParamKind::matrix),
+          bias({c.experts}, ParamKind::router_bias),
           load({c.experts}) {}
 
     index_t experts() const { return cfg.experts; }
@@ -93,10 +95,10 @@ struct Router {
     }
 
     /// Sequence-wise balance loss alpha * sum_i f_i P_i averaged over the sequences of `layout` (DeepSeek-V3's
-    /// complementary sequence-wise loss, arXiv 2412.19437 §2.1.2); keeps its gradient with respect to the scores for backward.
-    /// f_i = E / (K T) * #tokens choosing i, P_i = mean_t s_i / sum_j s_j. A building block for a caller's own loss:
-    /// the model's training loss does not add it (Kimi K2 and DeepSeek-V3 balance by the correction bias), so no
-    /// model type or router member turns it on.
+    /// complementary sequence-wise loss, arXiv 2412.19437 §2.1.2); keeps its gradient with respect to the scores for
+    /// backward. f_i = E / (K T) * #tokens choosing i, P_i = mean_t s_i / sum_j s_j. A building block for a caller's
+    /// own loss: the model's training loss does not add it (Kimi K2 and DeepSeek-V3 balance by the correction bias), so
+    /// no model type or router member turns it on.
     float balance_loss(Cache& c, const TokenLayout& layout, double balance_alpha) {
         if (balance_alpha == 0.0) return 0.0f;
         const index_t E = cfg.experts, K = cfg.top_k, batch = layout.sequences();

@@ -4,7 +4,8 @@
 // Backward keeps x, gate(x) and up(x); the product a = silu(g) * u is recomputed (one pass, no GEMM), and so is
 // nothing else of the output side (down's input is a). g and u are kept as the activation policy says (nn/kept.hpp:
 // f32, bf16, or FP8 tiles); x is not kept when the caller recomputes it (KeepInput::no: it hands x to
-// backward). Under the bf16 policy (nn/precision.hpp) silu(g) and the product are each rounded to bf16, as torch's bf16 ops round them.
+// backward). Under the bf16 policy (nn/precision.hpp) silu(g) and the product are each rounded to bf16, as torch's bf16
+// ops round them.
 #pragma once
 
 #include "../backend/functors.hpp"
@@ -18,7 +19,7 @@ struct SwiGLU {
     using Ops = backend::Ops<B>;
     Linear<B> gate_proj, up_proj, down_proj;
     ActivationsConfig kept{};  ///< x as a value, g and u as MLP inputs
-    bool keep_input = true;  ///< false: backward is handed x (a recomputed norm output)
+    bool keep_input = true;    ///< false: backward is handed x (a recomputed norm output)
 
     struct Cache {
         KeptMatrix<B> x, g, u;
@@ -52,7 +53,8 @@ struct SwiGLU {
     static void activate(View<const float, 2, B> g, View<const float, 2, B> u, View<float, 2, B> a,
                          NumberFormat f = NumberFormat::f32) {
         if (f == NumberFormat::bf16) Ops::map(fn::SwiGLUForwardBF16{}, a, g, u);
-        else Ops::map(fn::SwiGLUForward{}, a, g, u);
+        else
+            Ops::map(fn::SwiGLUForward{}, a, g, u);
     }
 
     /// y = mlp(x) (y += mlp(x) under Accumulate::yes).

@@ -109,7 +109,8 @@ struct Transformer {
         if (!c.is_static()) throw config_error("Transformer: every size must be known (resolve Dynamic sizes first)");
         validate(c);
         for (std::size_t i = 0; i < part.layers.size(); ++i)
-            if (part.layers[i] < 0 || part.layers[i] >= c.dims.layers || (i > 0 && part.layers[i] <= part.layers[i - 1]))
+            if (part.layers[i] < 0 || part.layers[i] >= c.dims.layers ||
+                (i > 0 && part.layers[i] <= part.layers[i - 1]))
                 throw std::invalid_argument("Transformer: the part's layers must be ascending indices in [0, " +
                                             std::to_string(c.dims.layers) + "); entry " + std::to_string(i) + " is " +
                                             std::to_string(part.layers[i]));
@@ -309,8 +310,8 @@ public:
     /// dh = the gradient of the final norm's input, from dlogits; accumulates lm_head's and the norm's gradients.
     void head_backward(View<const float, 2, B> dlogits, HeadCache& c, View<float, 2, B> dh) {
         const Mat h_last = c.h_last.take("the final norm's input");
-        const Mat h_normed = config.activations.recompute_norms ? norm.recompute(h_last.view())
-                                                                : c.h_normed.take("lm_head's input");
+        const Mat h_normed =
+            config.activations.recompute_norms ? norm.recompute(h_last.view()) : c.h_normed.take("lm_head's input");
         Mat dn(dh.shape);
         lm_head.backward(h_normed.view(), dlogits, dn.view());
         norm.backward(h_last.view(), c.rstd.view(), dn.view(), dh);
@@ -348,7 +349,8 @@ public:
                                             std::to_string(states[s]->caches.size()) + " layer caches, the model " +
                                             std::to_string(layers.size()) + " layers (make it with start_decoding)");
             const index_t first = layout.begin(index_t(s)), cached = states[s]->length();
-            for (index_t t = first; t < layout.end(index_t(s)); ++t) layout.positions[std::size_t(t)] = cached + t - first;
+            for (index_t t = first; t < layout.end(index_t(s)); ++t)
+                layout.positions[std::size_t(t)] = cached + t - first;
             for (std::size_t l = 0; l < layers.size(); ++l) caches[l].push_back(&states[s]->caches[l]);
         }
         const index_t T = layout.tokens(), H = config.dims.hidden;

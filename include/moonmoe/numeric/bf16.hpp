@@ -52,9 +52,12 @@ static_assert(std::is_trivially_copyable_v<bf16> && std::is_standard_layout_v<bf
 template <class To, class From>
 MOONMOE_HD constexpr To convert(From x) {
     if constexpr (std::is_same_v<To, From>) return x;
-    else if constexpr (std::is_same_v<To, bf16>) return bf16::from_float(float(x));
-    else if constexpr (std::is_same_v<From, bf16>) return To(x.to_float());
-    else return To(x);
+    else if constexpr (std::is_same_v<To, bf16>)
+        return bf16::from_float(float(x));
+    else if constexpr (std::is_same_v<From, bf16>)
+        return To(x.to_float());
+    else
+        return To(x);
 }
 
 }  // namespace moonmoe

@@ -1,4 +1,5 @@
-// moonmoe/optim/muon.hpp: one Muon step on one matrix (Keller Jordan, "Muon", 2024; torch.optim.Muon; Kimi K2 technical report, Algorithm 1):
+// moonmoe/optim/muon.hpp: one Muon step on one matrix (Keller Jordan, "Muon", 2024; torch.optim.Muon; Kimi K2 technical
+// report, Algorithm 1):
 //
 //   m = beta m + (1 - beta) g                     (EMA momentum, torch's lerp)
 //   u = (1 - beta) g + beta m  if Nesterov, else m

@@ -1,6 +1,6 @@
 // moonmoe/optim/newton_schulz.hpp: the Newton-Schulz orthogonalisation at the heart of Muon (Keller Jordan's
-// quintic; Polar Express, arXiv 2505.16932), with the coefficient schedule as a policy (config/optimizer.hpp: KellerQuintic, PolarExpress,
-// YouQuintic, or your own struct with a `table` of (a, b, c) and `cycle`).
+// quintic; Polar Express, arXiv 2505.16932), with the coefficient schedule as a policy (config/optimizer.hpp:
+// KellerQuintic, PolarExpress, YouQuintic, or your own struct with a `table` of (a, b, c) and `cycle`).
 //
 //   X = G / max(||G||_F * safety + add_eps, clamp_eps), transposed first if G is tall (so X X^T is the small Gram)
 //   each iteration (a, b, c):  A = X X^T,  B = b A + c A A,  X = a X + B X
@@ -31,12 +31,14 @@ namespace detail {
 template <class C>
 constexpr double norm_safety() {
     if constexpr (requires { C::norm_safety; }) return C::norm_safety;
-    else return 1.0;
+    else
+        return 1.0;
 }
 template <class C>
 constexpr double norm_add_eps() {  // Polar Express (modded-nanogpt): ||X||_F * 1.02 + 1e-6
     if constexpr (requires { C::norm_safety; }) return 1e-6;
-    else return 0.0;
+    else
+        return 0.0;
 }
 template <class C>
 constexpr NSCoefficients coefficients(int iteration) {
@@ -56,7 +58,7 @@ template <class T, class B = cpu>
 struct NSWorkspace {
     Tensor<T, 2, B> x, x_next, a, b;
     Tensor<double, 1, B> sum_squares{Shape<1>{1}};  ///< ||G||_F^2
-    Tensor<T, 1, B> inverse_norm{Shape<1>{1}};       ///< the factor of X = G / norm
+    Tensor<T, 1, B> inverse_norm{Shape<1>{1}};      ///< the factor of X = G / norm
     void fit(index_t n, index_t m) {
         if (x.size(0) == n && x.size(1) == m) return;
         x = Tensor<T, 2, B>({n, m}), x_next = Tensor<T, 2, B>({n, m});
@@ -67,8 +69,8 @@ struct NSWorkspace {
 /// Scratch for the bf16 iteration on one matrix shape (Muon keeps one per shape); all of it on the backend.
 template <class B = cpu>
 struct NSWorkspaceBF16 {
-    Tensor<float, 2, B> g32;   ///< G rounded to bf16, as f32 (the norm is the rounded values')
-    Tensor<bf16, 2, B> g16;    ///< G / norm in bf16, as stored (transposed into x when G is tall)
+    Tensor<float, 2, B> g32;  ///< G rounded to bf16, as f32 (the norm is the rounded values')
+    Tensor<bf16, 2, B> g16;   ///< G / norm in bf16, as stored (transposed into x when G is tall)
     Tensor<bf16, 2, B> x, x_next, a, b;
     Tensor<double, 1, B> sum_squares{Shape<1>{1}};
     Tensor<float, 1, B> norm{Shape<1>{1}};
@@ -108,7 +110,9 @@ void symmetric_product_bf16(float alpha, View<const bf16, 2, B> X, float beta, V
     using backend::Trans;
     constexpr index_t block = 256;
     const index_t n = X.shape[0], k = X.shape[1];
-    const auto rows = [&](index_t i, index_t r) { return View<const bf16, 2, B>(X.data + i * X.strides[0], {r, k}, X.strides); };
+    const auto rows = [&](index_t i, index_t r) {
+        return View<const bf16, 2, B>(X.data + i * X.strides[0], {r, k}, X.strides);
+    };
     const auto tile = [&](index_t i, index_t j, index_t r, index_t c) {
         return View<bf16, 2, B>(C.data + i * C.strides[0] + j, {r, c}, C.strides);
     };
@@ -116,7 +120,8 @@ void symmetric_product_bf16(float alpha, View<const bf16, 2, B> X, float beta, V
         const index_t bi = std::min(block, n - i);
         for (index_t j = 0; j <= i; j += block) {
             const index_t bj = std::min(block, n - j);
-            Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, alpha, rows(i, bi), rows(j, bj), beta, tile(i, j, bi, bj));
+            Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, alpha, rows(i, bi), rows(j, bj), beta,
+                                          tile(i, j, bi, bj));
             if (j < i) Ops::template transpose<bf16>(View<const bf16, 2, B>(tile(i, j, bi, bj)), tile(j, i, bj, bi));
         }
     }
@@ -146,7 +151,8 @@ void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<fl
              View<const double, 2, B>(ws.sum_squares.template reshape<2>({1, 1})));
     Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.g16.view(), View<const float, 2, B>(ws.g32.view()));
     if (tall) Ops::template transpose<bf16>(ws.g16.view(), ws.x.view());
-    else Ops::template copy<bf16>(ws.g16.view(), ws.x.view());
+    else
+        Ops::template copy<bf16>(ws.g16.view(), ws.x.view());
     for (int it = 0; it < steps; ++it) {
         const NSCoefficients k = detail::coefficients<Coeffs>(it);
         // A = X X^T, then B = c A A + b A, each rounded once (torch's mm and addmm)
@@ -193,19 +199,21 @@ void newton_schulz(std::type_identity_t<View<const T, 2, B>> G, View<T, 2, B> ou
     for (int it = 0; it < steps; ++it) {
         const NSCoefficients k = detail::coefficients<Coeffs>(it);
         if (products == Products::symmetric) {
-            Ops::template syrk<T>(T(1), ws.x.view(), T(0), ws.a.view());               // A = X X^T
-            Ops::template syrk<T>(T(k.c), ws.a.view(), T(0), ws.b.view());             // B = c A A^T = c A A
+            Ops::template syrk<T>(T(1), ws.x.view(), T(0), ws.a.view());    // A = X X^T
+            Ops::template syrk<T>(T(k.c), ws.a.view(), T(0), ws.b.view());  // B = c A A^T = c A A
         } else {
             Ops::template gemm<T>(Trans::no, Trans::yes, T(1), ws.x.view(), ws.x.view(), T(0), ws.a.view());
             Ops::template gemm<T>(Trans::no, Trans::no, T(k.c), ws.a.view(), ws.a.view(), T(0), ws.b.view());
         }
         Ops::map(fn::Axpby<T>{T(k.b), T(1)}, ws.b.view(), View<const T, 2, B>(ws.a.view()));  // B = b A + B
         Ops::template copy<T>(ws.x.view(), ws.x_next.view());
-        Ops::template gemm<T>(Trans::no, Trans::no, T(1), ws.b.view(), ws.x.view(), T(k.a), ws.x_next.view());  // aX + BX
+        Ops::template gemm<T>(Trans::no, Trans::no, T(1), ws.b.view(), ws.x.view(), T(k.a),
+                              ws.x_next.view());  // aX + BX
         std::swap(ws.x, ws.x_next);
     }
     if (tall) Ops::template transpose<T>(ws.x.view(), out);
-    else Ops::template copy<T>(ws.x.view(), out);
+    else
+        Ops::template copy<T>(ws.x.view(), out);
 }
 
 /// The Newton-Schulz of a workspace's precision: f32 (NSWorkspace<float>) or bf16 (NSWorkspaceBF16); Muon's step

@@ -182,20 +182,23 @@ public:
                                                s.momentum.template reshape<2>({rows, cols}), ns, ws.u, ws.o);
                 };
                 if (config.muon.ns_precision == NumberFormat::bf16) step_with(ws.ns_bf16);
-                else step_with(ws.ns);
+                else
+                    step_with(ws.ns);
             } else if (s.route == Route::adamw) {
                 adamw_step<B>(config.adamw, r.adamw_lr, step_, s.param.value, s.param.grad, s.exp_avg.data(),
                               s.exp_avg_sq.data(), s.param.numel());
             }
         }
-        round_masters();                    // Weights<BF16>: the bf16 weights are the updated masters rounded
+        round_masters();                   // Weights<BF16>: the bf16 weights are the updated masters rounded
         model_.refresh_working_weights();  // bf16 compute: the products read the updated masters rounded to bf16
-        if (bias_update_rate != 0.0f)  // before QK-Clip: a bias changes the routing, so what later layers see
+        if (bias_update_rate != 0.0f)      // before QK-Clip: a bias changes the routing, so what later layers see
             for (auto& layer : model_.layers)
                 if (nn::Router<B>* router = layer.router()) router->update_bias(bias_update_rate);
         if (config.qk_clip.enabled && remeasure) clip_until_at_most_tau(remeasure, rounds, r);
-        else if (config.qk_clip.enabled) r.clip = apply_qk_clip(model_, config.qk_clip, masters());
-        else reset_max_logits();
+        else if (config.qk_clip.enabled)
+            r.clip = apply_qk_clip(model_, config.qk_clip, masters());
+        else
+            reset_max_logits();
         if (zero_grads_after_step) zero_stepped_gradients();
         return r;
     }
@@ -203,7 +206,8 @@ public:
     /// Each master rounded into its bf16 parameter (Weights<BF16>): step() does it; so does loading a saved state.
     void round_masters() {
         for (Slot& s : slots_) {
-            if (!s.master.empty()) backend::cast_flat<bf16, float, B>(s.master.data(), s.param.value16, s.master.numel());
+            if (!s.master.empty())
+                backend::cast_flat<bf16, float, B>(s.master.data(), s.param.value16, s.master.numel());
         }
     }
 
@@ -249,7 +253,8 @@ private:
             require_measured();
             c = apply_qk_clip(model_, config.qk_clip, masters());  // resets the maxima
             if (round == 1) r.clip = c;
-            else for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
+            else
+                for (std::size_t l = 0; l < c.heads_clipped.size(); ++l) r.clip.heads_clipped[l] += c.heads_clipped[l];
             r.clip_rounds = round;
             if (c.total() == 0) break;
         }
@@ -266,9 +271,10 @@ private:
             if (std::any_of(m.begin(), m.end(), [](float v) { return v != -INFINITY; })) return;
         }
         if (!model_.layers.empty())
-            throw std::logic_error("Optimizer::step: the remeasure callback recorded no attention maxima: run its "
-                                   "forwards as measurements, model.forward(ids, layout, cache, "
-                                   "nn::Pass::measurement) (an inference forward records nothing)");
+            throw std::logic_error(
+                "Optimizer::step: the remeasure callback recorded no attention maxima: run its "
+                "forwards as measurements, model.forward(ids, layout, cache, "
+                "nn::Pass::measurement) (an inference forward records nothing)");
     }
 
     nn::Transformer<B>& model_;

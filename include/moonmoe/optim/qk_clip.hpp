@@ -107,10 +107,12 @@ index_t clip_mha_heads(float* q, float* k, index_t cols, const nn::MHAHeadLayout
             if (gamma[h] == 1.0) continue;
             ++clipped;
             smallest = std::min(smallest, gamma[h]);
-            if (c.alpha > 0.0) detail::set_rows(q_factor, L.q_row(h), L.head_dim, detail::shrink_factor(std::pow(gamma[h], c.alpha)));
+            if (c.alpha > 0.0)
+                detail::set_rows(q_factor, L.q_row(h), L.head_dim, detail::shrink_factor(std::pow(gamma[h], c.alpha)));
         }
         if (smallest < 1.0 && c.alpha < 1.0)
-            detail::set_rows(k_factor, L.kv_row(g), L.head_dim, detail::shrink_factor(std::pow(smallest, 1.0 - c.alpha)));
+            detail::set_rows(k_factor, L.kv_row(g), L.head_dim,
+                             detail::shrink_factor(std::pow(smallest, 1.0 - c.alpha)));
     }
     detail::scale_rows<B>(q, cols, q_factor);
     detail::scale_rows<B>(k, cols, k_factor);
@@ -141,7 +143,8 @@ float* own_values(const Param<2, B>& w) {
 /// QK-Clip over every layer of `model`, from the maxima its forwards recorded since the last call; resets them.
 /// It scales the f32 values `master_of` finds and rounds a bf16 weight's clipped master into it.
 template <class B>
-ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c, const MasterOf<B>& master_of = own_values<B>) {
+ClipReport apply_qk_clip(nn::Transformer<B>& model, const QKClipConfig& c,
+                         const MasterOf<B>& master_of = own_values<B>) {
     ClipReport report;
     const auto clipped = [&](nn::Linear<B>& l) {  // a bf16 weight takes its master's new values
         float* m = master_of(l.weight);

@@ -132,7 +132,8 @@ inline std::string broadcast_string(Communicator& world, int root, const std::st
 
 /// Every rank calls it with "" (this rank's step succeeded) or what failed; if any rank failed, throws io_error
 /// on every rank: `prefix` and each failing rank with its message.
-inline void agree(Communicator& world, const RankLayout& layout, const std::string& failure, const std::string& prefix) {
+inline void agree(Communicator& world, const RankLayout& layout, const std::string& failure,
+                  const std::string& prefix) {
     const std::vector<std::string> all = all_gather_strings(world, failure);
     std::string message;
     index_t failed = 0;
@@ -203,7 +204,8 @@ inline std::vector<std::pair<std::size_t, std::size_t>> owned_shards(const std::
 /// Rank 0's check of the gathered index: each tensor written once, and every piece of the model present.
 inline void check_coverage(const std::map<std::string, index_t>& writer_of, const ModelConfig& c) {
     std::vector<bool> layer(std::size_t(c.dims.layers), false);
-    std::vector<std::vector<bool>> expert(std::size_t(c.dims.layers), std::vector<bool>(std::size_t(c.moe.experts), false));
+    std::vector<std::vector<bool>> expert(std::size_t(c.dims.layers),
+                                          std::vector<bool>(std::size_t(c.moe.experts), false));
     for (const auto& [name, rank] : writer_of) {
         const auto l = moonmoe::detail::layer_of(name);
         if (!l || *l < 0 || *l >= c.dims.layers) continue;
@@ -219,7 +221,8 @@ inline void check_coverage(const std::map<std::string, index_t>& writer_of, cons
         if (l < c.dims.dense_layers) continue;
         for (index_t e = 0; e < c.moe.experts; ++e)
             if (!expert[std::size_t(l)][std::size_t(e)])
-                throw io_error("no rank wrote routed expert " + std::to_string(e) + " of layer " + std::to_string(l) + fix);
+                throw io_error("no rank wrote routed expert " + std::to_string(e) + " of layer " + std::to_string(l) +
+                               fix);
     }
 }
 
@@ -246,18 +249,20 @@ void save_checkpoint(const std::filesystem::path& dir, nn::Transformer<B>& part,
     agree(detail::failure_of([&] {
         if (options.max_shard_bytes == 0) throw io_error("max_shard_bytes must be positive");
         if (moonmoe::detail::torch_dtype_name(options.store).empty())
-            throw io_error("cannot store tensors as " + std::string(dtype_name(options.store)) + "; use F32, BF16 or F16");
-        if (groups.layout.world_size() != index_t(world.size()) || !(part.config.parallel.pp == groups.layout.pp &&
-                                                                     part.config.parallel.ep == groups.layout.ep &&
-                                                                     part.config.parallel.dp == groups.layout.dp))
+            throw io_error("cannot store tensors as " + std::string(dtype_name(options.store)) +
+                           "; use F32, BF16 or F16");
+        if (groups.layout.world_size() != index_t(world.size()) ||
+            !(part.config.parallel.pp == groups.layout.pp && part.config.parallel.ep == groups.layout.ep &&
+              part.config.parallel.dp == groups.layout.dp))
             throw io_error("the part's configuration is for another layout than the process groups'");
         mine = detail::owned_params(part, groups.at);
         shards = detail::owned_shards(mine, dtype_size(options.store), options.max_shard_bytes);
-        if (root) config_text = moonmoe::detail::saved_config_text(saved_hf_config(part, options.initializer_range),
-                                                                   options.store, where);
+        if (root)
+            config_text = moonmoe::detail::saved_config_text(saved_hf_config(part, options.initializer_range),
+                                                             options.store, where);
     }));
-    const std::vector<index_t> counts = world.exchange_counts(std::vector<index_t>(std::size_t(world.size()),
-                                                                                    index_t(shards.size())));
+    const std::vector<index_t> counts =
+        world.exchange_counts(std::vector<index_t>(std::size_t(world.size()), index_t(shards.size())));
     std::size_t first = 0, total = 0;
     for (std::size_t r = 0; r < counts.size(); ++r) {
         if (int(r) < world.rank()) first += std::size_t(counts[r]);
@@ -330,8 +335,9 @@ void save_checkpoint(const std::filesystem::path& dir, nn::Transformer<B>& part,
         }));
         // 5. The rename (its errors say whether the new checkpoint is in place); every rank returns after it.
         detail::agree(world, groups.layout, detail::failure_of([&] {
-            if (root) staged->commit();
-        }), where + ": ");
+                          if (root) staged->commit();
+                      }),
+                      where + ": ");
     } catch (...) {
         staged.reset();  // rank 0: removes the new directory unless it was renamed into place
         throw;

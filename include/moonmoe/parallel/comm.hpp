@@ -21,8 +21,9 @@
 //
 // traffic() counts what this rank handed to the group since reset_traffic(): the payload bytes bound for other
 // ranks, by the volume a bandwidth-optimal algorithm sends (all-to-all-v: the blocks for the other ranks;
-// reduce-scatter(-v): the blocks of the other ranks; all-gather(-v): its block to each other rank; all-reduce: 2 (size - 1) / size of the data, the ring's;
-// send: the message), and the wall time spent in the blocking operations (waits on a Request are the caller's).
+// reduce-scatter(-v): the blocks of the other ranks; all-gather(-v): its block to each other rank; all-reduce: 2 (size
+// - 1) / size of the data, the ring's; send: the message), and the wall time spent in the blocking operations (waits on
+// a Request are the caller's).
 //
 // Every operation is a bounded wait: an operation that does not complete within timeout() (a rank died, or the
 // ranks disagree on the sequence of collectives) throws comm_error naming the operation, the group and the rank,
@@ -56,9 +57,12 @@ enum class Element { f32, f64, i64, bf16, byte };
 template <class T>
 constexpr Element element_of() {
     if constexpr (std::is_same_v<T, float>) return Element::f32;
-    else if constexpr (std::is_same_v<T, double>) return Element::f64;
-    else if constexpr (std::is_same_v<T, index_t>) return Element::i64;
-    else if constexpr (std::is_same_v<T, bf16>) return Element::bf16;
+    else if constexpr (std::is_same_v<T, double>)
+        return Element::f64;
+    else if constexpr (std::is_same_v<T, index_t>)
+        return Element::i64;
+    else if constexpr (std::is_same_v<T, bf16>)
+        return Element::bf16;
     else {
         static_assert(std::is_same_v<T, std::byte>, "Communicator: float, double, index_t, bf16 or std::byte");
         return Element::byte;
@@ -124,7 +128,8 @@ public:
         check_total("host_all_to_all_v", "send", send.size(), send_counts);
         check_total("host_all_to_all_v", "recv", recv.size(), recv_counts);
         const Timed timed(*this, sizeof(T) * others(send_counts));
-        host_all_to_all_v_bytes(send.data(), send_counts, recv.data(), recv_counts, element_of<std::remove_const_t<T>>());
+        host_all_to_all_v_bytes(send.data(), send_counts, recv.data(), recv_counts,
+                                element_of<std::remove_const_t<T>>());
     }
 
     template <class T>
@@ -223,7 +228,8 @@ protected:
     virtual void reduce_scatter_bytes(const void* in, void* out, index_t n, Element e, ReduceOp op) = 0;
     virtual void reduce_scatter_v_bytes(const void* in, void* out, std::span<const index_t> counts, Element e,
                                         ReduceOp op) = 0;
-    virtual void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts, Element e) = 0;
+    virtual void all_gather_v_bytes(const void* in, index_t n, void* out, std::span<const index_t> counts,
+                                    Element e) = 0;
     virtual std::unique_ptr<Request> isend_bytes(const void* data, index_t n, Element e, int dest, int tag) = 0;
     virtual std::unique_ptr<Request> irecv_bytes(void* data, index_t n, Element e, int source, int tag) = 0;
 
@@ -234,7 +240,9 @@ private:
         Timed(Communicator& c, std::size_t bytes) : c_(c), start_(std::chrono::steady_clock::now()) {
             c_.traffic_.bytes += bytes;
         }
-        ~Timed() { c_.traffic_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+        ~Timed() {
+            c_.traffic_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        }
         Timed(const Timed&) = delete;
         Timed& operator=(const Timed&) = delete;
 
@@ -282,8 +290,8 @@ void check_moves(const Communicator& c, const std::string& who) {
     if (c.device_memory() != backend::in_host_memory<B>) return;
     const char* tensors = backend::in_host_memory<B> ? "host" : "device";
     const char* moves = c.device_memory() ? "device" : "host";
-    throw std::invalid_argument(c.where(who) + ": the " + std::string(B::name) + " backend's tensors are in " + tensors +
-                                " memory and this communicator moves " + moves +
+    throw std::invalid_argument(c.where(who) + ": the " + std::string(B::name) + " backend's tensors are in " +
+                                tensors + " memory and this communicator moves " + moves +
                                 " memory; give the CUDA backend on a GPU a NcclCommunicator (parallel/nccl.hpp), the "
                                 "CPU backend an MpiCommunicator (parallel/mpi.hpp)");
 }

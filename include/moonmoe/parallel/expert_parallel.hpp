@@ -39,13 +39,16 @@ template <class B>
 ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> plan_offsets) {
     const index_t ranks = group.size(), experts = index_t(plan_offsets.size()) - 1;
     if (experts < ranks || experts % ranks != 0)
-        throw comm_error(group.where("plan_exchange") + ": " + std::to_string(experts) + " experts do not split "
-                         "evenly over " + std::to_string(ranks) + " expert-parallel ranks");
+        throw comm_error(group.where("plan_exchange") + ": " + std::to_string(experts) +
+                         " experts do not split "
+                         "evenly over " +
+                         std::to_string(ranks) + " expert-parallel ranks");
     const index_t L = experts / ranks;
     ExpertExchange<B> ex;
     // what this rank sends each rank, per expert there: the plan's segments
     std::vector<index_t> per_expert(static_cast<std::size_t>(experts)), blocks(static_cast<std::size_t>(ranks), L);
-    for (index_t e = 0; e < experts; ++e) per_expert[std::size_t(e)] = plan_offsets[std::size_t(e + 1)] - plan_offsets[std::size_t(e)];
+    for (index_t e = 0; e < experts; ++e)
+        per_expert[std::size_t(e)] = plan_offsets[std::size_t(e + 1)] - plan_offsets[std::size_t(e)];
     std::vector<index_t> incoming(static_cast<std::size_t>(experts));  // [source rank][local expert]
     group.host_all_to_all_v(std::span<const index_t>(per_expert), blocks, std::span<index_t>(incoming), blocks);
     ex.send_rows.assign(std::size_t(ranks), 0);
@@ -57,7 +60,8 @@ ExpertExchange<B> plan_exchange(Communicator& group, std::span<const index_t> pl
         }
     // received rows are [source][expert]; the grouped GEMMs want [expert][source]
     std::vector<index_t> source_start(static_cast<std::size_t>(ranks + 1), 0);
-    for (index_t s = 0; s < ranks; ++s) source_start[std::size_t(s + 1)] = source_start[std::size_t(s)] + ex.recv_rows[std::size_t(s)];
+    for (index_t s = 0; s < ranks; ++s)
+        source_start[std::size_t(s + 1)] = source_start[std::size_t(s)] + ex.recv_rows[std::size_t(s)];
     std::vector<index_t> to_expert, to_source(static_cast<std::size_t>(source_start.back()));
     ex.expert_offsets.assign(1, 0);
     for (index_t e = 0; e < L; ++e) {
@@ -106,15 +110,17 @@ void dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const 
                    View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers) {
     const index_t H = rows.shape[1];
     if (rows.shape[0] != ex.sent() || !rows.contiguous())
-        throw shape_error(group.where("dispatch_rows") + ": " + shape_string(rows.shape) + " rows to send, the plan has " +
-                          std::to_string(ex.sent()) + " (contiguous)");
+        throw shape_error(group.where("dispatch_rows") + ": " + shape_string(rows.shape) +
+                          " rows to send, the plan has " + std::to_string(ex.sent()) + " (contiguous)");
     if (out.shape[0] != ex.received() || out.shape[1] != H)
         throw shape_error(group.where("dispatch_rows") + ": the output is " + shape_string(out.shape) + ", [" +
                           std::to_string(ex.received()) + ", " + std::to_string(H) + "] expected");
     const View<float, 2, B> received = buffers.rows(ex.received(), H);
     group.all_to_all_v(std::span<const float>(rows.data, std::size_t(rows.numel())), ep_detail::times(ex.send_rows, H),
-                       std::span<float>(received.data, std::size_t(received.numel())), ep_detail::times(ex.recv_rows, H));
-    if (ex.received() > 0) backend::Ops<B>::gather_pairs(View<const float, 2, B>(received), ex.to_expert_major.view(), 1, out);
+                       std::span<float>(received.data, std::size_t(received.numel())),
+                       ep_detail::times(ex.recv_rows, H));
+    if (ex.received() > 0)
+        backend::Ops<B>::gather_pairs(View<const float, 2, B>(received), ex.to_expert_major.view(), 1, out);
 }
 
 /// The reverse of dispatch_rows: expert-major rows [received(), W] (the experts' outputs, or the gradients of

@@ -27,7 +27,7 @@ struct ProcessGroups {
     RankLayout layout;
     Coordinates at;
     Communicator& world;
-    std::unique_ptr<Communicator> pipeline;   ///< same (ep, dp); group rank = pp: activations, losses
+    std::unique_ptr<Communicator> pipeline;  ///< same (ep, dp); group rank = pp: activations, losses
     /// The pipeline group again, for the gradients: a channel of their own, since NCCL matches sends and receives
     /// by order per communicator, and with interleaved stages two ranks exchange both kinds in differing orders.
     std::unique_ptr<Communicator> pipeline_backward;
@@ -44,7 +44,8 @@ struct ProcessGroups {
                            "pipeline group of ep " + s(at.ep) + ", dp " + s(at.dp));
         pipeline_backward = w.split(int(at.dp * layout.ep + at.ep), int(at.pp),
                                     "pipeline group of ep " + s(at.ep) + ", dp " + s(at.dp) + " (gradients)");
-        expert = w.split(int(at.pp * layout.dp + at.dp), int(at.ep), "expert group of pp " + s(at.pp) + ", dp " + s(at.dp));
+        expert =
+            w.split(int(at.pp * layout.dp + at.dp), int(at.ep), "expert group of pp " + s(at.pp) + ", dp " + s(at.dp));
         dense_dp = w.split(int(at.pp), replica_index, "data-parallel group of pp " + s(at.pp));
         expert_dp = w.split(int(at.pp * layout.ep + at.ep), int(at.dp),
                             "expert data-parallel group of pp " + s(at.pp) + ", ep " + s(at.ep));
@@ -63,7 +64,8 @@ struct ProcessGroups {
         return t;
     }
     void reset_traffic() {
-        for (Communicator* c : {&world, pipeline.get(), pipeline_backward.get(), expert.get(), dense_dp.get(), expert_dp.get()})
+        for (Communicator* c :
+             {&world, pipeline.get(), pipeline_backward.get(), expert.get(), dense_dp.get(), expert_dp.get()})
             c->reset_traffic();
     }
 };

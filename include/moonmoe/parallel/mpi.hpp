@@ -153,8 +153,8 @@ protected:
     void reduce_scatter_bytes(const void* in, void* out, index_t n, Element e, ReduceOp o) override {
         reducible("reduce_scatter", e);
         MPI_Request r;
-        check(MPI_Ireduce_scatter_block(in, out, count("reduce_scatter", n), mpi_detail::datatype(e),
-                                        mpi_detail::op(o), comm_, &r),
+        check(MPI_Ireduce_scatter_block(in, out, count("reduce_scatter", n), mpi_detail::datatype(e), mpi_detail::op(o),
+                                        comm_, &r),
               "reduce_scatter");
         wait(r, "reduce_scatter");
     }
@@ -177,14 +177,14 @@ protected:
     std::unique_ptr<Request> isend_bytes(const void* data, index_t n, Element e, int dest, int tag) override {
         MPI_Request r;
         check(MPI_Isend(data, count("isend", n), mpi_detail::datatype(e), dest, tag, comm_, &r), "isend");
-        return std::make_unique<MpiRequest>(*this, r, "send to rank " + std::to_string(dest) + " (tag " +
-                                                          std::to_string(tag) + ")");
+        return std::make_unique<MpiRequest>(
+            *this, r, "send to rank " + std::to_string(dest) + " (tag " + std::to_string(tag) + ")");
     }
     std::unique_ptr<Request> irecv_bytes(void* data, index_t n, Element e, int source, int tag) override {
         MPI_Request r;
         check(MPI_Irecv(data, count("irecv", n), mpi_detail::datatype(e), source, tag, comm_, &r), "irecv");
-        return std::make_unique<MpiRequest>(*this, r, "receive from rank " + std::to_string(source) + " (tag " +
-                                                          std::to_string(tag) + ")");
+        return std::make_unique<MpiRequest>(
+            *this, r, "receive from rank " + std::to_string(source) + " (tag " + std::to_string(tag) + ")");
     }
 
 private:

@@ -62,7 +62,8 @@ inline ncclDataType_t datatype(Element e) {
 inline std::size_t bytes_of(Element e) {
     switch (e) {
     case Element::f32: return 4;
-    case Element::f64: case Element::i64: return 8;
+    case Element::f64:
+    case Element::i64: return 8;
     case Element::bf16: return 2;
     case Element::byte: return 1;
     }
@@ -159,7 +160,8 @@ public:
 
     /// The NCCL communicator of the processes of `bootstrap` (an MPI one), on CUDA device `device`: rank 0's unique
     /// id travels through `bootstrap`, then init().
-    static std::unique_ptr<NcclCommunicator> from(Communicator& bootstrap, int device, const std::string& name = "world",
+    static std::unique_ptr<NcclCommunicator> from(Communicator& bootstrap, int device,
+                                                  const std::string& name = "world",
                                                   std::chrono::milliseconds timeout = default_timeout) {
         MOONMOE_CUDA_CHECK(cudaSetDevice(device));
         ncclUniqueId id{};
@@ -382,8 +384,9 @@ private:
 
     void refuse_in_group(const std::string& op) const {
         if (group().depth > 0)
-            throw comm_error(where(op) + ": inside group_start() / group_end(), which only point-to-point operations "
-                                         "may be posted in");
+            throw comm_error(where(op) +
+                             ": inside group_start() / group_end(), which only point-to-point operations "
+                             "may be posted in");
     }
     /// With mutex_ held.
     void refuse_aborted(const std::string& op) const {

@@ -46,7 +46,8 @@ inline std::string optimizer_file_name(int rank, int ranks) {
 
 /// Saves the state of the parameters this rank owns; every rank of groups.world calls it (see the header comment).
 template <class Config, class B>
-void save_optimizer_state(const std::filesystem::path& dir, DistributedOptimizer<Config, B>& opt, ProcessGroups& groups) {
+void save_optimizer_state(const std::filesystem::path& dir, DistributedOptimizer<Config, B>& opt,
+                          ProcessGroups& groups) {
     namespace fs = std::filesystem;
     Communicator& world = groups.world;
     const bool root = world.rank() == 0;
@@ -107,7 +108,8 @@ void load_optimizer_state(const std::filesystem::path& dir, optim::Optimizer<Con
         if (s == files.back()->metadata().end())
             throw io_error(file.string() + ": no \"step\" in the metadata; not an optimizer state");
         if (r > 0 && s->second != step)
-            throw io_error(file.string() + ": step " + s->second + ", " + detail::optimizer_file_name(0, ranks) + " says " + step);
+            throw io_error(file.string() + ": step " + s->second + ", " + detail::optimizer_file_name(0, ranks) +
+                           " says " + step);
         step = s->second;
         for (const std::string& name : files.back()->names()) holder[name] = files.back().get();
     }

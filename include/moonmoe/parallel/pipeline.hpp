@@ -68,12 +68,13 @@ public:
     };
     struct StepResult {
         std::vector<float> losses;  ///< each micro-batch's mean loss (on every rank of the pipeline group)
-        float loss = 0;            ///< their mean
+        float loss = 0;             ///< their mean
         Timing timing;
     };
 
     Pipeline(nn::Transformer<B>& part, ProcessGroups& groups, index_t micro_batches, index_t extra_warmup = 0)
-        : part_(part), groups_(groups),
+        : part_(part),
+          groups_(groups),
           shape_{part.config.parallel.pp, part.config.parallel.virtual_stages, micro_batches, extra_warmup} {
         check_shape(shape_);
         check_moves<B>(*groups.pipeline, "Pipeline");
@@ -94,10 +95,14 @@ public:
                                         "model_part(config, groups.at))");
         for (const auto& layer : part.layers)
             if (!layer.dense && layer.moe.dispatcher->exchanges() != (groups_.layout.ep > 1))
-                throw std::invalid_argument(groups_.pipeline->where("Pipeline") + ": the part's MoE layers move their "
-                                            "pairs " + (groups_.layout.ep > 1 ? "locally, the layout has EP = " +
-                                            std::to_string(groups_.layout.ep) : std::string("over an expert group, "
-                                            "the layout has EP = 1")) + " (build the part with "
+                throw std::invalid_argument(groups_.pipeline->where("Pipeline") +
+                                            ": the part's MoE layers move their "
+                                            "pairs " +
+                                            (groups_.layout.ep > 1
+                                                 ? "locally, the layout has EP = " + std::to_string(groups_.layout.ep)
+                                                 : std::string("over an expert group, "
+                                                               "the layout has EP = 1")) +
+                                            " (build the part with "
                                             "expert_dispatcher<B>(groups))");
     }
 
@@ -139,7 +144,8 @@ public:
             const Step* next = i + 1 < schedule_.size() ? &schedule_[i + 1] : nullptr;
             offload_before(s, next);
             if (s.pass == Pass::forward) forward(s.micro_batch, s.chunk);
-            else backward(s.micro_batch, s.chunk);
+            else
+                backward(s.micro_batch, s.chunk);
             offload_after(s, next);
             // a send waits to be grouped with the next step's receive, if it has one (the header comment)
             if (i + 1 == schedule_.size() || !receives(schedule_[i + 1])) post_sends();
@@ -197,8 +203,8 @@ private:
     }
     void offload_after(const Step& s, const Step* next) {
         if constexpr (backend::offloads<B>) {
-            const bool own_backward_next = next && next->pass == Pass::backward && next->micro_batch == s.micro_batch &&
-                                           next->chunk == s.chunk;
+            const bool own_backward_next =
+                next && next->pass == Pass::backward && next->micro_batch == s.micro_batch && next->chunk == s.chunk;
             if (offloader_ && s.pass == Pass::forward && !own_backward_next)
                 offloader_->offload(slot(s.micro_batch, s.chunk));
         }
@@ -240,7 +246,8 @@ private:
     void receive(Mat& into, index_t from_stage, Pass pass, int t) {
         std::unique_ptr<Request> r;
         post_sends([&] {
-            r = channel(pass).irecv(std::span<float>(into.data(), std::size_t(into.numel())), rank_of_stage(from_stage), t);
+            r = channel(pass).irecv(std::span<float>(into.data(), std::size_t(into.numel())), rank_of_stage(from_stage),
+                                    t);
         });
         const auto start = std::chrono::steady_clock::now();
         r->wait();
@@ -257,7 +264,8 @@ private:
         Slot& c = slot(mb, chunk);
         Mat h({T, H});
         if (s == 0) part_.embed(ids.data(), h.view());
-        else receive(h, s - 1, Pass::forward, tag(mb, s - 1, Pass::forward));
+        else
+            receive(h, s - 1, Pass::forward, tag(mb, s - 1, Pass::forward));
         const index_t first = chunk_begin_[std::size_t(chunk)], last = chunk_begin_[std::size_t(chunk) + 1];
         c.layers.resize(std::size_t(last - first));
         part_.forward_layers(std::size_t(first), std::size_t(last), h, layout_, c.layers, nn::Pass::training);
@@ -269,7 +277,7 @@ private:
         const Mat logits = part_.head_forward(std::move(h), c.head);
         Mat dlogits(logits.shape());
         losses_[std::size_t(mb)] = nn::causal_lm_loss<B>(logits.view(), ids.data(), layout_, dlogits.view(),
-                                                          1.0f / float(shape_.micro_batches));
+                                                         1.0f / float(shape_.micro_batches));
         c.dlogits = nn::KeptMatrix<B>(std::move(dlogits), nn::KeptFormat::f32);
     }
 
@@ -279,11 +287,13 @@ private:
         Slot& c = slot(mb, chunk);
         Mat dh({T, H});
         if (s + 1 == stages()) part_.head_backward(c.dlogits.take("the loss's gradient").view(), c.head, dh.view());
-        else receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
+        else
+            receive(dh, s + 1, Pass::backward, tag(mb, s + 1, Pass::backward));
         const index_t first = chunk_begin_[std::size_t(chunk)], last = chunk_begin_[std::size_t(chunk) + 1];
         part_.backward_layers(std::size_t(first), std::size_t(last), dh, c.layers);
         if (s == 0) part_.embed_backward(batches_[std::size_t(mb)].data(), dh.view());
-        else send(std::move(dh), s - 1, Pass::backward, tag(mb, s, Pass::backward));
+        else
+            send(std::move(dh), s - 1, Pass::backward, tag(mb, s, Pass::backward));
         c = Slot{};
     }
 

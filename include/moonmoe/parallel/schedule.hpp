@@ -41,10 +41,10 @@ struct Step {
 
 /// The shape of a pipeline schedule.
 struct PipelineShape {
-    index_t pp = 1;            ///< pipeline ranks
-    index_t v = 1;             ///< chunks (virtual stages) per rank
+    index_t pp = 1;             ///< pipeline ranks
+    index_t v = 1;              ///< chunks (virtual stages) per rank
     index_t micro_batches = 1;  ///< per optimizer step
-    index_t extra_warmup = 0;  ///< K2's trick: forwards added to the warm-up to hide the expert all-to-all
+    index_t extra_warmup = 0;   ///< K2's trick: forwards added to the warm-up to hide the expert all-to-all
 
     index_t virtual_stages() const { return pp * v; }
     index_t virtual_stage(index_t rank, index_t chunk) const { return chunk * pp + rank; }
@@ -97,7 +97,8 @@ inline std::vector<Step> interleaved_1f1b(const PipelineShape& s, index_t rank) 
 
 /// The bubble fraction the schedule should show: (PP - 1) / (V M) (config/parallel.hpp's bubble_fraction).
 inline double predicted_bubble(const PipelineShape& s) {
-    return bubble_fraction(ParallelConfig{s.pp, 1, 1, s.v, SplitKind::balanced, 0, 0, s.micro_batches}, s.micro_batches);
+    return bubble_fraction(ParallelConfig{s.pp, 1, 1, s.v, SplitKind::balanced, 0, 0, s.micro_batches},
+                           s.micro_batches);
 }
 
 }  // namespace moonmoe::parallel

@@ -41,7 +41,8 @@ inline StepTraffic step_traffic(const ModelConfig& c, Coordinates at, index_t to
     index_t layers = 0, moe_layers = 0, dense_layers = 0;
     for (index_t v = 0; v < par.virtual_stages; ++v) {
         const index_t stage = v * par.pp + at.pp;
-        const index_t first = first_layer_of_chunk(par, c.dims.layers, stage), n = layers_in_chunk(par, c.dims.layers, stage);
+        const index_t first = first_layer_of_chunk(par, c.dims.layers, stage),
+                      n = layers_in_chunk(par, c.dims.layers, stage);
         for (index_t l = first; l < first + n; ++l) (l < c.dims.dense_layers ? dense_layers : moe_layers) += 1;
         layers += n;
         if (stage + 1 < stages) t.pipeline += double(M) * T * H * f32;  // activations forward
@@ -57,9 +58,10 @@ inline StepTraffic step_traffic(const ModelConfig& c, Coordinates at, index_t to
     // the part's trained floats, by group
     const index_t H_ = c.dims.hidden, router_weight = c.moe.experts * H_;
     const bool first = at.pp == 0, last = at.pp == (stages - 1) % par.pp;
-    const double dense_floats = double(layers * (p.attention_layer.total() + 2 * H_) + dense_layers * p.dense_mlp_layer +
-                                       moe_layers * (p.shared_experts_layer + router_weight) +
-                                       (first ? p.embedding : 0) + (last ? p.lm_head + H_ : 0));
+    const double dense_floats =
+        double(layers * (p.attention_layer.total() + 2 * H_) + dense_layers * p.dense_mlp_layer +
+               moe_layers * (p.shared_experts_layer + router_weight) + (first ? p.embedding : 0) +
+               (last ? p.lm_head + H_ : 0));
     const double expert_floats = double(moe_layers * (p.routed_experts_layer / par.ep));
     const index_t n_dense = par.ep * par.dp, n_expert = par.dp;
     t.zero = 2 * dense_floats * f32 * double(n_dense - 1) / double(n_dense) +

@@ -55,9 +55,8 @@ inline Assignment assign_by_cost(const std::vector<double>& cost, int ranks) {
     Assignment a{std::vector<int>(cost.size(), 0), std::vector<double>(std::size_t(ranks), 0.0)};
     std::vector<std::size_t> order(cost.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-        return cost[x] != cost[y] ? cost[x] > cost[y] : x < y;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t x, std::size_t y) { return cost[x] != cost[y] ? cost[x] > cost[y] : x < y; });
     for (std::size_t i : order) {
         const auto least = std::size_t(std::min_element(a.load.begin(), a.load.end()) - a.load.begin());
         a.owner[i] = int(least);
@@ -98,7 +97,8 @@ public:
             Tensor<float, 1, B> send({s.total()});
             const index_t mine = s.counts[std::size_t(s.group->rank())];
             s.mine = Tensor<float, 1, B>({mine});
-            for (std::size_t i : s.members) copy(params[i].grad, send.data() + s.start(owner_[i]) + offset_[i], params[i].numel());
+            for (std::size_t i : s.members)
+                copy(params[i].grad, send.data() + s.start(owner_[i]) + offset_[i], params[i].numel());
             s.group->reduce_scatter_v(std::span<const float>(send.data(), std::size_t(send.numel())),
                                       std::span<float>(s.mine.data(), std::size_t(mine)), s.counts);
             Ops::map(fn::ScaleBy<float>{1.0f / float(replicas_)}, s.mine.template reshape<2>({1, mine}));
@@ -173,7 +173,10 @@ private:
 
     DistributedOptimizer(nn::Transformer<B>& model, Communicator& world, Communicator& dense, Communicator& experts,
                          index_t replicas)
-        : model_(model), world_(world), dense_(dense), replicas_(replicas),
+        : model_(model),
+          world_(world),
+          dense_(dense),
+          replicas_(replicas),
           inner_(model, [this, &experts](const ParamRef& p) { return route(p, experts); }) {
         check_moves<B>(dense, "DistributedOptimizer");
         check_moves<B>(experts, "DistributedOptimizer");
@@ -249,7 +252,8 @@ private:
         std::vector<View<const float, 1, B>> grads;
         for (const Shard& s : shards_)
             for (std::size_t i : s.members)
-                if (owner_[i] == s.group->rank()) grads.push_back(View<const float, 1, B>(params[i].grad, {params[i].numel()}));
+                if (owner_[i] == s.group->rank())
+                    grads.push_back(View<const float, 1, B>(params[i].grad, {params[i].numel()}));
         Tensor<index_t, 1, B> first({1});
         backend::Ops<B>::first_nonfinite(grads, first.view());
         std::vector<index_t> bad = {element_to_host(first.view(), 0) < index_t(grads.size()) ? 1 : 0};

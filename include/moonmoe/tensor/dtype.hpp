@@ -1,10 +1,10 @@
 // moonmoe/tensor/dtype.hpp: element types of stored tensors, and the 16- and 8-bit floats as value types.
 //
 // DType names the element type of a tensor on disk or in memory, spelled as safetensors spells it ("BF16",
-// "F8_E4M3", ...). bf16 (numeric/bf16.hpp), f16 and f8_e4m3 hold raw bits and convert to and from float exactly as PyTorch's
-// c10::BFloat16, c10::Half and c10::Float8_e4m3fn do (round to nearest, ties to even), so a checkpoint written by
-// torch decodes to the same floats here. The conversions are constexpr and host-and-device (MOONMOE_HD), so CUDA
-// kernels and the CPU reference share them.
+// "F8_E4M3", ...). bf16 (numeric/bf16.hpp), f16 and f8_e4m3 hold raw bits and convert to and from float exactly as
+// PyTorch's c10::BFloat16, c10::Half and c10::Float8_e4m3fn do (round to nearest, ties to even), so a checkpoint
+// written by torch decodes to the same floats here. The conversions are constexpr and host-and-device (MOONMOE_HD), so
+// CUDA kernels and the CPU reference share them.
 #pragma once
 
 #include <array>
@@ -21,17 +21,28 @@ namespace moonmoe {
 /// Element types of the safetensors format (the subset without sub-byte and complex types).
 enum class DType { f64, f32, f16, bf16, f8_e4m3, f8_e5m2, i64, i32, i16, i8, u64, u32, u16, u8, boolean };
 
-inline constexpr DType all_dtypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16, DType::f8_e4m3,
-                                       DType::f8_e5m2, DType::i64, DType::i32, DType::i16, DType::i8,
-                                       DType::u64, DType::u32, DType::u16, DType::u8, DType::boolean};
+inline constexpr DType all_dtypes[] = {DType::f64,     DType::f32, DType::f16, DType::bf16, DType::f8_e4m3,
+                                       DType::f8_e5m2, DType::i64, DType::i32, DType::i16,  DType::i8,
+                                       DType::u64,     DType::u32, DType::u16, DType::u8,   DType::boolean};
 
 /// Bytes per element.
 MOONMOE_HD constexpr std::size_t dtype_size(DType t) {
     switch (t) {
-        case DType::f64: case DType::i64: case DType::u64: return 8;
-        case DType::f32: case DType::i32: case DType::u32: return 4;
-        case DType::f16: case DType::bf16: case DType::i16: case DType::u16: return 2;
-        case DType::f8_e4m3: case DType::f8_e5m2: case DType::i8: case DType::u8: case DType::boolean: return 1;
+    case DType::f64:
+    case DType::i64:
+    case DType::u64: return 8;
+    case DType::f32:
+    case DType::i32:
+    case DType::u32: return 4;
+    case DType::f16:
+    case DType::bf16:
+    case DType::i16:
+    case DType::u16: return 2;
+    case DType::f8_e4m3:
+    case DType::f8_e5m2:
+    case DType::i8:
+    case DType::u8:
+    case DType::boolean: return 1;
     }
     return 0;
 }
@@ -45,21 +56,21 @@ MOONMOE_HD constexpr bool is_floating(DType t) {
 /// The safetensors spelling: "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", ..., "U8", "BOOL".
 constexpr std::string_view dtype_name(DType t) {
     switch (t) {
-        case DType::f64: return "F64";
-        case DType::f32: return "F32";
-        case DType::f16: return "F16";
-        case DType::bf16: return "BF16";
-        case DType::f8_e4m3: return "F8_E4M3";
-        case DType::f8_e5m2: return "F8_E5M2";
-        case DType::i64: return "I64";
-        case DType::i32: return "I32";
-        case DType::i16: return "I16";
-        case DType::i8: return "I8";
-        case DType::u64: return "U64";
-        case DType::u32: return "U32";
-        case DType::u16: return "U16";
-        case DType::u8: return "U8";
-        case DType::boolean: return "BOOL";
+    case DType::f64: return "F64";
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::f8_e4m3: return "F8_E4M3";
+    case DType::f8_e5m2: return "F8_E5M2";
+    case DType::i64: return "I64";
+    case DType::i32: return "I32";
+    case DType::i16: return "I16";
+    case DType::i8: return "I8";
+    case DType::u64: return "U64";
+    case DType::u32: return "U32";
+    case DType::u16: return "U16";
+    case DType::u8: return "U8";
+    case DType::boolean: return "BOOL";
     }
     return "?";
 }
@@ -85,8 +96,8 @@ MOONMOE_HD constexpr std::uint32_t subnormal_units(std::uint32_t magnitude, int 
     const int e = int(magnitude >> 23);
     if (e == 0) return 0;
     const std::uint32_t mant = (magnitude & 0x7FFFFFu) | 0x800000u;  // value = mant * 2^(e - 150)
-    const int shift = unit_exp + 150 - e;                             // units = mant / 2^shift
-    if (shift > 24) return 0;                                         // below half a unit
+    const int shift = unit_exp + 150 - e;                            // units = mant / 2^shift
+    if (shift > 24) return 0;                                        // below half a unit
     return shift_round_even(mant, shift);
 }
 }  // namespace detail
@@ -167,14 +178,17 @@ template <class T>
 inline constexpr bool has_dtype = false;
 template <class T>
 inline constexpr DType dtype_of = [] {
-    static_assert(has_dtype<T>, "dtype_of<T>: T is not a stored element type (float, double, bf16, f16, f8_e4m3, "
-                                "std::int8_t ... std::uint64_t, bool)");
+    static_assert(has_dtype<T>,
+                  "dtype_of<T>: T is not a stored element type (float, double, bf16, f16, f8_e4m3, "
+                  "std::int8_t ... std::uint64_t, bool)");
     return DType::f32;
 }();
 
-#define MOONMOE_DTYPE_OF(T, D)                         \
-    template <> inline constexpr bool has_dtype<T> = true; \
-    template <> inline constexpr DType dtype_of<T> = D;
+#define MOONMOE_DTYPE_OF(T, D)                                                                                         \
+    template <>                                                                                                        \
+    inline constexpr bool has_dtype<T> = true;                                                                         \
+    template <>                                                                                                        \
+    inline constexpr DType dtype_of<T> = D;
 MOONMOE_DTYPE_OF(double, DType::f64)
 MOONMOE_DTYPE_OF(float, DType::f32)
 MOONMOE_DTYPE_OF(f16, DType::f16)

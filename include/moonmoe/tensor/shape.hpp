@@ -67,15 +67,17 @@ constexpr std::optional<index_t> checked_product(const Range& sizes) {
 template <int R>
 constexpr index_t numel(const Shape<R>& s) {
     const auto n = checked_product(s);
-    if (!n) throw shape_error("shape " + shape_string(s) + " has a negative extent or more elements than fit in 64 bits");
+    if (!n)
+        throw shape_error("shape " + shape_string(s) + " has a negative extent or more elements than fit in 64 bits");
     return *n;
 }
 
 /// Bytes of `count` elements of `element_size` bytes; throws shape_error (naming `what`) when that overflows.
 inline std::size_t checked_bytes(index_t count, std::size_t element_size, const std::string& what) {
     const auto n = checked_mul(count, index_t(element_size));
-    if (!n) throw shape_error(what + ": " + std::to_string(count) + " elements of " + std::to_string(element_size) +
-                              " bytes overflow a 64-bit size");
+    if (!n)
+        throw shape_error(what + ": " + std::to_string(count) + " elements of " + std::to_string(element_size) +
+                          " bytes overflow a 64-bit size");
     return std::size_t(*n);
 }
 

@@ -130,15 +130,23 @@ public:
 
     template <class... I>
         requires(sizeof...(I) == Rank && backend::host_visible<B>)
-    T& operator()(I... i) { return view()(i...); }
+    T& operator()(I... i) {
+        return view()(i...);
+    }
     template <class... I>
         requires(sizeof...(I) == Rank && backend::host_visible<B>)
-    const T& operator()(I... i) const { return view()(i...); }
+    const T& operator()(I... i) const {
+        return view()(i...);
+    }
 
     template <int R2>
-    View<T, R2, B> reshape(Shape<R2> s) { return view().template reshape<R2>(s); }
+    View<T, R2, B> reshape(Shape<R2> s) {
+        return view().template reshape<R2>(s);
+    }
     template <int R2>
-    View<const T, R2, B> reshape(Shape<R2> s) const { return view().template reshape<R2>(s); }
+    View<const T, R2, B> reshape(Shape<R2> s) const {
+        return view().template reshape<R2>(s);
+    }
 
     void zero() { backend::Memory<B>::fill_zero(data_, bytes()); }
 

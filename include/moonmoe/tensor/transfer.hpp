@@ -53,8 +53,8 @@ Tensor<T, 1, B> to_device(const std::vector<T>& values) {
 template <class T, int Rank, class B>
 void copy_to_device(std::span<const T> values, View<T, Rank, B> dst) {
     if (!dst.contiguous() || dst.numel() != index_t(values.size()))
-        throw shape_error("copy_to_device: " + std::to_string(values.size()) + " values into " + shape_string(dst.shape) +
-                          (dst.contiguous() ? "" : " (strided)"));
+        throw shape_error("copy_to_device: " + std::to_string(values.size()) + " values into " +
+                          shape_string(dst.shape) + (dst.contiguous() ? "" : " (strided)"));
     if (!values.empty()) backend::Memory<B>::to_device(dst.data, values.data(), values.size() * sizeof(T));
 }
 

@@ -80,8 +80,8 @@ inline float head_forward(const AttentionQueries<cpu>& q, const AttentionKeys<cp
     std::vector<float> buffer(static_cast<std::size_t>(n * L));
     View<float, 2> P(buffer.data(), {n, L});
     for (int p = 0; p < q.parts; ++p)
-        BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale, head_rows(q.q[p], q0, n, h), head_rows(kv.k[p], k0, L, g),
-                                  p ? 1.0f : 0.0f, P);
+        BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale, head_rows(q.q[p], q0, n, h),
+                                  head_rows(kv.k[p], k0, L, g), p ? 1.0f : 0.0f, P);
     const float max_logit = softmax_rows(P, L - n, lse);
     BlasOps<cpu>::gemm<float>(Trans::no, Trans::no, 1.0f, P, head_rows(kv.v, k0, L, g), 0.0f, o);
     return max_logit;
@@ -98,7 +98,8 @@ struct AttentionOps<cpu> {
         const index_t rows = x.shape[0], heads = x.shape[1], dim = x.shape[2], half = dim / 2;
         const float* freq = inv_freq.data;
         cpu_detail::parallel_for(rows, [&](index_t r) {
-            std::vector<float> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half)), tmp(static_cast<std::size_t>(dim));
+            std::vector<float> c(static_cast<std::size_t>(half)), s(static_cast<std::size_t>(half)),
+                tmp(static_cast<std::size_t>(dim));
             const float pos = float(positions.data[r]);
             for (index_t i = 0; i < half; ++i) {
                 const float angle = freq[i] * pos;  // f32, as HF's inv_freq @ position_ids
@@ -136,8 +137,8 @@ struct AttentionOps<cpu> {
         std::vector<float> task_max(static_cast<std::size_t>(N * H), -INFINITY);
         parallel_for(N * H, [&](index_t task) {
             const index_t s = task / H, h = task % H, t0 = offsets[s], S = offsets[s + 1] - t0;
-            task_max[std::size_t(task)] = head_forward(q, kv, t0, S, t0, S, h, h / G, scale, head_rows(o, t0, S, h),
-                                                       lse.data + t0 * H + h * S);
+            task_max[std::size_t(task)] =
+                head_forward(q, kv, t0, S, t0, S, h, h / G, scale, head_rows(o, t0, S, h), lse.data + t0 * H + h * S);
         });
         for (index_t task = 0; task < N * H; ++task)
             max_logit.data[task % H] = std::max(max_logit.data[task % H], task_max[std::size_t(task)]);
@@ -146,7 +147,8 @@ struct AttentionOps<cpu> {
     /// Gradients of attention_forward, P recomputed from lse.
     static void attention_backward(const AttentionQueries<cpu>& q, const AttentionKeys<cpu>& kv,
                                    std::span<const index_t> offsets, float scale, View<const float, 3> o,
-                                   View<const float, 1> lse, View<const float, 3> d_o, const AttentionGrads<cpu>& grads) {
+                                   View<const float, 1> lse, View<const float, 3> d_o,
+                                   const AttentionGrads<cpu>& grads) {
         using namespace cpu_detail;
         const index_t H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
         const index_t KV = contract::check_backward(q, kv, offsets, o, lse, d_o, grads), G = H / KV,

@@ -76,10 +76,11 @@ void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, 
     parallel_chunks(s.chunks, [&](index_t p) {
         const index_t lo = p * s.width, w = std::min(s.width, (s.along_n ? n : m) - lo);
         if (s.along_n) {  // columns [lo, lo + w) of C and of op(B)
-            const View<const T, 2> b = tb == Trans::no ? View<const T, 2>(B.data + lo, {k, w}, B.strides)
-                                                       : View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides);
+            const View<const T, 2> b = tb == Trans::no
+                                           ? View<const T, 2>(B.data + lo, {k, w}, B.strides)
+                                           : View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides);
             panel(A, b, View<TC, 2>(C.data + lo, {m, w}, C.strides));
-        } else {          // rows [lo, lo + w) of C and of op(A)
+        } else {  // rows [lo, lo + w) of C and of op(A)
             const View<const T, 2> a = ta == Trans::no ? View<const T, 2>(A.data + lo * A.strides[0], {w, k}, A.strides)
                                                        : View<const T, 2>(A.data + lo, {k, w}, A.strides);
             panel(a, B, View<TC, 2>(C.data + lo * C.strides[0], {w, n}, C.strides));
@@ -102,9 +103,12 @@ void gemm_panel(Trans ta, Trans tb, T alpha, View<const T, 2> A, View<const T, 2
         }
     };
     if (ta == Trans::no && tb == Trans::no) run(a, b);
-    else if (ta == Trans::no) run(a, b.transpose());
-    else if (tb == Trans::no) run(a.transpose(), b);
-    else run(a.transpose(), b.transpose());
+    else if (ta == Trans::no)
+        run(a, b.transpose());
+    else if (tb == Trans::no)
+        run(a.transpose(), b);
+    else
+        run(a.transpose(), b.transpose());
 }
 }  // namespace cpu_detail
 
@@ -122,7 +126,9 @@ struct BlasOps<cpu> {
         auto c = as_matrix<T>(C);
         if (m == 0 || n == 0) return;
         if (k == 0) {
-            if (beta == T(0)) c.setZero(); else c *= beta;
+            if (beta == T(0)) c.setZero();
+            else
+                c *= beta;
             return;
         }
         if constexpr (std::is_same_v<T, float>) {
@@ -176,16 +182,17 @@ struct BlasOps<cpu> {
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
     /// between matrices (0 reuses A or B; C's only for one product); the batch runs in parallel, each GEMM on one
     /// thread.
-    static void gemm_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2> A, index_t stride_a,
-                             View<const float, 2> B, index_t stride_b, float beta, View<float, 2> C, index_t stride_c) {
+    static void gemm_strided_batched(index_t count, Trans ta, Trans tb, float alpha, View<const float, 2> A,
+                                     index_t stride_a, View<const float, 2> B, index_t stride_b, float beta,
+                                     View<float, 2> C, index_t stride_c) {
         contract::check_gemm<float>("gemm_strided_batched", ta, tb, A, B, C);
         contract::check_batch("gemm_strided_batched", count, stride_a, stride_b, stride_c);
         cpu_detail::parallel_for(count, [&](index_t i) {
-            View<const float, 2> a(A.data + i * stride_a, A.shape, A.strides), b(B.data + i * stride_b, B.shape, B.strides);
+            View<const float, 2> a(A.data + i * stride_a, A.shape, A.strides),
+                b(B.data + i * stride_b, B.shape, B.strides);
             gemm<float>(ta, tb, alpha, a, b, beta, View<float, 2>(C.data + i * stride_c, C.shape, C.strides));
         });
     }
-
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]); W [groups, ., .].
     /// The groups run one after the other, each GEMM on every thread (a segment is usually hundreds of rows).
@@ -273,7 +280,8 @@ private:
     static void product(Trans ta, Trans tb, float alpha, View<const T, 2> A, View<const T, 2> B, float beta,
                         View<float, 2> C) {
         if constexpr (std::is_same_v<T, bf16>) gemm_bf16<float>(ta, tb, alpha, A, B, beta, C);
-        else gemm<float>(ta, tb, alpha, A, B, beta, C);
+        else
+            gemm<float>(ta, tb, alpha, A, B, beta, C);
     }
 
     /// A contiguous f32 copy of a bf16 matrix (exact).

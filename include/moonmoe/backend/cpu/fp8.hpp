@@ -69,7 +69,8 @@ struct Fp8Ops<cpu> {
             float* out = x.data + i * x.strides[0] + lo;
             const float s = scales.data[i * scales.strides[0] + lo / fp8_tile_width];
             if (hi - lo == fp8_tile_width) dequantize_tile(in, s, out, FullTile{});
-            else dequantize_tile(in, s, out, hi - lo);
+            else
+                dequantize_tile(in, s, out, hi - lo);
         });
     }
 };

@@ -99,19 +99,19 @@ template <int MR>
 MOONMOE_TARGET_AVX512 inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const float* w, index_t ldw,
                                                 index_t k0, index_t k1, float (&out)[4][4]) {
     switch (nr) {
-        case 1: dot_tile<MR, 1>(x, ldx, w, ldw, k0, k1, out); break;
-        case 2: dot_tile<MR, 2>(x, ldx, w, ldw, k0, k1, out); break;
-        case 3: dot_tile<MR, 3>(x, ldx, w, ldw, k0, k1, out); break;
-        default: dot_tile<MR, 4>(x, ldx, w, ldw, k0, k1, out); break;
+    case 1: dot_tile<MR, 1>(x, ldx, w, ldw, k0, k1, out); break;
+    case 2: dot_tile<MR, 2>(x, ldx, w, ldw, k0, k1, out); break;
+    case 3: dot_tile<MR, 3>(x, ldx, w, ldw, k0, k1, out); break;
+    default: dot_tile<MR, 4>(x, ldx, w, ldw, k0, k1, out); break;
     }
 }
 MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, const float* w,
                                                index_t ldw, index_t k0, index_t k1, float (&out)[4][4]) {
     switch (mr) {
-        case 1: dot_tile_rows<1>(nr, x, ldx, w, ldw, k0, k1, out); break;
-        case 2: dot_tile_rows<2>(nr, x, ldx, w, ldw, k0, k1, out); break;
-        case 3: dot_tile_rows<3>(nr, x, ldx, w, ldw, k0, k1, out); break;
-        default: dot_tile_rows<4>(nr, x, ldx, w, ldw, k0, k1, out); break;
+    case 1: dot_tile_rows<1>(nr, x, ldx, w, ldw, k0, k1, out); break;
+    case 2: dot_tile_rows<2>(nr, x, ldx, w, ldw, k0, k1, out); break;
+    case 3: dot_tile_rows<3>(nr, x, ldx, w, ldw, k0, k1, out); break;
+    default: dot_tile_rows<4>(nr, x, ldx, w, ldw, k0, k1, out); break;
     }
 }
 
@@ -123,14 +123,15 @@ MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float
     for (index_t i0 = 0; i0 < m; i0 += 4) {
         const index_t mr = std::min<index_t>(4, m - i0);
         float out[4][4];
-        dot_tile_any(mr, nr, X.data + i0 * X.strides[0], X.strides[0], W.data + j0 * W.strides[0], W.strides[0], k0,
-                     k1, out);
+        dot_tile_any(mr, nr, X.data + i0 * X.strides[0], X.strides[0], W.data + j0 * W.strides[0], W.strides[0], k0, k1,
+                     out);
         for (index_t i = 0; i < mr; ++i) {
             float* c = C.data + (i0 + i) * C.strides[0] + j0;
             for (index_t j = 0; j < nr; ++j) {
                 const float v = alpha * out[i][j];
                 if (!first) c[j] += v;
-                else c[j] = beta == 0.0f ? v : beta * c[j] + v;
+                else
+                    c[j] = beta == 0.0f ? v : beta * c[j] + v;
             }
         }
     }

@@ -19,7 +19,8 @@ namespace cpu_detail {
 template <class T>
 decltype(auto) element(const View<T, 2>& v, index_t i, index_t j) {
     if constexpr (std::is_const_v<T>) return std::remove_const_t<T>(v.data[i * v.strides[0] + j * v.strides[1]]);
-    else return (v.data[i * v.strides[0] + j * v.strides[1]]);
+    else
+        return (v.data[i * v.strides[0] + j * v.strides[1]]);
 }
 /// Columns of the blocks for_each_block cuts long rows into.
 inline constexpr index_t map_block_columns = 4096;
@@ -44,7 +45,8 @@ void transpose_tiled(View<const T, 2> src, View<T, 2> dst, const Op& op) {
         const index_t i0 = k / tiles_n * tile, j0 = k % tiles_n * tile;
         for (index_t i = i0; i < std::min(m, i0 + tile); ++i)
             for (index_t j = j0; j < std::min(n, j0 + tile); ++j)
-                dst.data[j * dst.strides[0] + i * dst.strides[1]] = op(src.data[i * src.strides[0] + j * src.strides[1]]);
+                dst.data[j * dst.strides[0] + i * dst.strides[1]] =
+                    op(src.data[i * src.strides[0] + j * src.strides[1]]);
     });
 }
 }  // namespace cpu_detail
@@ -93,7 +95,6 @@ struct MapOps<cpu> {
             for (index_t j = 0; j < cols; ++j) row[j] = value;
         });
     }
-
 
     /// dst [n, m] = src [m, n]^T, in tiles of 32 x 32 so both sides are read and written in whole cache lines.
     template <class T = float>

@@ -30,15 +30,16 @@ namespace moonmoe::backend {
 
 namespace cpu_detail {
 
-inline constexpr std::size_t mmap_threshold = std::size_t(4) << 20;  ///< 4 MiB: from here on, blocks are mmap'ed
-inline constexpr std::size_t mmap_unit = std::size_t(2) << 20;       ///< one huge page
+inline constexpr std::size_t mmap_threshold = std::size_t(4) << 20;     ///< 4 MiB: from here on, blocks are mmap'ed
+inline constexpr std::size_t mmap_unit = std::size_t(2) << 20;          ///< one huge page
 inline constexpr std::size_t cached_threshold = std::size_t(64) << 10;  ///< 64 KiB: from here on, blocks are cached
 inline constexpr std::size_t page = std::size_t(4) << 10;
 
 /// Gives a block of `total` bytes back to where it came from (mmap or aligned_alloc, by its size).
 inline void return_block(void* base, std::size_t total) {
     if (total >= mmap_threshold) munmap(base, total);
-    else std::free(base);
+    else
+        std::free(base);
 }
 
 /// Released blocks by size, reused for requests of between 80% and 100% of a block's size.
@@ -72,6 +73,7 @@ public:
         std::lock_guard<std::mutex> lock(mutex_);
         return held_;
     }
+
 private:
     std::mutex mutex_;
     std::multimap<std::size_t, void*> blocks_;
@@ -91,7 +93,8 @@ struct Memory<cpu> {
         std::size_t total = alignment + (bytes + alignment - 1) / alignment * alignment;
         const auto round_up = [&](std::size_t unit) { total = (total + unit - 1) / unit * unit; };
         if (total >= mmap_threshold) round_up(mmap_unit);
-        else if (total >= cached_threshold) round_up(page);
+        else if (total >= cached_threshold)
+            round_up(page);
         std::byte* base = total >= cached_threshold ? static_cast<std::byte*>(cache().take(total)) : nullptr;
         if (base) {  // a released block of about this size (maybe mapped, maybe not: its header says how large)
             total = reinterpret_cast<std::size_t*>(base)[0];

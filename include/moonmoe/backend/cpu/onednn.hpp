@@ -78,10 +78,10 @@ inline const Native& native() {
         Native r;
         r.bf16 = has(dnnl::cpu_isa::avx512_core_bf16);
         r.isa = has(dnnl::cpu_isa::avx512_core_amx) ? "avx512_core_amx"
-                : r.bf16                             ? "avx512_core_bf16"
-                : has(dnnl::cpu_isa::avx512_core)    ? "avx512_core"
-                : has(dnnl::cpu_isa::avx2)           ? "avx2"
-                                                     : "sse41";
+                : r.bf16                            ? "avx512_core_bf16"
+                : has(dnnl::cpu_isa::avx512_core)   ? "avx512_core"
+                : has(dnnl::cpu_isa::avx2)          ? "avx2"
+                                                    : "sse41";
         return r;
     }();
     return n;
@@ -145,7 +145,16 @@ private:
 template <class TC>
 void gemm(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta, View<TC, 2> C) {
     const index_t m = C.shape[0], n = C.shape[1], k = ta == Trans::no ? A.shape[1] : A.shape[0];
-    const Key key{m, n, k, ta == Trans::yes, tb == Trans::yes, A.strides[0], B.strides[0], C.strides[0], alpha, beta,
+    const Key key{m,
+                  n,
+                  k,
+                  ta == Trans::yes,
+                  tb == Trans::yes,
+                  A.strides[0],
+                  B.strides[0],
+                  C.strides[0],
+                  alpha,
+                  beta,
                   std::is_same_v<TC, bf16>};
     const Entry& e = primitive(key);
     dnnl::memory a(e.a, engine(), const_cast<bf16*>(A.data));
@@ -154,7 +163,8 @@ void gemm(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf1
     thread_local dnnl::stream stream(engine());
     thread_local std::vector<unsigned char> scratch;
     if (scratch.size() < e.scratch_bytes) scratch.resize(e.scratch_bytes);
-    const dnnl::memory::desc scratch_desc({index_t(e.scratch_bytes)}, dnnl::memory::data_type::u8, dnnl::memory::dims{1});
+    const dnnl::memory::desc scratch_desc({index_t(e.scratch_bytes)}, dnnl::memory::data_type::u8,
+                                          dnnl::memory::dims{1});
     dnnl::memory pad(scratch_desc, engine(), scratch.data());
     const OneThread one;  // the pool runs the panels (header comment)
     e.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, pad}});

@@ -31,7 +31,8 @@ inline bool all_finite(const float* x, index_t n) {
     index_t i = 0;
     for (; i + chunk <= n; i += chunk) {
         std::uint32_t bad = 0;
-        for (index_t j = 0; j < chunk; ++j) bad |= std::uint32_t((std::bit_cast<std::uint32_t>(x[i + j]) & exponent) == exponent);
+        for (index_t j = 0; j < chunk; ++j)
+            bad |= std::uint32_t((std::bit_cast<std::uint32_t>(x[i + j]) & exponent) == exponent);
         if (bad) return false;
     }
     for (; i < n; ++i)
@@ -50,7 +51,8 @@ std::vector<ListBlock> list_blocks(std::span<const View<T, 1>> xs, index_t block
     std::vector<ListBlock> out;
     for (std::size_t i = 0; i < xs.size(); ++i) {
         contract::require_list_view(i, xs[i]);
-        for (index_t lo = 0; lo < xs[i].shape[0]; lo += block) out.push_back({i, lo, std::min(block, xs[i].shape[0] - lo)});
+        for (index_t lo = 0; lo < xs[i].shape[0]; lo += block)
+            out.push_back({i, lo, std::min(block, xs[i].shape[0] - lo)});
     }
     return out;
 }
@@ -66,7 +68,8 @@ struct OptimOps<cpu> {
         double sq = 0.0;
         for (index_t i = 0; i < x.shape[0]; ++i) {
             const T* row = x.data + i * x.strides[0];
-            for (index_t j = 0; j < x.shape[1]; ++j) sq += double(row[j * x.strides[1]]) * double(row[j * x.strides[1]]);
+            for (index_t j = 0; j < x.shape[1]; ++j)
+                sq += double(row[j * x.strides[1]]) * double(row[j * x.strides[1]]);
         }
         out.data[0] = sq;
     }

@@ -33,8 +33,9 @@ struct RoutingOps<cpu> {
             if (cfg.correction_bias)
                 for (index_t e = 0; e < E; ++e) choice[e] += bias.data[e * bias.strides[0]];
             if (G > 1 && cfg.top_groups < G) limit_to_groups(cfg, choice, G, per_group);
-            std::vector<index_t> chosen = fixed.data ? std::vector<index_t>(fixed.data + t * K, fixed.data + (t + 1) * K)
-                                                     : top_k(choice.data(), E, K);
+            std::vector<index_t> chosen = fixed.data
+                                              ? std::vector<index_t>(fixed.data + t * K, fixed.data + (t + 1) * K)
+                                              : top_k(choice.data(), E, K);
             double sum = 0.0;
             for (index_t j = 0; j < K; ++j) sum += s[chosen[j]];
             for (index_t j = 0; j < K; ++j) {
@@ -150,8 +151,10 @@ struct RoutingOps<cpu> {
             float* dst = y.data + t * y.strides[0];
             for (const auto& [r, w] : terms) {
                 const float* src = rows.data + r * rows.strides[0];
-                if (weight.data) for (index_t j = 0; j < cols; ++j) dst[j] += w * src[j];
-                else for (index_t j = 0; j < cols; ++j) dst[j] += src[j];
+                if (weight.data)
+                    for (index_t j = 0; j < cols; ++j) dst[j] += w * src[j];
+                else
+                    for (index_t j = 0; j < cols; ++j) dst[j] += src[j];
             }
         });
     }

@@ -74,7 +74,8 @@ struct RowOps<cpu> {
         });
     }
 
-    /// loss[0] = mean over the targets other than `ignore` of logsumexp(z) - z[target] (double); dlogits = (softmax - onehot) / count.
+    /// loss[0] = mean over the targets other than `ignore` of logsumexp(z) - z[target] (double); dlogits = (softmax -
+    /// onehot) / count.
     static void cross_entropy(View<const float, 2> logits, View<const index_t, 1> targets, index_t ignore,
                               index_t count, View<float, 1> loss, View<float, 2> dlogits) {
         using namespace cpu_detail;

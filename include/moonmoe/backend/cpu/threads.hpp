@@ -55,17 +55,17 @@ enum class ThreadSource { omp_num_threads, cgroup_quota, affinity, hardware };
 struct ThreadDefault {
     int count = 1;
     ThreadSource source = ThreadSource::hardware;
-    int affinity_cpus = 0;       ///< CPUs this process may run on (sched_getaffinity), 0 if unknown
-    double quota_cpus = 0.0;     ///< the tightest cgroup CPU quota found, in CPUs (quota / period), 0 if none
+    int affinity_cpus = 0;    ///< CPUs this process may run on (sched_getaffinity), 0 if unknown
+    double quota_cpus = 0.0;  ///< the tightest cgroup CPU quota found, in CPUs (quota / period), 0 if none
 
     std::string describe() const {
         std::ostringstream s;
         s << count << " thread" << (count == 1 ? "" : "s") << " (";
         switch (source) {
-            case ThreadSource::omp_num_threads: s << "OMP_NUM_THREADS"; break;
-            case ThreadSource::cgroup_quota: s << "cgroup CPU quota " << quota_cpus << " CPUs"; break;
-            case ThreadSource::affinity: s << "CPU affinity"; break;
-            case ThreadSource::hardware: s << "std::thread::hardware_concurrency"; break;
+        case ThreadSource::omp_num_threads: s << "OMP_NUM_THREADS"; break;
+        case ThreadSource::cgroup_quota: s << "cgroup CPU quota " << quota_cpus << " CPUs"; break;
+        case ThreadSource::affinity: s << "CPU affinity"; break;
+        case ThreadSource::hardware: s << "std::thread::hardware_concurrency"; break;
         }
         if (affinity_cpus > 0) s << "; " << affinity_cpus << " CPUs in the affinity mask";
         if (quota_cpus > 0 && source != ThreadSource::cgroup_quota) s << "; cgroup quota " << quota_cpus << " CPUs";
@@ -77,8 +77,10 @@ struct ThreadDefault {
 namespace detail::cpu_count {
 
 inline std::string_view trim(std::string_view s) {
-    while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\n' || s.front() == '\r')) s.remove_prefix(1);
-    while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n' || s.back() == '\r')) s.remove_suffix(1);
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\n' || s.front() == '\r'))
+        s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n' || s.back() == '\r'))
+        s.remove_suffix(1);
     return s;
 }
 /// A whole non-negative decimal integer, or nothing.
@@ -115,9 +117,7 @@ inline std::optional<double> parse_cfs_quota(std::string_view quota_text, std::s
 }
 
 /// Threads for a quota of `cpus` CPUs: rounded up (1.5 CPUs of time can keep 2 threads busy 75% each), at least 1.
-inline int threads_for_quota(double cpus) {
-    return int(std::clamp(std::ceil(cpus - 1e-9), 1.0, 1e6));
-}
+inline int threads_for_quota(double cpus) { return int(std::clamp(std::ceil(cpus - 1e-9), 1.0, 1e6)); }
 
 /// OMP_NUM_THREADS as OpenMP reads it: a positive integer, or a comma list whose first entry is used here.
 inline std::optional<int> parse_omp_num_threads(const char* value) {
@@ -132,7 +132,8 @@ inline std::optional<int> parse_omp_num_threads(const char* value) {
 /// and /proc/self/mountinfo: for cgroup v2 the unified hierarchy, for v1 the one with the `cpu` controller. Each is
 /// the mount point joined with the process's cgroup path (relative to the mount's root), then its parents up to
 /// the mount point. `version` is set to 1 or 2 for the hierarchy found (0: none).
-inline std::vector<std::string> cgroup_cpu_dirs(std::string_view proc_cgroup, std::string_view mountinfo, int& version) {
+inline std::vector<std::string> cgroup_cpu_dirs(std::string_view proc_cgroup, std::string_view mountinfo,
+                                                int& version) {
     auto lines = [](std::string_view text) {
         std::vector<std::string_view> out;
         while (!text.empty()) {
@@ -153,7 +154,8 @@ inline std::vector<std::string> cgroup_cpu_dirs(std::string_view proc_cgroup, st
         }
     };
     auto has_cpu = [&](std::string_view list) {
-        for (std::string_view c : fields(list, ',')) if (c == "cpu") return true;
+        for (std::string_view c : fields(list, ','))
+            if (c == "cpu") return true;
         return false;
     };
     // /proc/self/cgroup: "ID:controllers:path"; v2 is "0::path"
@@ -162,9 +164,11 @@ inline std::vector<std::string> cgroup_cpu_dirs(std::string_view proc_cgroup, st
     for (std::string_view line : lines(proc_cgroup)) {
         const std::size_t a = line.find(':'), b = a == std::string_view::npos ? a : line.find(':', a + 1);
         if (b == std::string_view::npos) continue;
-        const std::string_view id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+        const std::string_view id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1),
+                               path = line.substr(b + 1);
         if (id == "0" && controllers.empty()) have_v2 = true, v2_path = path;
-        else if (has_cpu(controllers)) have_v1 = true, v1_path = path;
+        else if (has_cpu(controllers))
+            have_v1 = true, v1_path = path;
     }
     // /proc/self/mountinfo: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS"
     version = 0;
@@ -179,7 +183,8 @@ inline std::vector<std::string> cgroup_cpu_dirs(std::string_view proc_cgroup, st
             if (!match) continue;
             std::string root(pre[3]), mount(pre[4]), path(want == 2 ? v2_path : v1_path);
             if (root != "/" && path.compare(0, root.size(), root) == 0) path.erase(0, root.size());
-            else if (root != "/") path = "/";  // the process's cgroup is outside this mount's view: use its root
+            else if (root != "/")
+                path = "/";  // the process's cgroup is outside this mount's view: use its root
             if (path.empty() || path.front() != '/') path.insert(path.begin(), '/');
             std::vector<std::string> dirs;
             for (;;) {
@@ -244,7 +249,8 @@ inline ThreadDefault default_threads() {
         return d;
     }
     if (d.affinity_cpus > 0) d.count = d.affinity_cpus, d.source = ThreadSource::affinity;
-    else d.count = int(std::max(1u, std::thread::hardware_concurrency())), d.source = ThreadSource::hardware;
+    else
+        d.count = int(std::max(1u, std::thread::hardware_concurrency())), d.source = ThreadSource::hardware;
     if (d.quota_cpus > 0 && detail::cpu_count::threads_for_quota(d.quota_cpus) < d.count)
         d.count = detail::cpu_count::threads_for_quota(d.quota_cpus), d.source = ThreadSource::cgroup_quota;
     return d;
@@ -411,8 +417,8 @@ private:
         }
     }
 
-    std::mutex busy_;                      ///< held by the application thread whose job the pool runs
-    std::size_t workers_ = 0;              ///< started so far (guarded by busy_)
+    std::mutex busy_;          ///< held by the application thread whose job the pool runs
+    std::size_t workers_ = 0;  ///< started so far (guarded by busy_)
     std::atomic<Job*> job_{nullptr};
     std::atomic<std::uint32_t> epoch_{0};  ///< bumped for every job; idle workers wait on it
     std::atomic<int> inside_{0};           ///< workers that may be reading job_
@@ -464,7 +470,8 @@ void parallel_for(index_t n, F&& f) {
     const double rest_seconds = elapsed / double(first) * double(rest);
     if (rest_seconds < LoopPolicy::min_rest_seconds) return run_items_inline(f, first, n);
     const index_t most = std::min<index_t>(rest, index_t(T) * LoopPolicy::chunks_per_thread);
-    const index_t chunks = std::clamp<index_t>(index_t(rest_seconds / LoopPolicy::chunk_seconds), std::min<index_t>(T, most), most);
+    const index_t chunks =
+        std::clamp<index_t>(index_t(rest_seconds / LoopPolicy::chunk_seconds), std::min<index_t>(T, most), most);
     auto body = [&](index_t c) { run_items(f, first + rest * c / chunks, first + rest * (c + 1) / chunks); };
     ThreadPool::instance().run(chunks, T, body);
 }

@@ -272,8 +272,8 @@ template <>
 struct AttentionOps<cuda> {
     /// RoPE in place over x [rows, heads, dim], HF-exact in f32 (nn/rope.hpp): one thread per (row, head, pair).
     /// The half-split order reads and writes each pair in place; the interleaved one goes through a scratch copy.
-    static void rope(View<float, 3, cuda> x, View<const index_t, 1, cuda> positions, View<const float, 1, cuda> inv_freq,
-                     float attention_factor, bool interleave, bool transpose) {
+    static void rope(View<float, 3, cuda> x, View<const index_t, 1, cuda> positions,
+                     View<const float, 1, cuda> inv_freq, float attention_factor, bool interleave, bool transpose) {
         using namespace cuda_detail;
         contract::check_rope(x, positions, inv_freq);
         const index_t rows = x.shape[0], heads = x.shape[1], dim = x.shape[2], half = dim / 2;
@@ -281,14 +281,28 @@ struct AttentionOps<cuda> {
         if (pairs == 0) return;
         const HeadRows<float> xs = head_rows(x);
         if (!interleave) {
-            launch(pairs, RopePair{{xs.data, xs.row, xs.head, dim}, xs, positions.data, inv_freq.data, attention_factor,
-                                   false, transpose, heads, half});
+            launch(pairs, RopePair{{xs.data, xs.row, xs.head, dim},
+                                   xs,
+                                   positions.data,
+                                   inv_freq.data,
+                                   attention_factor,
+                                   false,
+                                   transpose,
+                                   heads,
+                                   half});
             return;
         }
         Tensor<float, 3, cuda> tmp({rows, heads, dim});
         const HeadRows<float> ts = head_rows(tmp.view());
-        launch(pairs, RopePair{{xs.data, xs.row, xs.head, dim}, ts, positions.data, inv_freq.data, attention_factor, true,
-                               transpose, heads, half});
+        launch(pairs, RopePair{{xs.data, xs.row, xs.head, dim},
+                               ts,
+                               positions.data,
+                               inv_freq.data,
+                               attention_factor,
+                               true,
+                               transpose,
+                               heads,
+                               half});
         launch(rows * heads * dim, CopyHeads{{ts.data, ts.row, ts.head, dim}, xs, heads});
     }
 
@@ -331,8 +345,8 @@ struct AttentionOps<cuda> {
         if (q.parts == 2) dq[1] = head_rows(grads.dq[1]), dk[1] = head_rows(grads.dk[1]);
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
-            const BackwardTerms terms{scores(q, kv, scale), head_rows(kv.v), head_rows(d_o), lse.data + t0 * H,
-                                      delta.data(), t0, S, H, G};
+            const BackwardTerms terms{
+                scores(q, kv, scale), head_rows(kv.v), head_rows(d_o), lse.data + t0 * H, delta.data(), t0, S, H, G};
             launch(S * H, QueryGrads{terms, {dq[0], dq[1]}});
             launch(S * KV, KeyGrads{terms, {dk[0], dk[1]}, head_rows(grads.dv), KV});
         }

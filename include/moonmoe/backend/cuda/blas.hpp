@@ -75,7 +75,8 @@ void cublas_gemm_strided_batched(const CublasGemm& g, T alpha, const T* first, i
 
 /// Column-major SYRK into C's lower triangle: C = alpha op(A) op(A)^T + beta C, op(A) [n, k].
 template <class T>
-void cublas_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A, index_t lda, T beta, T* C, index_t ldc) {
+void cublas_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A, index_t lda, T beta, T* C,
+                       index_t ldc) {
     require_real<T>();
 #if MOONMOE_CUDA_EMULATED
     host_syrk_lower<T>(trans, n, k, alpha, A, lda, beta, C, ldc);
@@ -114,8 +115,8 @@ void cublas_gemm_bf16(const CublasGemm& g, float alpha, const bf16* first, index
     else
         MOONMOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
             cublas_handle(), cublas_op(g.op_first), cublas_op(g.op_second), g.m, g.n, g.k, &alpha, first, CUDA_R_16BF,
-            g.ld_first, stride_first, second, CUDA_R_16BF, g.ld_second, stride_second, &beta, C,
-            bf16_output_type<TC>, g.ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            g.ld_first, stride_first, second, CUDA_R_16BF, g.ld_second, stride_second, &beta, C, bf16_output_type<TC>,
+            g.ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 #endif
 }
 
@@ -142,7 +143,8 @@ template <class T>
 void scale_or_zero(View<T, 2, cuda> C, T beta) {
     if (beta == T(1)) return;
     if (beta == T(0)) MapOps<cuda>::fill<T>(C, T(0));
-    else MapOps<cuda>::map(fn::ScaleBy<T>{beta}, C);
+    else
+        MapOps<cuda>::map(fn::ScaleBy<T>{beta}, C);
 }
 
 /// x = C(j, i) below the diagonal, from C's upper triangle: makes a SYRK result whole.
@@ -169,7 +171,8 @@ struct BlasOps<cuda> {
         if (g.m == 0 || g.n == 0) return;
         if (g.k == 0) return cuda_detail::scale_or_zero<T>(C, beta);
         const cuda_detail::CublasGemm c = cuda_detail::to_cublas(g);
-        cuda_detail::cublas_gemm<T>(c, alpha, c.a_is_first ? A.data : B.data, c.a_is_first ? B.data : A.data, beta, C.data);
+        cuda_detail::cublas_gemm<T>(c, alpha, c.a_is_first ? A.data : B.data, c.a_is_first ? B.data : A.data, beta,
+                                    C.data);
     }
 
     /// y = x W^T (+ y if accumulate): the Linear layer, x [rows, in], W [out, in].
@@ -207,14 +210,14 @@ struct BlasOps<cuda> {
         if (count == 0 || g.m == 0 || g.n == 0) return;
         if (g.k == 0) {
             for (index_t i = 0; i < count; ++i)  // no terms: each C_i is only scaled (a corner case, not a hot path)
-                cuda_detail::scale_or_zero<float>(View<float, 2, cuda>(C.data + i * stride_c, C.shape, C.strides), beta);
+                cuda_detail::scale_or_zero<float>(View<float, 2, cuda>(C.data + i * stride_c, C.shape, C.strides),
+                                                  beta);
             return;
         }
         const cuda_detail::CublasGemm c = cuda_detail::to_cublas(g);
-        cuda_detail::cublas_gemm_strided_batched<float>(c, alpha, c.a_is_first ? A.data : B.data,
-                                                        c.a_is_first ? stride_a : stride_b,
-                                                        c.a_is_first ? B.data : A.data,
-                                                        c.a_is_first ? stride_b : stride_a, beta, C.data, stride_c, count);
+        cuda_detail::cublas_gemm_strided_batched<float>(
+            c, alpha, c.a_is_first ? A.data : B.data, c.a_is_first ? stride_a : stride_b,
+            c.a_is_first ? B.data : A.data, c.a_is_first ? stride_b : stride_a, beta, C.data, stride_c, count);
     }
 
     /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp):
@@ -245,8 +248,8 @@ struct BlasOps<cuda> {
                                   View<TC, 2, cuda>(C.data + i * stride_c, C.shape, C.strides));
             return;
         }
-        const cuda_detail::CublasGemm c = cuda_detail::to_cublas(
-            {ta, tb, shape.m, shape.n, shape.k, A.strides[0], B.strides[0], C.strides[0]});
+        const cuda_detail::CublasGemm c =
+            cuda_detail::to_cublas({ta, tb, shape.m, shape.n, shape.k, A.strides[0], B.strides[0], C.strides[0]});
         cuda_detail::cublas_gemm_bf16<TC>(c, alpha, c.a_is_first ? A.data : B.data, c.a_is_first ? stride_a : stride_b,
                                           c.a_is_first ? B.data : A.data, c.a_is_first ? stride_b : stride_a, beta,
                                           C.data, stride_c, count);
@@ -291,17 +294,19 @@ struct BlasOps<cuda> {
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) cuda_detail::scale_or_zero<float>(dW[g], beta);
-            else product<T>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
+            else
+                product<T>(Trans::yes, Trans::no, alpha, dY.slice(0, lo, lo + n), X.slice(0, lo, lo + n), beta, dW[g]);
         }
     }
 
 private:
     /// gemm<float>, or gemm_bf16 with an f32 C: one segment of the grouped products.
     template <class T>
-    static void product(Trans ta, Trans tb, float alpha, View<const T, 2, cuda> A, View<const T, 2, cuda> B,
-                        float beta, View<float, 2, cuda> C) {
+    static void product(Trans ta, Trans tb, float alpha, View<const T, 2, cuda> A, View<const T, 2, cuda> B, float beta,
+                        View<float, 2, cuda> C) {
         if constexpr (std::is_same_v<T, bf16>) gemm_bf16<float>(ta, tb, alpha, A, B, beta, C);
-        else gemm<float>(ta, tb, alpha, A, B, beta, C);
+        else
+            gemm<float>(ta, tb, alpha, A, B, beta, C);
     }
 };
 

@@ -159,7 +159,8 @@ inline std::string out_of_memory_message(std::uint64_t requested, std::uint64_t 
                                          std::uint64_t pool_used) {
     return "moonmoe: out of device memory: cudaMallocAsync of " + bytes_and_gib(requested) +
            " failed, also after the pool's unused memory went back to the driver (cudaMemPoolTrimTo); the pool "
-           "reserves " + bytes_and_gib(pool_reserved) + ", " + bytes_and_gib(pool_used) + " of it in use";
+           "reserves " +
+           bytes_and_gib(pool_reserved) + ", " + bytes_and_gib(pool_used) + " of it in use";
 }
 
 }  // namespace cuda_detail

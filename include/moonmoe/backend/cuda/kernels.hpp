@@ -21,13 +21,14 @@ struct KernelOps<cuda> {
         const std::string asked = "fast kernels: " + describe_fast_kernels(type);
 #if MOONMOE_CUDA_EMULATED
         return "cuda (emulated): the portable kernels (the emulated backend has none of the fast ones; the type asks "
-               "for " + asked + ")";
+               "for " +
+               asked + ")";
 #else
         if (const char* env = std::getenv("MOONMOE_CUDA_FAST_KERNELS")) {
             const CudaFastKernels k = cuda_fast::parse_fast_kernels(env);  // throws naming an unknown kernel
             set_cuda_fast_kernels(k);
-            return "cuda: fast kernels: " + describe_fast_kernels(k) +
-                   " (MOONMOE_CUDA_FAST_KERNELS=" + env + " overrides the type's " + asked + ")";
+            return "cuda: fast kernels: " + describe_fast_kernels(k) + " (MOONMOE_CUDA_FAST_KERNELS=" + env +
+                   " overrides the type's " + asked + ")";
         }
         set_cuda_fast_kernels(type);
         return "cuda: " + asked + " (the model type's Backend<cuda, ...>)";

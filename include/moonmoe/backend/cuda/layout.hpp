@@ -72,8 +72,9 @@ constexpr CublasGemm to_cublas(const RowMajorGemm& g) {
 /// whose rows overlap (pitch < columns over several rows) cannot be handed to it.
 inline void require_pitch(const char* op, const char* name, index_t rows, index_t cols, index_t pitch) {
     if (rows > 1 && pitch < cols)
-        throw shape_error(std::string(op) + ": " + name + "'s row pitch " + std::to_string(pitch) + " is smaller than its " +
-                          std::to_string(cols) + " columns (cuBLAS needs whole, non-overlapping rows)");
+        throw shape_error(std::string(op) + ": " + name + "'s row pitch " + std::to_string(pitch) +
+                          " is smaller than its " + std::to_string(cols) +
+                          " columns (cuBLAS needs whole, non-overlapping rows)");
 }
 
 // ---- host implementations of the column-major calls, with cuBLAS's argument conventions ----
@@ -123,7 +124,8 @@ void host_gemm_strided_batched(CublasOp op_a, CublasOp op_b, index_t m, index_t 
 /// cublasSsyrk / cublasDsyrk with CUBLAS_FILL_MODE_LOWER: the lower triangle (i >= j) of C [n, n] =
 /// alpha op(A) op(A)^T + beta C, op(A) [n, k]; the strict upper triangle is neither read nor written.
 template <class T>
-void host_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A, index_t lda, T beta, T* C, index_t ldc) {
+void host_syrk_lower(CublasOp trans, index_t n, index_t k, T alpha, const T* A, index_t lda, T beta, T* C,
+                     index_t ldc) {
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static)
 #endif

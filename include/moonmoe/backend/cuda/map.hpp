@@ -36,7 +36,8 @@ template <class F>
 void launch(index_t count, const F& f) {
     if (count <= 0) return;
 #if MOONMOE_CUDA_EMULATED
-    thrust::for_each(thrust::device, thrust::counting_iterator<index_t>(0), thrust::counting_iterator<index_t>(count), f);
+    thrust::for_each(thrust::device, thrust::counting_iterator<index_t>(0), thrust::counting_iterator<index_t>(count),
+                     f);
 #else
     thrust::for_each(thrust::cuda::par_nosync.on(current_stream()), thrust::counting_iterator<index_t>(0),
                      thrust::counting_iterator<index_t>(count), f);
@@ -52,7 +53,8 @@ struct Strided {
     /// Element (i, j): a reference into a mutable view, a copy out of a const one (as MapOps<cpu> passes them).
     MOONMOE_HD decltype(auto) at(index_t i, index_t j) const {
         if constexpr (std::is_const_v<T>) return std::remove_const_t<T>(data[i * pitch + j * step]);
-        else return (data[i * pitch + j * step]);
+        else
+            return (data[i * pitch + j * step]);
     }
 };
 
@@ -80,10 +82,10 @@ struct MapKernel<Indexed, F, std::index_sequence<I...>, T...> : Operand<I, T>...
     MOONMOE_HD void operator()(index_t k) const {
         const index_t i = k / cols, j = k % cols;
         if constexpr (Indexed) f(i, j, Operand<I, T>::view.at(i, j)...);
-        else f(Operand<I, T>::view.at(i, j)...);
+        else
+            f(Operand<I, T>::view.at(i, j)...);
     }
 };
-
 
 template <bool Indexed, class F, class... T>
 void run_map(const char* op, const F& f, const View<T, 2, cuda>&... v) {
@@ -154,11 +156,13 @@ struct MapOps<cuda> {
 
     /// dst [n, m] = src [m, n]^T, one thread per element of dst (coalesced writes).
     template <class T = float>
-    static void transpose(View<const std::type_identity_t<T>, 2, cuda> src, View<std::type_identity_t<T>, 2, cuda> dst) {
+    static void transpose(View<const std::type_identity_t<T>, 2, cuda> src,
+                          View<std::type_identity_t<T>, 2, cuda> dst) {
         contract::check_transposed("transpose", src, dst);
         const index_t m = src.shape[0], n = src.shape[1];
         if (m == 0 || n == 0) return;
-        cuda_detail::launch(n * m, cuda_detail::TransposeKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst), m});
+        cuda_detail::launch(n * m,
+                            cuda_detail::TransposeKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst), m});
     }
 
     /// dst = convert<To>(src) (f32 <-> bf16, f32 <-> f64; backend/map.hpp), one thread per element.

@@ -25,13 +25,19 @@
 #include <cuda_runtime.h>
 #else
 #if !__has_include(<thrust/version.h>)
+// clang-format off: an #error line cannot break
 #error "moonmoe: <moonmoe/backend/cuda.hpp> needs nvcc (the CUDA backend), or a host compiler emulating it with Thrust's OpenMP device system: -fopenmp -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem <cuda>/include/cccl -isystem <cuda>/include (Thrust was not found on the include path)"
+// clang-format on
 #elif !defined(THRUST_DEVICE_SYSTEM) || !defined(_OPENMP)
+// clang-format off: an #error line cannot break
 #error "moonmoe: <moonmoe/backend/cuda.hpp> needs nvcc (the CUDA backend), or a host compiler emulating it with Thrust's OpenMP device system: -fopenmp -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem <cuda>/include/cccl -isystem <cuda>/include"
+// clang-format on
 #else
 #include <thrust/detail/config.h>
 #if THRUST_DEVICE_SYSTEM != THRUST_DEVICE_SYSTEM_OMP
+// clang-format off: an #error line cannot break
 #error "moonmoe: a host compile of <moonmoe/backend/cuda.hpp> emulates the CUDA backend on Thrust's OpenMP device system only: -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP (or compile with nvcc)"
+// clang-format on
 #else
 #define MOONMOE_CUDA_EMULATED 1
 #endif
@@ -95,7 +101,7 @@ struct ThreadContext {
 #else
     cuda_stream_t stream = cudaStreamPerThread;  // each thread's own default stream, not the legacy one
     cublasHandle_t handle = nullptr;
-    cuda_stream_t handle_stream = nullptr;       // the stream the handle was last bound to
+    cuda_stream_t handle_stream = nullptr;  // the stream the handle was last bound to
     ThreadContext() = default;
     ThreadContext(const ThreadContext&) = delete;
     ThreadContext& operator=(const ThreadContext&) = delete;

@@ -163,7 +163,8 @@ public:
         ready_.record(current_stream());  // what produced t
         ready_.wait_on(copy_.get());
         const StreamGuard on_copy(copy_.get());
-        Tensor<T, R, cuda> leaving = std::move(t);  // released before the guard ends: on the copy stream, after the copy
+        Tensor<T, R, cuda> leaving =
+            std::move(t);  // released before the guard ends: on the copy stream, after the copy
         copy_async(k.host_, leaving.data(), k.bytes_, /*to_host=*/true);
         offloaded_ += k.bytes_;
         return k;
@@ -214,8 +215,8 @@ private:
 #if MOONMOE_CUDA_EMULATED
         std::memcpy(dst, src, bytes);
 #else
-        MOONMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
-                                           copy_.get()));
+        MOONMOE_CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copy_.get()));
 #endif
     }
 

@@ -47,7 +47,8 @@ void reduce_into(R* out, index_t count, const F& f, Op op, R init) {
 #else
     const thrust::counting_iterator<index_t> first(0);
     std::size_t bytes = 0;
-    MOONMOE_CUDA_CHECK(cub::DeviceReduce::TransformReduce(nullptr, bytes, first, out, count, op, f, init, current_stream()));
+    MOONMOE_CUDA_CHECK(
+        cub::DeviceReduce::TransformReduce(nullptr, bytes, first, out, count, op, f, init, current_stream()));
     // Stream-ordered scratch: freed after the reduction on the same stream, from the pool (no device-wide sync).
     // At least one byte: a null scratch pointer would make the second call another size query.
     Tensor<unsigned char, 1, cuda> scratch({index_t(bytes > 0 ? bytes : 1)});
@@ -102,7 +103,8 @@ struct NonfiniteViewAt {
         while (lo < hi) {
             const index_t mid = lo + (hi - lo) / 2;
             if (items[mid].end > k) hi = mid;
-            else lo = mid + 1;
+            else
+                lo = mid + 1;
         }
         const index_t start = lo == 0 ? 0 : items[lo - 1].end;
         return nonfinite(items[lo].data[k - start]) ? lo : count;
@@ -172,7 +174,8 @@ struct OptimOps<cuda> {
     /// dst = factor[0] * op(src), one thread per element of dst; bitwise the CPU's (the same single product).
     template <class T = float>
     static void scaled_copy(Trans t, View<const std::type_identity_t<T>, 2, cuda> src,
-                            View<const std::type_identity_t<T>, 1, cuda> factor, View<std::type_identity_t<T>, 2, cuda> dst) {
+                            View<const std::type_identity_t<T>, 1, cuda> factor,
+                            View<std::type_identity_t<T>, 2, cuda> dst) {
         contract::check_scaled_copy<T>(t, src, factor, dst);
         const bool transposed = t == Trans::yes;
         if (dst.shape[0] == 0 || dst.shape[1] == 0) return;

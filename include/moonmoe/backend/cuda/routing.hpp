@@ -78,8 +78,8 @@ struct RouteSelectToken {
     index_t bias_step;
     const index_t* fixed;  // null: select
     index_t fixed_pitch, fixed_step;
-    index_t* idx;    // [T, K], contiguous
-    float* weight;   // [T, K], contiguous
+    index_t* idx;   // [T, K], contiguous
+    float* weight;  // [T, K], contiguous
     index_t E, K, groups, top_groups, per_group;
     bool softmax, group_max, correction_bias, norm_top_k, limit_groups;
     float routed_scale;
@@ -142,7 +142,8 @@ struct RouteSelectToken {
             for (index_t e = g * per_group; e < (g + 1) * per_group; ++e) {
                 const float v = choice(s, e);
                 if (fn::ranks_above(v, first)) second = first, first = v;
-                else if (fn::ranks_above(v, second)) second = v;
+                else if (fn::ranks_above(v, second))
+                    second = v;
             }
             score[g] = group_max ? first : first + second;
         }
@@ -362,9 +363,9 @@ struct RoutingOps<cuda> {
     }
 
     /// d loss / d logits of every token (backend/routing.hpp), one thread per token.
-    static void route_backward(const MoEConfig& cfg, View<const float, 2, cuda> scores, View<const index_t, 2, cuda> idx,
-                               View<const float, 2, cuda> dweight, View<const float, 2, cuda> aux_grad,
-                               View<float, 2, cuda> dlogits) {
+    static void route_backward(const MoEConfig& cfg, View<const float, 2, cuda> scores,
+                               View<const index_t, 2, cuda> idx, View<const float, 2, cuda> dweight,
+                               View<const float, 2, cuda> aux_grad, View<float, 2, cuda> dlogits) {
         const index_t T = scores.shape[0], E = scores.shape[1], K = idx.shape[1];
         contract::check_route_backward(scores, idx, dweight, aux_grad, dlogits);
         cuda_detail::launch(T, cuda_detail::RouteBackwardToken{scores.data, idx.data, dweight.data, aux_grad.data,
@@ -395,7 +396,8 @@ struct RoutingOps<cuda> {
         Tensor<index_t, 1, cuda> keys({n});  // scratch, released in stream order
         cuda_detail::launch(n, cuda_detail::PlanKeys{idx.data, first, L, keys.data(), row_slot.data});
         // A stable sort keeps each expert's pairs in slot order (Thrust sorts integer keys by a stable radix sort).
-        if (n > 1) thrust::stable_sort_by_key(cuda_detail::temporary_policy(), keys.data(), keys.data() + n, row_slot.data);
+        if (n > 1)
+            thrust::stable_sort_by_key(cuda_detail::temporary_policy(), keys.data(), keys.data() + n, row_slot.data);
         // offsets[e] = the pairs of local experts before e: where e's keys start
         thrust::lower_bound(cuda_detail::temporary_policy(), keys.data(), keys.data() + n,
                             thrust::counting_iterator<index_t>(0), thrust::counting_iterator<index_t>(L + 1),
@@ -409,8 +411,8 @@ struct RoutingOps<cuda> {
         contract::check_gather_pairs(x, row_slot, k, out);
         const index_t cols = x.shape[1];
         if (cols == 0) return;
-        cuda_detail::launch(out.shape[0] * cols, cuda_detail::GatherPair{cuda_detail::strided(x), row_slot.data, k, cols,
-                                                                         cuda_detail::strided(out)});
+        cuda_detail::launch(out.shape[0] * cols, cuda_detail::GatherPair{cuda_detail::strided(x), row_slot.data, k,
+                                                                         cols, cuda_detail::strided(out)});
     }
 
     /// y[t, :] += sum_j weight[t, j] rows[slot_row[t, j], :] in ascending row (= expert) order, one thread per
@@ -420,16 +422,17 @@ struct RoutingOps<cuda> {
         const index_t T = y.shape[0], K = slot_row.shape[1], cols = y.shape[1];
         contract::check_combine(rows, slot_row, weight, y);
         if (K > cuda_detail::route_max_top_k)
-            throw std::invalid_argument("combine on cuda: slot_row " + shape_string(slot_row.shape) + " has more than " +
-                                        std::to_string(cuda_detail::route_max_top_k) + " pairs per token");
+            throw std::invalid_argument("combine on cuda: slot_row " + shape_string(slot_row.shape) +
+                                        " has more than " + std::to_string(cuda_detail::route_max_top_k) +
+                                        " pairs per token");
         if (cols == 0) return;
-        cuda_detail::launch(T * cols, cuda_detail::CombineElement{cuda_detail::strided(rows), slot_row.data, weight.data,
-                                                                  K, cols, cuda_detail::strided(y)});
+        cuda_detail::launch(T * cols, cuda_detail::CombineElement{cuda_detail::strided(rows), slot_row.data,
+                                                                  weight.data, K, cols, cuda_detail::strided(y)});
     }
 
     /// out.flat[row_slot[r]] = a[r, :] . b[r, :] in double, one thread per row (a warp per row would be faster).
-    static void pair_dot(View<const float, 2, cuda> a, View<const float, 2, cuda> b, View<const index_t, 1, cuda> row_slot,
-                         View<float, 2, cuda> out) {
+    static void pair_dot(View<const float, 2, cuda> a, View<const float, 2, cuda> b,
+                         View<const index_t, 1, cuda> row_slot, View<float, 2, cuda> out) {
         contract::check_pair_dot(a, b, row_slot, out);
         cuda_detail::launch(a.shape[0], cuda_detail::PairDot{cuda_detail::strided(a), cuda_detail::strided(b),
                                                              row_slot.data, a.shape[1], out.data});

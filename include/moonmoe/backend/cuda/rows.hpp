@@ -219,8 +219,8 @@ struct RowOps<cuda> {
     /// dx = rstd g - x rstd^3 mean(g x), g = weight * dy (+= when accumulate_dx); dweight += sum_rows dy x rstd,
     /// over the CPU's fixed 64-row chunks (a backend scratch of [chunks, n] doubles) summed in order.
     static void rmsnorm_backward(View<const float, 2, cuda> x, View<const float, 1, cuda> weight,
-                                 View<const float, 1, cuda> rstd, View<const float, 2, cuda> dy, View<float, 2, cuda> dx,
-                                 View<float, 1, cuda> dweight, bool accumulate_dx) {
+                                 View<const float, 1, cuda> rstd, View<const float, 2, cuda> dy,
+                                 View<float, 2, cuda> dx, View<float, 1, cuda> dweight, bool accumulate_dx) {
         using namespace cuda_rows_detail;
         const index_t rows = x.shape[0], n = x.shape[1];
         contract::check_rmsnorm_backward(x, weight, rstd, dy, dx, dweight);
@@ -234,8 +234,10 @@ struct RowOps<cuda> {
         const index_t chunks = (rows + chunk_rows - 1) / chunk_rows;
         // Stream-ordered: released after the kernels below are queued, reused only by later work on the stream.
         Tensor<double, 1, cuda> partial({chunks * n});
-        cuda_detail::launch(chunks * n, DweightChunk{rows_of(x), rows_of(dy), rstd.data, partial.data(), rows, n, chunk_rows});
-        cuda_detail::launch(n, DweightColumn{partial.data(), dweight.data, chunks, n});  // adds 0 when no rows, as the CPU
+        cuda_detail::launch(chunks * n,
+                            DweightChunk{rows_of(x), rows_of(dy), rstd.data, partial.data(), rows, n, chunk_rows});
+        cuda_detail::launch(n,
+                            DweightColumn{partial.data(), dweight.data, chunks, n});  // adds 0 when no rows, as the CPU
     }
 
     /// loss[0] = mean over the targets other than `ignore` of logsumexp(z) - z[target] (double); dlogits =
@@ -279,7 +281,7 @@ struct RowOps<cuda> {
         contract::check_sum_heads(x, y);
         if (n == 0) return;
         cuda_detail::launch(rows * n, cuda_rows_detail::SumHeadsElement{x.data, x.strides[0], x.strides[1],
-                                                                         cuda_rows_detail::rows_of(y), heads, n});
+                                                                        cuda_rows_detail::rows_of(y), heads, n});
     }
 };
 

@@ -9,7 +9,7 @@ namespace moonmoe::detail {
 
 constexpr double cfloor(double x) {
     if (!(x > -4503599627370496.0 && x < 4503599627370496.0)) return x;  // |x| >= 2^52 is whole (or inf / NaN)
-    auto t = static_cast<double>(static_cast<std::int64_t>(x));  // truncates towards zero
+    auto t = static_cast<double>(static_cast<std::int64_t>(x));          // truncates towards zero
     return t > x ? t - 1.0 : t;
 }
 

@@ -122,7 +122,8 @@ inline std::string create_temporary_directory(int dir_fd, std::string_view stem,
 /// Writes `chunks` one after another to `path` so that a reader sees either the old file or the whole new one
 /// (see the top of this file). The new file has mode 0644 less the umask, as open() gives. A symlink at `path`
 /// is replaced, not followed. Throws io_error naming the path; the previous file is then untouched.
-inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> chunks) {
+inline void write_file_atomically(const std::filesystem::path& path,
+                                  std::span<const std::span<const std::byte>> chunks) {
     const std::string target = path.string();
     const std::string name = path.filename().string();
     if (name.empty() || name == "." || name == "..") throw io_error(target + ": not a file name");

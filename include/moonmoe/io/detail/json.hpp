@@ -26,8 +26,10 @@ inline std::optional<std::size_t> json_too_deep(std::string_view text, std::size
         const char c = text[i];
         if (in_string) {
             if (escaped) escaped = false;
-            else if (c == '\\') escaped = true;
-            else if (c == '"') in_string = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
         } else if (c == '"') {
             in_string = true;
         } else if (c == '[' || c == '{') {

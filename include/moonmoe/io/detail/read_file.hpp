@@ -45,7 +45,7 @@ class ReadableFile {
 public:
     /// Opens `path`; throws io_error naming the path ("cannot open: <reason>", or what kind of file it is).
     explicit ReadableFile(const std::string& path) : path_(path) {
-        struct stat st {};
+        struct stat st{};
         if (::stat(path.c_str(), &st) != 0) fail("cannot open");
         require_regular_file(path, st.st_mode);
         do fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);

@@ -138,8 +138,7 @@ __device__ void store_rows(const float (&acc)[8][E], const float* scale, const H
 #pragma unroll
         for (int e = 0; e < E; ++e) {
             const int c = lane + 32 * e;
-            if (c < da)
-                a.at(first + r0 + i, h)[c] = T(acc[i][e] * s);
+            if (c < da) a.at(first + r0 + i, h)[c] = T(acc[i][e] * s);
             else if (c < da + db)
                 b.at(first + r0 + i, h)[c - da] = T(acc[i][e] * s);
         }

@@ -68,8 +68,7 @@ __device__ std::uint64_t kept_groups(const RouterArgs& a, const float (&c)[PerLa
         for (int k = 0; k < PerLane; ++k) {
             const index_t e = lane + 32 * k;
             if (e < a.E && e / a.per_group == g) {
-                if (fn::ranks_above(c[k], first))
-                    second = first, first = c[k];
+                if (fn::ranks_above(c[k], first)) second = first, first = c[k];
                 else if (fn::ranks_above(c[k], second))
                     second = c[k];
             }
@@ -216,8 +215,7 @@ inline void route_select(const MoEConfig& cfg, View<float, 2, cuda> scores, View
                        float(cfg.routed_scale)};
     const unsigned blocks = unsigned((T + 3) / 4);
     // The fewest experts per lane that hold E: fewer registers, and no loop over lanes' empty slots.
-    if (E <= 128)
-        route_select_kernel<4><<<blocks, 128, 0, current_stream()>>>(a);
+    if (E <= 128) route_select_kernel<4><<<blocks, 128, 0, current_stream()>>>(a);
     else if (E <= 256)
         route_select_kernel<8><<<blocks, 128, 0, current_stream()>>>(a);
     else if (E <= 384)

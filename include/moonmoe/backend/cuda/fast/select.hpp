@@ -42,8 +42,7 @@ inline CudaFastKernels parse_fast_kernels(std::string_view text) {
         while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
         while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
         if (name.empty() || name == "none") continue;
-        if (name == "all")
-            k = {true, true, true, true};
+        if (name == "all") k = {true, true, true, true};
         else if (name == "attention")
             k.attention = true;
         else if (name == "rmsnorm")
