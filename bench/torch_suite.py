@@ -537,17 +537,24 @@ def run_ns(name, words, a, min_time):
 
 
 def float32_newtonschulz():
-    """torch.optim._muon._zeropower_via_newtonschulz with its one cast to bfloat16 replaced by float32, compiled from
-    torch's own source (so every other line is torch's)."""
+    """torch.optim._muon._zeropower_via_newtonschulz with its casts to bfloat16 replaced by float32, compiled from
+    torch's own source (so every other line is torch's). torch 2.15 casts once (`grad.to(dtype=torch.bfloat16)`);
+    the H200's torch 2.11 spelled it otherwise, so every spelling of the cast is replaced, and the patched function
+    must return float32 for a float32 input."""
+    import torch
     import torch.optim._muon as muon_module
     source = inspect.getsource(muon_module._zeropower_via_newtonschulz)
-    if source.count("torch.bfloat16") != 1:
-        raise RuntimeError("torch's Muon Newton-Schulz changed: expected exactly one cast to torch.bfloat16")
-    source = source.replace("torch.bfloat16", "torch.float32")
+    patched = source.replace("torch.bfloat16", "torch.float32").replace(".bfloat16()", ".float()")
+    if patched == source:
+        raise RuntimeError("torch's Muon Newton-Schulz changed: no cast to bfloat16 found to replace")
     namespace: dict = {}
-    exec(compile(source, "<torch.optim._muon._zeropower_via_newtonschulz, float32>", "exec"),
+    exec(compile(patched, "<torch.optim._muon._zeropower_via_newtonschulz, float32>", "exec"),
          dict(vars(muon_module)), namespace)
-    return namespace["_zeropower_via_newtonschulz"]
+    f = namespace["_zeropower_via_newtonschulz"]
+    probe = f(torch.randn(8, 12), (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    if probe.dtype != torch.float32:
+        raise RuntimeError(f"torch's Muon Newton-Schulz changed: the patched iteration returned {probe.dtype}")
+    return f
 
 
 class muon_precision:

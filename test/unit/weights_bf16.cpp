@@ -234,8 +234,8 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE_TEMPLATE(
-    "Weights<BF16>: a run resumed from the saved bf16 weights and optimizer state (with the masters) "
-    "continues bit for bit",
+    "Weights<BF16>: a run resumed from its checkpoint and optimizer state (with the masters) continues bit for "
+    "bit, and a bf16 checkpoint holds its bf16 weights exactly",
     B, MOONMOE_TEST_BACKENDS) {
     using Opt = moonmoe::Optimizer<Muon<>, QKClip<1.0>>;
     nn::Transformer<B> model = load_transformer<Stored16, B>(data_dir("tiny_k2_bf16"));
@@ -245,12 +245,20 @@ TEST_CASE_TEMPLATE(
         opt.step();
     }
     const fs::path dir = scratch_dir(std::string("weights_bf16_resume_") + B::name);
-    SaveOptions options;
-    options.store = DType::bf16;
-    save_transformer(dir / "model", model, options);
+    // A bf16 checkpoint (store = BF16) holds the bf16 weights exactly...
+    SaveOptions bf16_file;
+    bf16_file.store = DType::bf16;
+    save_transformer(dir / "model_bf16", model, bf16_file);
+    nn::Transformer<B> from_bf16 = load_transformer<Stored16, B>(dir / "model_bf16");
+    CHECK(values_of(from_bf16, true) == values_of(model, true));
+    // ...but rounds what the model holds in f32 (norm gains, the embedding, the router), so an exact resume saves as
+    // the model holds its tensors: the default F32 store (bf16 weights widened exactly). Resuming from the bf16 file
+    // parted from the uninterrupted run on the H200 (one q_b_proj element by 3e-8 after two steps, docs/gpu_status.md).
+    save_transformer(dir / "model", model);
     save_optimizer_state(dir / "optimizer.safetensors", opt);
 
     nn::Transformer<B> resumed = load_transformer<Stored16, B>(dir / "model");
+    CHECK(values_of(resumed) == values_of(model));
     optim::Optimizer<Opt, B> resumed_opt{resumed};
     load_optimizer_state(dir / "optimizer.safetensors", resumed_opt);
     CHECK(resumed_opt.steps() == 2);
@@ -258,7 +266,7 @@ TEST_CASE_TEMPLATE(
         CHECK(resumed.train_step(ids.data(), layout) == model.train_step(ids.data(), layout));
         opt.step();
         resumed_opt.step();
-        CHECK(values_of(resumed, true) == values_of(model, true));
+        CHECK(values_of(resumed) == values_of(model));
     }
 }
 
