@@ -345,11 +345,13 @@ PY
 # The names of the test cases a doctest log reports as failed or crashed, as a --test-case filter (',' separates
 # filters, so a ',' in a name becomes the one-character wildcard '?'). doctest prints a case's "TEST CASE:" header for
 # its MESSAGEs too: a case counts only when its block (up to the next ===== line, doctest's or compute-sanitizer's)
-# holds doctest's "ERROR:" (a failed check, an unexpected exception) or "FATAL ERROR:" (a crash).
+# holds doctest's "ERROR:" (a failed check, an unexpected exception) or "FATAL ERROR:" (a crash), or when the log
+# ends inside it (a process killed before doctest could say so).
 failed_cases() {
     awk '/^=====/ { name = "" }
          /^TEST CASE:/ { name = $0; sub(/^TEST CASE: */, "", name); sub(/[[:space:]]*$/, "", name) }
-         name != "" && /(^|: )(FATAL )?ERROR:/ { print name; name = "" }' "$1" | sed 's/,/?/g' | sort -u | paste -sd, -
+         name != "" && /(^|: )(FATAL )?ERROR:/ { print name; name = "" }
+         END { if (name != "") print name }' "$1" | sed 's/,/?/g' | sort -u | paste -sd, -
 }
 
 # A filter of failed cases (failed_cases) as a short note: the first two names, each cut to 60 characters, and how
