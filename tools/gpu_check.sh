@@ -90,17 +90,17 @@ write_units_and_manifest() {
             # rewritten only when it changes, so an unchanged group is not compiled again
             if cmp -s "$build/units/tests_$g.cu.new" "$build/units/tests_$g.cu"; then rm "$build/units/tests_$g.cu.new"
             else mv "$build/units/tests_$g.cu.new" "$build/units/tests_$g.cu"; fi
-            printf 'tests_%s\ttests\t%s\t-lcublas\t--test-case=*<cuda>*\n' "$g" "$unit"
+            printf 'tests_%s\ttests\t%s\t-lcublas -lcublasLt\t--test-case=*<cuda>*\n' "$g" "$unit"
         done
-        printf 'fast_kernels\tprogram\ttest/nvcc/fast_kernels.cu\t-lcublas\t\n'
+        printf 'fast_kernels\tprogram\ttest/nvcc/fast_kernels.cu\t-lcublas -lcublasLt\t\n'
         [ -f "$root/test/nvcc/sticky_fault.cu" ] &&
-            printf 'sticky_fault\tprogram\ttest/nvcc/sticky_fault.cu\t-lcublas\t\n'
-        printf 'nccl_run\tprogram\ttest/nvcc/nccl_run.cu\t-lcublas -lnccl\t\n'
+            printf 'sticky_fault\tprogram\ttest/nvcc/sticky_fault.cu\t-lcublas -lcublasLt\t\n'
+        printf 'nccl_run\tprogram\ttest/nvcc/nccl_run.cu\t-lcublas -lcublasLt -lnccl\t\n'
         local benches
         benches=$(grep -l 'support/suite.hpp' "$root"/bench/*.cpp | sort | sed "s|^$root/||" | tr '\n' ';')
-        printf 'moonmoe_cuda_bench\tbench\t%sbench/support/cuda_main.cpp\t-lcublas BENCHMARK\t\n' "$benches"
-        printf 'kimi_k2_1t_cuda\texample\texamples/kimi_k2_1t.cpp\t-lcublas\t--backend cuda --tokens 256\n'
-        printf 'hf_generate_cuda\texample\texamples/hf_generate.cpp\t-lcublas\t--backend cuda test/data/tiny_k2 8 3 17 42 99 7 , 5 , 11 12 13\n'
+        printf 'moonmoe_cuda_bench\tbench\t%sbench/support/cuda_main.cpp\t-lcublas -lcublasLt BENCHMARK\t\n' "$benches"
+        printf 'kimi_k2_1t_cuda\texample\texamples/kimi_k2_1t.cpp\t-lcublas -lcublasLt\t--backend cuda --tokens 256\n'
+        printf 'hf_generate_cuda\texample\texamples/hf_generate.cpp\t-lcublas -lcublasLt\t--backend cuda test/data/tiny_k2 8 3 17 42 99 7 , 5 , 11 12 13\n'
     } > "$manifest"
 }
 

@@ -47,6 +47,7 @@ void bf16_blas_primitives(CM<bf16> a, CM<bf16> b, M<float> c, M<bf16> c16, View<
     Blas::gemm_bf16<bf16>(Trans::yes, Trans::no, 1.0f, a, b, 1.0f, c16);
     Blas::gemm_bf16_strided_batched<float>(4, Trans::no, Trans::no, 1.0f, a, 0, b, 16, 0.0f, c, 16);
     Blas::gemm_grouped<bf16>(Trans::yes, 1.0f, a, w, 0.0f, c, offsets);
+    Blas::gemm_grouped<bf16, bf16>(Trans::yes, 1.0f, a, w, 0.0f, c16, offsets);
     Blas::gemm_grouped_weight_grad<bf16>(1.0f, a, b, 1.0f, dw, offsets);
 }
 

@@ -3,7 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <random>
 #include <vector>
+
+#include <moonmoe/backend/cuda/divide.hpp>
 
 #include "support/backends.hpp"
 
@@ -165,6 +169,46 @@ TEST_CASE_TEMPLATE("MapOps::fill, copy between pitched views, transpose", B, MOO
     auto di = on<B>(Tensor<double, 2, cpu>({3, 4}));
     backend::MapOps<B>::template fill<double>(di.view(), 0.125);
     for (double v : to_host(di)) CHECK(v == 0.125);
+}
+
+// The CUDA maps' index split (backend/cuda/divide.hpp), plain C++: every build checks it against the division.
+TEST_CASE("IndexDivider: n / d by a multiply-high and a shift, for every 32-bit n and divisor") {
+    using backend::cuda_detail::IndexDivider;
+    const std::uint32_t top = 0xffffffffu;
+    std::vector<std::uint32_t> divisors{1,        2,
+                                        3,        5,
+                                        7,        10,
+                                        64,       96,
+                                        100,      576,
+                                        7168,     163840,
+                                        65535,    65536,
+                                        65537,    (1u << 31) - 1,
+                                        1u << 31, (1u << 31) + 1,
+                                        top - 1,  top};
+    std::mt19937 rng(11);
+    for (int i = 0; i < 200; ++i) divisors.push_back(std::uint32_t(rng()) >> (rng() % 32) | 1u);
+    for (std::uint32_t d : divisors) {
+        CAPTURE(d);
+        const IndexDivider div(d);
+        std::vector<std::uint32_t> ns{0,     1,   d - 1,   d,       d + 1,         2 * d - 1,
+                                      2 * d, top, top - 1, top / 2, (top / d) * d, (top / d) * d - 1};
+        for (int i = 0; i < 2000; ++i) ns.push_back(std::uint32_t(rng()));
+        for (std::uint32_t n : ns) {
+            CAPTURE(n);
+            REQUIRE(div.quotient(n) == n / d);
+        }
+    }
+    // the split of a launch's flat index, narrow (by the divider) and wide (by 64-bit division) alike
+    const backend::cuda_detail::FlatIndex narrow(7168 * 4096, 7168), wide(index_t(1) << 33, 7168);
+    CHECK(narrow.narrow);
+    CHECK_FALSE(wide.narrow);
+    for (index_t k : {index_t(0), index_t(7167), index_t(7168), index_t(7168 * 4096 - 1)}) {
+        index_t i = -1, j = -1;
+        narrow.split(k, i, j);
+        CHECK((i == k / 7168 && j == k % 7168));
+        wide.split(k + (index_t(1) << 32), i, j);
+        CHECK((i == (k + (index_t(1) << 32)) / 7168 && j == (k + (index_t(1) << 32)) % 7168));
+    }
 }
 
 }  // namespace unit_backend_map

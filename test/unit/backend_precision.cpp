@@ -294,6 +294,47 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_bf16_strided_batched: a batch with a shared op
             }
 }
 
+TEST_CASE_TEMPLATE(
+    "BlasOps::gemm_grouped with bf16 operands: a bf16 Y is the f32 product rounded once, and the weight gradient is "
+    "f32",
+    B, MOONMOE_TEST_BACKENDS) {
+    // The MoE's experts under Precision<BF16>: one grouped call per projection on a GPU (bf16 C), the per-segment
+    // loop elsewhere; an empty expert in the middle, K2's layout of W (used transposed), and an accumulating dW.
+    const std::vector<index_t> offsets{0, 7, 7, 20, 21};
+    const index_t groups = 4, rows = 21, k = 48, n = 24;
+    const auto Xh = random_bf16(rows, k, 31), Wh = random_bf16(groups * n, k, 32), dYh = random_bf16(rows, n, 33);
+    const auto X = on<B>(Xh), Wm = on<B>(Wh), dY = on<B>(dYh);
+    const View<const bf16, 3, B> W(Wm.data(), {groups, n, k});
+    Tensor<bf16, 2, B> Y16({rows, n});
+    Tensor<float, 2, B> Y32({rows, n});
+    backend::Ops<B>::template gemm_grouped<bf16, bf16>(Trans::yes, 1.0f, X.view(), W, 0.0f, Y16.view(), offsets);
+    backend::Ops<B>::template gemm_grouped<bf16>(Trans::yes, 1.0f, X.view(), W, 0.0f, Y32.view(), offsets);
+    const auto y16 = host(Y16), y32 = host(Y32);
+    for (index_t g = 0; g < groups; ++g)
+        for (index_t i = offsets[g]; i < offsets[g + 1]; ++i)
+            for (index_t j = 0; j < n; ++j) {
+                double s = 0.0;
+                for (index_t p = 0; p < k; ++p) s += as_double(Xh(i, p)) * as_double(Wh(g * n + j, p));
+                CAPTURE(i);
+                CAPTURE(j);
+                CHECK(std::abs(double(y32(i, j)) - s) <= 1e-5 * (1 + std::abs(s)));
+                // rounded once: within half a bf16 ulp (at most 2^-8 of the value) of the f32 product
+                CHECK(std::abs(as_double(y16(i, j)) - s) <= 1e-5 * (1 + std::abs(s)) + std::ldexp(std::abs(s), -8));
+            }
+    Tensor<float, 2, B> dWm({groups * n, k});
+    backend::Ops<B>::template fill<float>(dWm.view(), 0.25f);
+    const View<float, 3, B> dW(dWm.data(), {groups, n, k});
+    backend::Ops<B>::template gemm_grouped_weight_grad<bf16>(1.0f, dY.view(), X.view(), 1.0f, dW, offsets);
+    const auto dw = host(dWm);
+    for (index_t g = 0; g < groups; ++g)
+        for (index_t a = 0; a < n; ++a)
+            for (index_t b = 0; b < k; ++b) {
+                double s = 0.25;  // beta 1 keeps what was there; the empty group keeps only that
+                for (index_t r = offsets[g]; r < offsets[g + 1]; ++r) s += as_double(dYh(r, a)) * as_double(Xh(r, b));
+                CHECK(std::abs(double(dw(g * n + a, b)) - s) <= 1e-5 * (1 + std::abs(s)));
+            }
+}
+
 namespace {
 
 /// Our Newton-Schulz (f32 or bf16) of a reference input on backend B, as f32 on the host.

@@ -11,7 +11,7 @@
 //                                               C_i = alpha op(A_i) op(B_i) + beta C_i, operand i at data + i *
 //                                               stride; a stride of 0 reuses A or B (MLA's shared rope key), C's
 //                                               is refused for more than one product (they would race on C)
-//   gemm_grouped(tw, alpha, X, W, beta, Y, offsets)
+//   gemm_grouped<T, TC>(tw, alpha, X, W, beta, Y, offsets)
 //                                               Y[o_g : o_g+1] = alpha X[o_g : o_g+1] op(W_g) + beta Y[...] for
 //                                               every group g: the expert GEMMs over the segments of a dispatch
 //                                               plan; W [groups, ...] stacked, offsets on the host (groups + 1)
@@ -19,7 +19,8 @@
 //                                               dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g: the expert weight
 //                                               gradients, dW [groups, n, k]
 // A group with no rows does nothing (and leaves dW_g times beta). Both take T = float, or T = bf16 for the bf16
-// policy: bf16 X, W (dY, X), f32 accumulation into an f32 Y (dW), each segment a gemm_bf16.
+// policy: bf16 X, W (dY, X), f32 accumulation into an f32 dW, and into a Y of TC = float or bf16 (each segment a
+// gemm_bf16<TC>: a bf16 Y is the f32 result rounded once, as the bf16 policy rounds a projection's output).
 //
 // Mixed precision (the bf16 policy, docs/precision.md): operands in bf16, products accumulated in f32, alpha and
 // beta f32, C in f32 or bf16 (TC = float or bf16; a bf16 C is read as f32 and the result rounded once to nearest
@@ -129,9 +130,10 @@ inline void check_groups(const char* op, index_t groups, std::span<const index_t
             throw shape_error(std::string(op) + ": offsets decrease at group " + std::to_string(g));
 }
 
-template <class T, class Bk>
-void check_gemm_grouped(const View<const T, 2, Bk>& X, const View<const T, 3, Bk>& W, const View<float, 2, Bk>& Y,
+template <class T, class Bk, class TC>
+void check_gemm_grouped(const View<const T, 2, Bk>& X, const View<const T, 3, Bk>& W, const View<TC, 2, Bk>& Y,
                         std::span<const index_t> offsets) {
+    static_assert(std::is_same_v<TC, float> || std::is_same_v<T, bf16>, "gemm_grouped: a bf16 Y takes bf16 operands");
     check_groups("gemm_grouped", W.shape[0], offsets, X.shape[0]);
     if (Y.shape[0] != X.shape[0]) throw_shape_mismatch("gemm_grouped: X against Y rows", X.shape, Y.shape);
 }

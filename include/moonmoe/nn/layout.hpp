@@ -6,14 +6,54 @@
 #pragma once
 
 #include <initializer_list>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "../config/named.hpp"
+#include "../tensor/transfer.hpp"
 
 namespace moonmoe::nn {
+
+namespace detail {
+
+/// A layout's positions on a backend, uploaded once (TokenLayout::device_positions). Copying a layout gives the
+/// copy an empty one: it may change its positions.
+class DevicePositions {
+public:
+    DevicePositions() = default;
+    DevicePositions(const DevicePositions&) : DevicePositions() {}
+    DevicePositions& operator=(const DevicePositions&) {
+        state_ = std::make_unique<State>();
+        return *this;
+    }
+
+    template <class B>
+    std::shared_ptr<const Tensor<index_t, 1, B>> get(const std::vector<index_t>& positions) const {
+        std::lock_guard<std::mutex> lock(state_->mutex);  // a pipeline's stages may share a layout across threads
+        if (state_->backend != &typeid(B) || state_->uploaded != positions) {
+            state_->tensor = std::make_shared<const Tensor<index_t, 1, B>>(to_device<B>(positions));
+            state_->backend = &typeid(B);
+            state_->uploaded = positions;
+        }
+        return std::static_pointer_cast<const Tensor<index_t, 1, B>>(state_->tensor);
+    }
+
+private:
+    struct State {
+        std::mutex mutex;
+        const std::type_info* backend = nullptr;
+        std::vector<index_t> uploaded;  // what `tensor` holds, so a change of the positions is seen
+        std::shared_ptr<const void> tensor;
+    };
+    std::unique_ptr<State> state_ = std::make_unique<State>();
+};
+
+}  // namespace detail
 
 class TokenLayout {
 public:
@@ -99,12 +139,21 @@ public:
                                             std::to_string(cached + t - begin(s)));
     }
 
+    /// The positions on backend B, uploaded at the first call and shared by every later one (every attention layer
+    /// of a forward and its backward): one upload per layout, not one per layer. Uploaded again when `positions` has
+    /// changed since (it is compared); a copy of the layout starts without an upload.
+    template <class B>
+    std::shared_ptr<const Tensor<index_t, 1, B>> device_positions() const {
+        return device_positions_.get<B>(positions);
+    }
+
     /// Position of each row, used by RoPE. Restarts at each sequence for training; decoding sets it to where each
     /// token lands in its sequence's cache.
     std::vector<index_t> positions;
 
 private:
     std::vector<index_t> offsets_;
+    detail::DevicePositions device_positions_;
 };
 
 }  // namespace moonmoe::nn

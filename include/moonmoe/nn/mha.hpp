@@ -64,11 +64,11 @@ struct MHA {
 
     struct Cache {
         KeptMatrix<B> x, q, k, v, o;
-        Tensor<float, 1, B> lse;          ///< [tokens * heads], per (sequence, head) at lse_offset()
-        Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
+        Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        std::shared_ptr<const Tensor<index_t, 1, B>> positions;  ///< the layout's, shared by its layers
         TokenLayout layout;
         std::size_t bytes() const {
-            std::size_t n = lse.bytes() + positions.bytes();
+            std::size_t n = lse.bytes() + (positions ? positions->bytes() : 0);
             for (const KeptMatrix<B>* m : {&x, &q, &k, &v, &o}) n += m->bytes();
             return n;
         }
@@ -148,10 +148,10 @@ struct MHA {
         layout.check_rows(T, "MHA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
-        c.positions = to_device<B>(layout.positions);
+        c.positions = layout.template device_positions<B>();
         if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value_format());
         Mat q, k, v, o({T, H * cfg.v_dim});
-        project(x, c.positions.view(), q, k, v);
+        project(x, c.positions->view(), q, k, v);
         c.lse = Tensor<float, 1, B>({T * H});
         Tensor<float, 1, B> unrecorded;  // an inference forward's maxima, dropped
         if (!records_max_logits(pass)) unrecorded = Tensor<float, 1, B>({H});
@@ -184,8 +184,8 @@ struct MHA {
         Ops::attention_backward(queries(q), keys(k, v), layout.offsets(), softmax_scale,
                                 heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
                                 heads_view(std::as_const(d_o), 0, H, cfg.v_dim, cfg.v_dim), grads);
-        rope.apply(rope_part(dq, H), c.positions.view(), Rotation::transposed);
-        rope.apply(rope_part(dk, G), c.positions.view(), Rotation::transposed);
+        rope.apply(rope_part(dq, H), c.positions->view(), Rotation::transposed);
+        rope.apply(rope_part(dk, G), c.positions->view(), Rotation::transposed);
         q_proj.backward(x, dq.view(), dx, accumulate_dx);
         k_proj.backward(x, dk.view(), dx, Accumulate::yes);
         v_proj.backward(x, dv.view(), dx, Accumulate::yes);
@@ -215,9 +215,9 @@ struct MHA {
                                         " tokens exceed its capacity of " + std::to_string(cache.capacity()));
             layout.check_continues(s, cache.length, "MHA.forward_cached");
         }
-        const Tensor<index_t, 1, B> positions = to_device<B>(layout.positions);
+        const auto positions = layout.template device_positions<B>();
         Mat q, k, v;
-        project(x, positions.view(), q, k, v);
+        project(x, positions->view(), q, k, v);
         std::vector<backend::AttentionKeys<B>> cached;
         const index_t G = cfg.kv_heads;
         for (index_t s = 0; s < N; ++s) {

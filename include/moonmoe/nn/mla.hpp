@@ -68,11 +68,11 @@ struct MLA {
     struct Cache {
         KeptMatrix<B> x, cq, cqn, c, cn, q, kv, kpe, o;  ///< cqn, cn, q, kv: unless recomputed
         Tensor<float, 1, B> cq_rstd, c_rstd;
-        Tensor<float, 1, B> lse;          ///< [tokens * heads], per (sequence, head) at lse_offset()
-        Tensor<index_t, 1, B> positions;  ///< the layout's positions, uploaded once per forward
+        Tensor<float, 1, B> lse;  ///< [tokens * heads], per (sequence, head) at lse_offset()
+        std::shared_ptr<const Tensor<index_t, 1, B>> positions;  ///< the layout's, shared by its layers
         TokenLayout layout;
         std::size_t bytes() const {
-            std::size_t n = cq_rstd.bytes() + c_rstd.bytes() + lse.bytes() + positions.bytes();
+            std::size_t n = cq_rstd.bytes() + c_rstd.bytes() + lse.bytes() + (positions ? positions->bytes() : 0);
             for (const KeptMatrix<B>* m : {&x, &cq, &cqn, &c, &cn, &q, &kv, &kpe, &o}) n += m->bytes();
             return n;
         }
@@ -212,11 +212,11 @@ struct MLA {
         layout.check_rows(T, "MLA.forward");
         c = Cache{};  // drop the last forward's buffers first: a lower peak, blocks to reuse
         c.layout = layout;
-        c.positions = to_device<B>(layout.positions);
+        c.positions = layout.template device_positions<B>();
         if (keep_input) c.x = KeptMatrix<B>::copy(x, kept.value_format());
         Mat q, cn, kpe, kv({T, H * kv_width()}), o({T, H * cfg.v_dim});
-        project_q(x, c.positions.view(), q, &c);
-        project_latent(x, c.positions.view(), cn, kpe, &c);
+        project_q(x, c.positions->view(), q, &c);
+        project_latent(x, c.positions->view(), cn, kpe, &c);
         kv_b_proj.forward(cn.view(), kv.view());
         c.lse = Tensor<float, 1, B>({T * H});
         Tensor<float, 1, B> unrecorded;  // an inference forward's maxima, dropped
@@ -260,7 +260,7 @@ struct MLA {
             cq = c.cq.take("MLA's cq");
             cqn = recompute_norms ? q_a_layernorm.recompute(cq.view()) : c.cqn.take("MLA's cqn");
         }
-        const Mat q = recompute_up_projections ? up_q(cqn.view(), c.positions.view()) : c.q.take("MLA's q");
+        const Mat q = recompute_up_projections ? up_q(cqn.view(), c.positions->view()) : c.q.take("MLA's q");
         const Mat latent = c.c.take("MLA's latent c");
         const Mat cn = recompute_norms ? kv_a_layernorm.recompute(latent.view()) : c.cn.take("MLA's cn");
         Mat kv;
@@ -286,9 +286,9 @@ struct MLA {
         const index_t r = cfg.kv_rank;
         Mat dckv({T, r + R});
         Ops::sum_heads(heads_view(std::as_const(dkpe_heads), 0, H, R, R), cols(dckv, 0, T, r, R));
-        rope.apply(View<float, 3, B>(dckv.data() + r, {T, 1, R}, {r + R, R, 1}), c.positions.view(),
+        rope.apply(View<float, 3, B>(dckv.data() + r, {T, 1, R}, {r + R, R, 1}), c.positions->view(),
                    Rotation::transposed);
-        rope.apply(q_rope_part(dq.view()), c.positions.view(), Rotation::transposed);
+        rope.apply(q_rope_part(dq.view()), c.positions->view(), Rotation::transposed);
         // latent path: kv_b_proj, kv_a_layernorm, into the first kv_rank columns of dckv
         Mat dcn({T, r});
         kv_b_proj.backward(cn.view(), dkv.view(), dcn.view());
@@ -346,10 +346,10 @@ struct MLA {
                                         " tokens exceed its capacity of " + std::to_string(cache.capacity()));
             layout.check_continues(s, cache.length, "MLA.forward_absorbed");
         }
-        const Tensor<index_t, 1, B> positions = to_device<B>(layout.positions);
+        const auto positions = layout.template device_positions<B>();
         Mat q, cn, kpe;
-        project_q(x, positions.view(), q, nullptr);
-        project_latent(x, positions.view(), cn, kpe, nullptr);
+        project_q(x, positions->view(), q, nullptr);
+        project_latent(x, positions->view(), cn, kpe, nullptr);
         std::vector<backend::AttentionKeys<B>> keys;
         for (index_t s = 0; s < N; ++s) {
             LatentCache& cache = *caches[std::size_t(s)];

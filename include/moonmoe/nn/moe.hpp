@@ -252,13 +252,15 @@ private:
         const bool adds = accumulate == Accumulate::yes;
         if (compute == NumberFormat::f32)
             return Ops::gemm_grouped(tw, 1.0f, a, w.value.view(), adds ? 1.0f : 0.0f, y, offsets);
+        // bf16 outputs, rounded as they are written (on a GPU one grouped tensor-core call for all the experts),
+        // widened into y exactly, or added to it rounded
         const Tensor<bf16, 2, B> a16 = bf16_copy(a);
-        Mat t;
-        if (adds) t = Mat(y.shape);
-        const View<float, 2, B> out = adds ? t.view() : y;
-        Ops::template gemm_grouped<bf16>(tw, 1.0f, a16.view(), w.value16.view(), 0.0f, out, offsets);
-        round_to(compute, out);
-        if (adds) accumulate_rounded(compute, y, View<const float, 2, B>(out));
+        Tensor<bf16, 2, B> out(y.shape);
+        Ops::template gemm_grouped<bf16, bf16>(tw, 1.0f, a16.view(), w.value16.view(), 0.0f, out.view(), offsets);
+        if (!adds) return Ops::template cast<float, bf16>(out.view(), y);
+        Mat wide(y.shape);
+        Ops::template cast<float, bf16>(out.view(), wide.view());
+        accumulate_rounded(compute, y, View<const float, 2, B>(wide.view()));
     }
 
     /// dW_e += dY[seg e]^T X[seg e] into the f32 gradient; bf16 operands under the bf16 policy.

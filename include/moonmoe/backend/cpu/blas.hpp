@@ -196,16 +196,16 @@ struct BlasOps<cpu> {
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]); W [groups, ., .].
     /// The groups run one after the other, each GEMM on every thread (a segment is usually hundreds of rows).
-    /// T = float, or bf16 (gemm_bf16 per segment, f32 Y).
-    template <class T = float>
+    /// T = float, or bf16 (gemm_bf16<TC> per segment, Y f32 or bf16).
+    template <class T = float, class TC = float>
     static void gemm_grouped(Trans tw, float alpha, View<const std::type_identity_t<T>, 2> X,
-                             View<const std::type_identity_t<T>, 3> W, float beta, View<float, 2> Y,
+                             View<const std::type_identity_t<T>, 3> W, float beta, View<std::type_identity_t<TC>, 2> Y,
                              std::span<const index_t> offsets) {
         contract::check_gemm_grouped(X, W, Y, offsets);
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
-            product<T>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
+            product<T, TC>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
         }
     }
 
@@ -275,11 +275,11 @@ struct BlasOps<cpu> {
     }
 
 private:
-    /// gemm<float>, or gemm_bf16 with an f32 C: one segment of the grouped products.
-    template <class T>
+    /// gemm<float>, or gemm_bf16<TC>: one segment of the grouped products.
+    template <class T, class TC = float>
     static void product(Trans ta, Trans tb, float alpha, View<const T, 2> A, View<const T, 2> B, float beta,
-                        View<float, 2> C) {
-        if constexpr (std::is_same_v<T, bf16>) gemm_bf16<float>(ta, tb, alpha, A, B, beta, C);
+                        View<TC, 2> C) {
+        if constexpr (std::is_same_v<T, bf16>) gemm_bf16<TC>(ta, tb, alpha, A, B, beta, C);
         else
             gemm<float>(ta, tb, alpha, A, B, beta, C);
     }

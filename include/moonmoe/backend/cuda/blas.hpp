@@ -19,8 +19,9 @@
 #include "../blas.hpp"
 #include "layout.hpp"
 #if !MOONMOE_CUDA_EMULATED
-#include "fast/grouped_gemm.hpp"  // one grouped cuBLAS call, opt-in (fast/select.hpp)
 #include "fast/select.hpp"
+#include "grouped_gemm.hpp"  // one grouped cuBLAS call: bf16 always, f32 opt-in (fast/select.hpp)
+#include "lt.hpp"            // the bf16 products on cuBLASLt
 #endif
 
 namespace moonmoe::backend {
@@ -97,8 +98,9 @@ inline constexpr cudaDataType bf16_output_type = std::is_same_v<TC, bf16> ? CUDA
 #endif
 
 /// `count` column-major products with bf16 operands, f32 scalars and accumulation (CUBLAS_COMPUTE_32F: bf16 tensor
-/// cores, f32 sums), C f32 or bf16, operand i at pointer + i * stride: cublasGemmEx for one, else
-/// cublasGemmStridedBatchedEx; or their host stand-in.
+/// cores, f32 sums), C f32 or bf16, operand i at pointer + i * stride: cublasLtMatmul with an algorithm cached per
+/// shape (cuda/lt.hpp), or where cuBLASLt has none cublasGemmEx for one, else cublasGemmStridedBatchedEx; or their
+/// host stand-in.
 template <class TC>
 void cublas_gemm_bf16(const CublasGemm& g, float alpha, const bf16* first, index_t stride_first, const bf16* second,
                       index_t stride_second, float beta, TC* C, index_t stride_c, index_t count) {
@@ -107,6 +109,7 @@ void cublas_gemm_bf16(const CublasGemm& g, float alpha, const bf16* first, index
                                                stride_first, second, g.ld_second, stride_second, beta, C, g.ldc,
                                                stride_c, count);
 #else
+    if (lt_gemm_bf16<TC>(g, alpha, first, stride_first, second, stride_second, beta, C, stride_c, count)) return;
     if (count == 1)
         MOONMOE_CUBLAS_CHECK(cublasGemmEx_64(cublas_handle(), cublas_op(g.op_first), cublas_op(g.op_second), g.m, g.n,
                                              g.k, &alpha, first, CUDA_R_16BF, g.ld_first, second, CUDA_R_16BF,
@@ -256,40 +259,43 @@ struct BlasOps<cuda> {
     }
 
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]) (host offsets);
-    /// W [groups, ., .]; T = float, or bf16 (gemm_bf16 per segment, f32 Y). One GEMM per non-empty segment, queued
-    /// on the current stream (or, opt-in under nvcc for f32, one grouped cuBLAS call for all of them:
-    /// fast/grouped_gemm.hpp).
-    template <class T = float>
+    /// W [groups, ., .]; T = float, or bf16 with Y f32 or bf16 (TC). Under nvcc bf16 operands go to one grouped
+    /// cuBLAS call for all the segments (cuda/grouped_gemm.hpp; with an f32 Y only where this cuBLAS takes the mixed
+    /// types), f32 ones to one GEMM per non-empty segment queued on the current stream (or, opt-in, the grouped
+    /// call: fast/select.hpp); the emulation runs the per-segment loop.
+    template <class T = float, class TC = float>
     static void gemm_grouped(Trans tw, float alpha, View<const std::type_identity_t<T>, 2, cuda> X,
-                             View<const std::type_identity_t<T>, 3, cuda> W, float beta, View<float, 2, cuda> Y,
-                             std::span<const index_t> offsets) {
+                             View<const std::type_identity_t<T>, 3, cuda> W, float beta,
+                             View<std::type_identity_t<TC>, 2, cuda> Y, std::span<const index_t> offsets) {
         contract::check_gemm_grouped(X, W, Y, offsets);
 #if !MOONMOE_CUDA_EMULATED
-        if constexpr (std::is_same_v<T, float>)
-            if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, X.shape[1]))
-                return cuda_fast::gemm_grouped(tw, alpha, X, W, beta, Y, offsets);
+        const bool grouped = std::is_same_v<T, bf16> || cuda_fast_kernels().grouped_gemm;
+        if (grouped && cuda_detail::grouped_gemm_supported(offsets, X.shape[1]) &&
+            cuda_detail::gemm_grouped<T, TC>(tw, alpha, X, W, beta, Y, offsets))
+            return;
 #endif
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
             if (n == 0) continue;
-            product<T>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
+            product<T, TC>(Trans::no, tw, alpha, X.slice(0, lo, lo + n), W[g], beta, Y.slice(0, lo, lo + n));
         }
     }
 
     /// dW_g = alpha dY[seg g]^T X[seg g] + beta dW_g for every group g: dY [rows, n], X [rows, k], dW [groups, n, k];
-    /// an empty group's dW_g is only scaled by beta. T = float, or bf16 (gemm_bf16 per segment, f32 dW).
+    /// an empty group's dW_g is only scaled by beta. T = float, or bf16 (f32 dW); the paths are gemm_grouped's.
     template <class T = float>
     static void gemm_grouped_weight_grad(float alpha, View<const std::type_identity_t<T>, 2, cuda> dY,
                                          View<const std::type_identity_t<T>, 2, cuda> X, float beta,
                                          View<float, 3, cuda> dW, std::span<const index_t> offsets) {
         contract::check_gemm_grouped_weight_grad(dY, X, dW, offsets);
 #if !MOONMOE_CUDA_EMULATED
-        if constexpr (std::is_same_v<T, float>)
-            if (cuda_fast_kernels().grouped_gemm && cuda_fast::grouped_gemm_supported(offsets, 1)) {
-                for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g)
-                    if (offsets[g + 1] == offsets[g]) cuda_detail::scale_or_zero<float>(dW[g], beta);
-                return cuda_fast::gemm_grouped_weight_grad(alpha, dY, X, beta, dW, offsets);
-            }
+        const bool grouped = std::is_same_v<T, bf16> || cuda_fast_kernels().grouped_gemm;
+        if (grouped && cuda_detail::grouped_gemm_supported(offsets, 1) &&
+            cuda_detail::gemm_grouped_weight_grad<T>(alpha, dY, X, beta, dW, offsets)) {
+            for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g)
+                if (offsets[g + 1] == offsets[g]) cuda_detail::scale_or_zero<float>(dW[g], beta);
+            return;
+        }
 #endif
         for (index_t g = 0; g + 1 < index_t(offsets.size()); ++g) {
             const index_t lo = offsets[g], n = offsets[g + 1] - lo;
@@ -300,11 +306,11 @@ struct BlasOps<cuda> {
     }
 
 private:
-    /// gemm<float>, or gemm_bf16 with an f32 C: one segment of the grouped products.
-    template <class T>
+    /// gemm<float>, or gemm_bf16<TC>: one segment of the grouped products.
+    template <class T, class TC = float>
     static void product(Trans ta, Trans tb, float alpha, View<const T, 2, cuda> A, View<const T, 2, cuda> B, float beta,
-                        View<float, 2, cuda> C) {
-        if constexpr (std::is_same_v<T, bf16>) gemm_bf16<float>(ta, tb, alpha, A, B, beta, C);
+                        View<TC, 2, cuda> C) {
+        if constexpr (std::is_same_v<T, bf16>) gemm_bf16<TC>(ta, tb, alpha, A, B, beta, C);
         else
             gemm<float>(ta, tb, alpha, A, B, beta, C);
     }

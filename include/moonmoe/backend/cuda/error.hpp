@@ -18,6 +18,10 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#if defined(__CUDACC__)
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
 
 namespace moonmoe::backend {
 
@@ -163,11 +167,30 @@ inline std::string out_of_memory_message(std::uint64_t requested, std::uint64_t 
            bytes_and_gib(pool_reserved) + ", " + bytes_and_gib(pool_used) + " of it in use";
 }
 
+#if defined(__CUDACC__)
+/// The CUDA runtime's and cuBLAS's statuses as a CallStatus, and check / note for them (nvcc only).
+inline CallStatus status(cudaError_t e) {
+    return e == cudaSuccess ? CallStatus{} : CallStatus{cudaGetErrorName(e), cudaGetErrorString(e)};
+}
+inline CallStatus status(cublasStatus_t s) {
+    return s == CUBLAS_STATUS_SUCCESS ? CallStatus{} : CallStatus{cublasGetStatusName(s), cublasGetStatusString(s)};
+}
+inline void check(cudaError_t e, const char* call, const char* file, int line) { check(status(e), call, file, line); }
+inline void check(cublasStatus_t s, const char* call, const char* file, int line) {
+    check(status(s), call, file, line);
+}
+/// As note(CallStatus): except while the runtime unloads at process exit (a static tensor's release), when there is
+/// nothing left to free and no one left to tell.
+inline void note(cudaError_t e, const char* call, const char* file, int line) noexcept {
+    if (e != cudaSuccess && e != cudaErrorCudartUnloading) note(status(e), call, file, line);
+}
+#endif
+
 }  // namespace cuda_detail
 
 }  // namespace moonmoe::backend
 
-// cuda_detail::check and note take a CallStatus here; cuda/memory.hpp adds cudaError_t and cublasStatus_t.
+// cuda_detail::check and note take a CallStatus, and under nvcc a cudaError_t or cublasStatus_t.
 /// Checks a CUDA runtime call: throws cuda_error with the call's text, the error's name and description.
 #define MOONMOE_CUDA_CHECK(call) ::moonmoe::backend::cuda_detail::check((call), #call, __FILE__, __LINE__)
 /// Checks a cuBLAS call the same way.

@@ -25,6 +25,7 @@
 #include "../../tensor/tensor.hpp"
 #include "../functors.hpp"
 #include "../map.hpp"
+#include "divide.hpp"
 #include "layout.hpp"
 
 namespace moonmoe::backend {
@@ -69,18 +70,20 @@ struct Operand {
     Strided<T> view;
 };
 
-/// f(v0[i, j], ...) (or f(i, j, v0[i, j], ...) when Indexed) for the flat index k = i * cols + j.
+/// f(v0[i, j], ...) (or f(i, j, v0[i, j], ...) when Indexed) for the flat index k = i * cols + j (split without a
+/// 64-bit division: cuda/divide.hpp).
 template <bool Indexed, class F, class Seq, class... T>
 struct MapKernel;
 template <bool Indexed, class F, std::size_t... I, class... T>
 struct MapKernel<Indexed, F, std::index_sequence<I...>, T...> : Operand<I, T>... {
     F f;
-    index_t cols;
+    FlatIndex index;
 
-    MapKernel(F fn, index_t columns, Strided<T>... v) : Operand<I, T>{v}..., f(fn), cols(columns) {}
+    MapKernel(F fn, FlatIndex flat, Strided<T>... v) : Operand<I, T>{v}..., f(fn), index(flat) {}
 
     MOONMOE_HD void operator()(index_t k) const {
-        const index_t i = k / cols, j = k % cols;
+        index_t i, j;
+        index.split(k, i, j);
         if constexpr (Indexed) f(i, j, Operand<I, T>::view.at(i, j)...);
         else
             f(Operand<I, T>::view.at(i, j)...);
@@ -94,7 +97,8 @@ void run_map(const char* op, const F& f, const View<T, 2, cuda>&... v) {
     const auto& first = std::get<0>(std::tie(v...));
     const index_t rows = first.shape[0], cols = first.shape[1];
     if (rows == 0 || cols == 0) return;
-    launch(rows * cols, MapKernel<Indexed, F, std::index_sequence_for<T...>, T...>(f, cols, strided(v)...));
+    launch(rows * cols,
+           MapKernel<Indexed, F, std::index_sequence_for<T...>, T...>(f, FlatIndex(rows * cols, cols), strided(v)...));
 }
 
 /// dst (r, c) = src (c, r) for the flat index of dst: writes in order, reads down src's columns.
@@ -102,9 +106,10 @@ template <class T>
 struct TransposeKernel {
     Strided<const T> src;
     Strided<T> dst;
-    index_t cols;  // of dst
+    FlatIndex index;  // over dst's columns
     MOONMOE_HD void operator()(index_t k) const {
-        const index_t r = k / cols, c = k % cols;
+        index_t r, c;
+        index.split(k, r, c);
         dst.data[r * dst.pitch + c * dst.step] = src.data[c * src.pitch + r * src.step];
     }
 };
@@ -161,8 +166,8 @@ struct MapOps<cuda> {
         contract::check_transposed("transpose", src, dst);
         const index_t m = src.shape[0], n = src.shape[1];
         if (m == 0 || n == 0) return;
-        cuda_detail::launch(n * m,
-                            cuda_detail::TransposeKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst), m});
+        cuda_detail::launch(n * m, cuda_detail::TransposeKernel<T>{cuda_detail::strided(src), cuda_detail::strided(dst),
+                                                                   cuda_detail::FlatIndex(n * m, m)});
     }
 
     /// dst = convert<To>(src) (f32 <-> bf16, f32 <-> f64; backend/map.hpp), one thread per element.

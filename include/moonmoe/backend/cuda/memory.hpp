@@ -60,30 +60,9 @@
 
 #include "../memory.hpp"  // Memory<B>, MemoryStats
 #include "error.hpp"
+#include "host_waits.hpp"
 
 namespace moonmoe::backend {
-
-namespace cuda_detail {
-
-#if !MOONMOE_CUDA_EMULATED
-inline CallStatus status(cudaError_t e) {
-    return e == cudaSuccess ? CallStatus{} : CallStatus{cudaGetErrorName(e), cudaGetErrorString(e)};
-}
-inline CallStatus status(cublasStatus_t s) {
-    return s == CUBLAS_STATUS_SUCCESS ? CallStatus{} : CallStatus{cublasGetStatusName(s), cublasGetStatusString(s)};
-}
-inline void check(cudaError_t e, const char* call, const char* file, int line) { check(status(e), call, file, line); }
-inline void check(cublasStatus_t s, const char* call, const char* file, int line) {
-    check(status(s), call, file, line);
-}
-/// As note(CallStatus): except while the runtime unloads at process exit (a static tensor's release), when there is
-/// nothing left to free and no one left to tell.
-inline void note(cudaError_t e, const char* call, const char* file, int line) noexcept {
-    if (e != cudaSuccess && e != cudaErrorCudartUnloading) note(status(e), call, file, line);
-}
-#endif
-
-}  // namespace cuda_detail
 
 #if MOONMOE_CUDA_EMULATED
 /// The emulation runs everything on the host in order: a stream is only a name (one per Stream object).
@@ -156,8 +135,9 @@ public:
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
     cuda_stream_t get() const { return stream_; }
-    /// Waits for the work queued on this stream.
+    /// Waits for the work queued on this stream (a host wait).
     void synchronize() const {
+        cuda_detail::count_host_wait();
 #if !MOONMOE_CUDA_EMULATED
         MOONMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 #endif
@@ -307,15 +287,19 @@ struct Memory<cuda> {
     static void fill_zero(void* p, std::size_t bytes) {
         if (bytes) MOONMOE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
     }
-    /// Copies to the host and waits for the current stream: the values are there when this returns.
+    /// Copies to the host and waits for the current stream: the values are there when this returns (a host wait).
     static void to_host(void* host_dst, const void* src, std::size_t bytes) {
         if (!bytes) return;
+        cuda_detail::count_host_wait();
         MOONMOE_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, current_stream()));
         MOONMOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     }
-    /// Copies from the host and waits, so the host buffer may be reused when this returns.
+    /// Queues a copy from the host; the host buffer may be reused when this returns. Up to staging_largest bytes
+    /// through this thread's pinned staging ring, without a wait (cuda/host_waits.hpp); a larger copy is waited for.
     static void to_device(void* dst, const void* host_src, std::size_t bytes) {
         if (!bytes) return;
+        if (cuda_detail::upload_ring().upload(dst, host_src, bytes, current_stream())) return;
+        cuda_detail::count_host_wait();
         MOONMOE_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, current_stream()));
         MOONMOE_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
     }
@@ -323,6 +307,7 @@ struct Memory<cuda> {
     /// (cuBLAS's workspaces, NCCL's buffers). Waits for the whole device first: a block freed with cudaFreeAsync
     /// stays reserved until the host has seen its stream's work complete, on whichever stream that was.
     static void trim() {
+        cuda_detail::count_host_wait();
         MOONMOE_CUDA_CHECK(cudaDeviceSynchronize());
         MOONMOE_CUDA_CHECK(cudaMemPoolTrimTo(cuda_detail::default_pool(), 0));
     }
@@ -395,10 +380,18 @@ struct Memory<cuda> {
                            __LINE__);
         std::memset(p, 0, bytes);
     }
-    static void to_host(void* host_dst, const void* src, std::size_t bytes) { copy(host_dst, src, bytes); }
-    static void to_device(void* dst, const void* host_src, std::size_t bytes) { copy(dst, host_src, bytes); }
-    /// Nothing is pooled in the emulation.
-    static void trim() {}
+    /// The copies to and from the host count the host waits a GPU would make (cuda/host_waits.hpp): every copy to
+    /// the host, and a copy to the device too large for the staging ring.
+    static void to_host(void* host_dst, const void* src, std::size_t bytes) {
+        if (bytes) cuda_detail::count_host_wait();
+        copy(host_dst, src, bytes);
+    }
+    static void to_device(void* dst, const void* host_src, std::size_t bytes) {
+        if (bytes > cuda_detail::staging_largest) cuda_detail::count_host_wait();
+        copy(dst, host_src, bytes);
+    }
+    /// Nothing is pooled in the emulation; on a GPU this is a device-wide wait, counted as one.
+    static void trim() { cuda_detail::count_host_wait(); }
     static MemoryStats& stats() {
         static MemoryStats s;
         return s;

@@ -13,9 +13,9 @@
 // many thousands) per row with a shuffle reduction: one thread per row reads a row serially, its warp's loads fall
 // a row pitch apart (uncoalesced), and a few thousand rows leave most of the device idle. Under nvcc the RMSNorm
 // ones can take fast/rmsnorm.hpp (opt-in: fast/select.hpp), checked against these functors by
-// test/nvcc/fast_kernels.cu; cross_entropy's remains to be written. The rest (dweight's chunk partials, the
-// gathers, the per-column scatter, sum_heads) is already one thread per output element or column, with coalesced
-// reads.
+// test/nvcc/fast_kernels.cu; cross_entropy's rows take a block each under nvcc (cuda/cross_entropy.hpp), always. The
+// rest (dweight's chunk partials, the gathers, the per-column scatter, sum_heads) is already one thread per output
+// element or column, with coalesced reads.
 #pragma once
 
 #include "map.hpp"
@@ -27,7 +27,8 @@
 #include "../../tensor/tensor.hpp"
 #include "../rows.hpp"
 #if !MOONMOE_CUDA_EMULATED
-#include "fast/rmsnorm.hpp"  // a warp or block per row, opt-in (fast/select.hpp)
+#include "cross_entropy.hpp"  // a block per row
+#include "fast/rmsnorm.hpp"   // a warp or block per row, opt-in (fast/select.hpp)
 #include "fast/select.hpp"
 #endif
 
@@ -249,7 +250,12 @@ struct RowOps<cuda> {
         contract::check_cross_entropy(logits, targets, loss, dlogits);
         const Rows<float> dz = dlogits.data ? rows_of(dlogits) : Rows<float>{nullptr, 0};
         Tensor<double, 1, cuda> per_row({T});
+#if MOONMOE_CUDA_EMULATED
         cuda_detail::launch(T, CrossEntropyRow{rows_of(logits), targets.data, ignore, count, V, dz, per_row.data()});
+#else
+        cuda_detail::cross_entropy_rows(logits.data, logits.strides[0], targets.data, ignore, count, T, V, dz.data,
+                                        dz.data ? dz.pitch : 0, per_row.data());
+#endif
         cuda_detail::launch(1, CrossEntropyTotal{per_row.data(), loss.data, T, count});
     }
 
