@@ -35,6 +35,13 @@ MOE_EXPERTS = "moe/experts/k2/tokens:1024"
 MLA = "mla/forward_backward/k2/seq:1024"
 LAYER = "layer/forward_backward/k2/tokens:256"
 MUON_PREFIX = "muon/step/"
+# issue 26: bf16 on tensor cores
+MOE_BF16 = "moe/experts_bf16/k2/tokens:4096"
+SDPA = "sdpa/forward_backward/k2/tokens:4096"
+SDPA_FORWARD = "sdpa/forward/k2/tokens:4096"
+SDPA_MAX = "sdpa/forward_max/k2/tokens:4096"
+LAYER_BF16 = "layer_bf16/forward_backward/k2/tokens:4096"
+LAYER_TORCH = "layer/forward_backward/k2/tokens:4096"
 SMALL_MUON = "muon/step/rows:256/cols:512"
 
 
@@ -79,7 +86,33 @@ def targets(ours: dict, torch: dict, have_torch: bool) -> list[dict]:
         worst[1][0] if worst and len(measured) == len(muon) else None,
         (f"{len(measured)} of {len(muon)} shapes compared; slowest `{worst[0]}`: ours {sig3(worst[1][1])} ms, "
          f"PyTorch {sig3(worst[1][2])} ms" if worst else f"muon rows: {no_torch}"))
+    issue26(ours, torch, add, no_torch)
     return out
+
+
+def issue26(ours: dict, torch: dict, add, no_torch: str) -> None:
+    """Issue 26's targets: the bf16 paths against the dense bf16 cuBLAS rate and PyTorch's bf16 on the same GPU."""
+    e = ours.get(MOE_BF16)
+    add("issue 26: MoE grouped expert GEMMs in bf16 / dense bf16 cuBLAS", 0.70,
+        counter(e, "of_bf16_cublas") if e else None,
+        f"`{MOE_BF16}`: {sig3((counter(e, 'FLOP/s') or math.nan) * 1e-12)} TFLOP/s" if e else f"no `{MOE_BF16}` row")
+    got = torch_ratio(ours, torch, SDPA, "bf16")
+    fwd, fmax = ours.get(SDPA_FORWARD), ours.get(SDPA_MAX)
+    clip = (f"; QK-Clip's exact maxima add {sig3(fmax['ms'] - fwd['ms'])} ms to the forward's {sig3(fwd['ms'])} ms"
+            if fwd and fmax else "")
+    engine = f" (cuDNN: {'yes' if counter(ours[SDPA], 'cudnn') else 'no'})" if SDPA in ours else ""
+    add("issue 26: MLA attention forward + backward in bf16: PyTorch SDPA / ours", 0.80, got[0] if got else None,
+        (f"`{SDPA}`{engine}: ours {sig3(got[1])} ms, PyTorch {sig3(got[2])} ms{clip}" if got
+         else f"`{SDPA}`: {no_torch}{clip}"))
+    r, t = ours.get(LAYER_BF16), torch.get((LAYER_TORCH, "autocast"))
+    speed = t["real_time_ms"] / r["ms"] if r and t and math.isfinite(r["ms"]) else None
+    add("issue 26: K2 layer forward + backward at 4096 tokens in bf16: PyTorch (autocast) / ours", 1.0, speed,
+        f"`{LAYER_BF16}`: ours {sig3(r['ms'])} ms, PyTorch {sig3(t['real_time_ms'])} ms" if speed
+        else f"`{LAYER_BF16}`: {'no row of ours' if not r else no_torch}")
+    add("issue 26: K2 layer forward + backward in bf16, model FLOP/s / dense bf16 cuBLAS", 0.35,
+        counter(r, "of_bf16_cublas") if r else None, f"`{LAYER_BF16}`" if r else f"no `{LAYER_BF16}` row")
+    add("issue 26: absorbed bf16 decode, 64 sequences at cache 4096 / copy bandwidth", 0.60, None,
+        "not built yet: the absorbed decode still runs the portable f32 path (issue 26 open)")
 
 
 def build_markdown(ours_ctx: dict, rows: list[dict], torch_ctx: dict | None, torch: dict, goals: list[dict]) -> str:

@@ -50,6 +50,11 @@ void register_benchmarks() {
             add(std::string(family) + (backward ? "/forward_backward/" : "/forward/") + name + "/" +
                     shape_args({{"tokens", tokens}}),
                 [cfg, tokens, backward](benchmark::State& s) { layer(s, *cfg, tokens, backward); });
+    // Issue 26's layer target: K2's training precision at 4096 tokens, on the GPU only (a CPU run takes minutes)
+#if defined(MOONMOE_BENCH_CUDA)
+    add("layer_bf16/forward_backward/k2/" + shape_args({{"tokens", 4096}}),
+        [](benchmark::State& s) { layer(s, k2_bf16, 4096, true); });
+#endif
 }
 
 }  // namespace

@@ -68,6 +68,46 @@ void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t t
     state.counters["experts"] = double(index_t(offsets.size()) - 1);
 }
 
+/// The same under the bf16 policy on the routed experts' K2 shapes (issue 26's MoE target): bf16 operands, f32
+/// accumulation, bf16 outputs (gemm_grouped<bf16, bf16>: on the GPU one grouped cuBLAS call per projection).
+void experts_bf16(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
+    using moonmoe::backend::Trans;
+    using moonmoe::bf16;
+    MoE& block =
+        fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    const index_t H = cfg.dims.hidden, I = cfg.moe.expert_hidden;
+    Mat u({tokens, H}), y({tokens, H});
+    Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
+    MoE::Cache cache;
+    block.forward(u.view(), y.view(), cache);
+    const std::vector<index_t> offsets = cache.plan.exchange.expert_offsets;
+    const index_t pairs = cache.plan.exchange.received();
+    cache = {};
+    const auto narrow = [](const auto& w) {
+        const auto& shape = w.shape();
+        moonmoe::Tensor<bf16, 3, Backend> out(shape);
+        Ops::template cast<bf16, float>(w.view().template reshape<2>({shape[0] * shape[1], shape[2]}),
+                                        out.view().template reshape<2>({shape[0] * shape[1], shape[2]}));
+        return out;
+    };
+    const auto gate = narrow(block.experts.gate_proj.value), up_w = narrow(block.experts.up_proj.value),
+               down = narrow(block.experts.down_proj.value);
+    Mat x32({pairs, H});
+    Ops::fill_normal(x32.view(), 0.0f, 1.0f, 5);
+    moonmoe::Tensor<bf16, 2, Backend> x({pairs, H}), g({pairs, I}), up({pairs, I}), out({pairs, H});
+    Ops::template cast<bf16, float>(x32.view(), x.view());
+    measure(state, {flops::expert_forward(cfg, pairs, I)}, [&] {
+        Ops::template gemm_grouped<bf16, bf16>(Trans::yes, 1.0f, x.view(), gate.view(), 0.0f, g.view(), offsets);
+        Ops::template gemm_grouped<bf16, bf16>(Trans::yes, 1.0f, x.view(), up_w.view(), 0.0f, up.view(), offsets);
+        Ops::template gemm_grouped<bf16, bf16>(Trans::yes, 1.0f, g.view(), down.view(), 0.0f, out.view(), offsets);
+    });
+    state.counters["pairs"] = double(pairs);
+    state.counters["experts"] = double(index_t(offsets.size()) - 1);
+#if defined(MOONMOE_BENCH_CUDA)
+    state.SetLabel("bf16");
+#endif
+}
+
 void register_benchmarks() {
     for (auto [cfg, name, tokens] : {std::tuple{&k2, "k2", index_t(1024)}, {&small, "small", index_t(256)}}) {
         for (bool backward : {false, true})
@@ -77,6 +117,13 @@ void register_benchmarks() {
         add(std::string("moe/experts/") + name + "/" + shape_args({{"tokens", tokens}}),
             [cfg, tokens](benchmark::State& s) { experts(s, *cfg, tokens); });
     }
+    // bf16 at 4096 tokens on K2's rank of 24 experts: the GPU build only (the CPU's rows are the f32 ones above)
+#if defined(MOONMOE_BENCH_CUDA)
+    add("moe/experts_bf16/k2/" + shape_args({{"tokens", 4096}}),
+        [](benchmark::State& s) { experts_bf16(s, k2, 4096); });
+#endif
+    add("moe/experts_bf16/small/" + shape_args({{"tokens", 256}}),
+        [](benchmark::State& s) { experts_bf16(s, small, 256); });
 }
 
 }  // namespace

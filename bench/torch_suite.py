@@ -48,7 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-FAMILIES = ["gemm", "syrk", "rmsnorm", "rope", "mla", "router", "moe", "layer", "ns", "muon", "qk_clip", "adamw"]
+FAMILIES = ["gemm", "syrk", "rmsnorm", "rope", "mla", "sdpa", "router", "moe", "layer", "ns", "muon", "qk_clip",
+            "adamw"]
 
 # ---- The suite, mirroring bench/SUITE.md: (name, small). `small` rows are what --quick (CI) runs. ----
 SUITE = [
@@ -75,6 +76,11 @@ SUITE = [
     ("mla/forward/small/seq:128", True),
     ("mla/forward_backward/small/seq:128", True),
     ("mla/decode/small/cache:256", True),
+    # MLA's attention core alone (bench/sdpa.cpp): torch.nn.functional.scaled_dot_product_attention, causal
+    ("sdpa/forward/k2/tokens:4096", False),
+    ("sdpa/forward_backward/k2/tokens:4096", False),
+    ("sdpa/forward/small/tokens:256", True),
+    ("sdpa/forward_backward/small/tokens:256", True),
     ("router/forward/k2/tokens:4096", False),
     ("router/forward/small/tokens:256", True),
     ("moe/forward/k2/tokens:1024", False),
@@ -83,6 +89,7 @@ SUITE = [
     ("moe/forward_backward/small/tokens:256", True),
     ("layer/forward/k2/tokens:256", False),
     ("layer/forward_backward/k2/tokens:256", False),
+    ("layer/forward_backward/k2/tokens:4096", False),  # issue 26: ours in bf16 (layer_bf16) vs autocast
     ("layer/forward/small/tokens:128", True),
     ("layer/forward_backward/small/tokens:128", True),
     *[(f"ns/{policy}/general/rows:{r}/cols:{c}", r == 256)
@@ -463,6 +470,36 @@ def run_mla(name, words, a, min_time):
     position_embeddings, mask = attention_inputs(config, x)
     call, reset = training_calls(attention, [x], lambda: attention(x, position_embeddings, mask)[0], backward)
     ms, it = time_call(call, min_time, reset)
+    return [dict(real_time_ms=ms, iterations=it)]
+
+
+# bench/sdpa.cpp's shapes: heads, q/k head size (nope + rope), v head size
+SDPA_SHAPES = {"k2": (64, 192, 128), "small": (8, 96, 64)}
+
+
+def run_sdpa(name, words, a, min_time):
+    import torch
+    import torch.nn.functional as F
+    H, dq, dv = SDPA_SHAPES[words[2]]
+    T = a["tokens"]
+    backward = words[1] == "forward_backward"
+    q = randn(1, H, T, dq).requires_grad_(backward)
+    k = randn(1, H, T, dq, seed=1).requires_grad_(backward)
+    v = randn(1, H, T, dv, seed=2).requires_grad_(backward)
+    grad = randn(1, H, T, dv, seed=3)
+    scale = dq ** -0.5
+
+    def call():
+        if not backward:
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        out.backward(grad)
+
+    def reset():
+        for t in (q, k, v):
+            t.grad = None
+    ms, it = time_call(call, min_time, reset if backward else None)
     return [dict(real_time_ms=ms, iterations=it)]
 
 

@@ -24,6 +24,21 @@ case "${1:-}" in
   *) echo "usage: bash cmake/install_deps.sh [--fuzz | --clang]" >&2; exit 2 ;;
 esac
 
+# cudnn-frontend's C++ headers (PyPI's nvidia-cudnn-frontend, header-only; no dependencies needed for them), for the
+# cuDNN attention engine of the CUDA backend (include/moonmoe/backend/cuda/cudnn.hpp) that tools/gpu_check.sh prepare
+# compiles: where nvcc is installed and they are not. Without them the GPU binaries run the portable attention.
+cudnn_frontend() {
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  command -v python3 >/dev/null 2>&1 || return 0
+  local site
+  site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null) || return 0
+  [ -f "$site/include/cudnn_frontend.h" ] && return 0
+  echo "install_deps.sh: installing nvidia-cudnn-frontend (pip, headers only)"
+  python3 -m pip install -q --no-deps nvidia-cudnn-frontend ||
+    echo "install_deps.sh: nvidia-cudnn-frontend could not be installed; the GPU binaries will not link the cuDNN engine" >&2
+}
+cudnn_frontend
+
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "install_deps.sh: not a Debian/Ubuntu system (no dpkg-query); install these yourself:" >&2
   echo "  ${packages[*]}" >&2

@@ -73,8 +73,25 @@ test_groups() {
                           print p int((seen[p]++) / size) + 1, stem[i] } }'
 }
 
+# cudnn-frontend's headers (PyPI's nvidia-cudnn-frontend, which cmake/install_deps.sh installs), for the cuDNN
+# attention engine (include/moonmoe/backend/cuda/cudnn.hpp): CUDNN_FRONTEND_INCLUDE, else the Python's packages.
+cudnn_frontend_include() {
+    local d
+    for d in "${CUDNN_FRONTEND_INCLUDE:-}" \
+             "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)/include"; do
+        [ -n "$d" ] && [ -f "$d/cudnn_frontend.h" ] && { echo "$d"; return 0; }
+    done
+    return 1
+}
+
+# The engine's translation unit: a shared unit, compiled once per build and linked into every binary.
+engine_unit=test/nvcc/cudnn_engine.cu
+
 write_units_and_manifest() {
     local manifest=$1 g stem
+    # with cudnn-frontend every binary links the cuDNN engine; without it the bf16 attention runs the portable path
+    local engine="" cudnn=""
+    if cudnn_frontend_include > /dev/null; then engine=";$engine_unit" cudnn=" -lcudnn -lnvrtc"; fi
     mkdir -p "$build/units"
     local -A members=()
     while read -r g stem; do members[$g]+="$stem "; done < <(test_groups)
@@ -90,17 +107,20 @@ write_units_and_manifest() {
             # rewritten only when it changes, so an unchanged group is not compiled again
             if cmp -s "$build/units/tests_$g.cu.new" "$build/units/tests_$g.cu"; then rm "$build/units/tests_$g.cu.new"
             else mv "$build/units/tests_$g.cu.new" "$build/units/tests_$g.cu"; fi
-            printf 'tests_%s\ttests\t%s\t-lcublas -lcublasLt\t--test-case=*<cuda>*\n' "$g" "$unit"
+            printf 'tests_%s\ttests\t%s\t-lcublas -lcublasLt%s\t--test-case=*<cuda>*\n' "$g" "$unit$engine" "$cudnn"
         done
-        printf 'fast_kernels\tprogram\ttest/nvcc/fast_kernels.cu\t-lcublas -lcublasLt\t\n'
+        printf 'fast_kernels\tprogram\ttest/nvcc/fast_kernels.cu%s\t-lcublas -lcublasLt%s\t\n' "$engine" "$cudnn"
         [ -f "$root/test/nvcc/sticky_fault.cu" ] &&
             printf 'sticky_fault\tprogram\ttest/nvcc/sticky_fault.cu\t-lcublas -lcublasLt\t\n'
         printf 'nccl_run\tprogram\ttest/nvcc/nccl_run.cu\t-lcublas -lcublasLt -lnccl\t\n'
         local benches
         benches=$(grep -l 'support/suite.hpp' "$root"/bench/*.cpp | sort | sed "s|^$root/||" | tr '\n' ';')
-        printf 'moonmoe_cuda_bench\tbench\t%sbench/support/cuda_main.cpp\t-lcublas -lcublasLt BENCHMARK\t\n' "$benches"
-        printf 'kimi_k2_1t_cuda\texample\texamples/kimi_k2_1t.cpp\t-lcublas -lcublasLt\t--backend cuda --tokens 256\n'
-        printf 'hf_generate_cuda\texample\texamples/hf_generate.cpp\t-lcublas -lcublasLt\t--backend cuda test/data/tiny_k2 8 3 17 42 99 7 , 5 , 11 12 13\n'
+        printf 'moonmoe_cuda_bench\tbench\t%sbench/support/cuda_main.cpp%s\t-lcublas -lcublasLt%s BENCHMARK\t\n' \
+            "$benches" "$engine" "$cudnn"
+        printf 'kimi_k2_1t_cuda\texample\texamples/kimi_k2_1t.cpp%s\t-lcublas -lcublasLt%s\t--backend cuda --tokens 256\n' \
+            "$engine" "$cudnn"
+        printf 'hf_generate_cuda\texample\texamples/hf_generate.cpp%s\t-lcublas -lcublasLt%s\t--backend cuda test/data/tiny_k2 8 3 17 42 99 7 , 5 , 11 12 13\n' \
+            "$engine" "$cudnn"
     } > "$manifest"
 }
 
@@ -112,6 +132,8 @@ unit_flags() {
     local flags=(-std=c++20 -O2 -lineinfo "-arch=$arch" -x cu -diag-suppress=20012,20015 -I"$root/include"
                  -isystem "$deps/eigen3" -isystem "$deps")
     [ -n "${CCBIN:-}" ] && flags+=(-ccbin "$CCBIN")
+    local fe
+    fe=$(cudnn_frontend_include) && flags+=(-isystem "$fe")
     case $role in
         tests|program) flags+=(-DMOONMOE_TEST_CUDA -I"$root/test" '-DMOONMOE_TEST_SOURCE_DIR="test"'
                                '-DMOONMOE_TEST_BINARY_DIR="scratch"') ;;
@@ -140,6 +162,13 @@ up_to_date() {
         [ -z "$(find $(inputs_of "$@") -newer "$out" -type f -print -quit 2>/dev/null)" ]
 }
 
+# Where unit $2 of binary $1 compiles to: the engine unit is shared by every binary.
+object_of() {
+    if [ "$2" = "$engine_unit" ]; then echo "$obj/shared/cudnn_engine.o"
+    else echo "$obj/$1/$(basename "${2%.*}").o"
+    fi
+}
+
 # build_binaries <manifest> <nvcc> [name...]: builds the named binaries of the manifest (every one when none is
 # named) into $bin: first every unit of every binary that is not up to date, $jobs at a time (objects in
 # $obj/<name>/), then the links. Returns non-zero if any failed, after building all the others.
@@ -148,6 +177,7 @@ build_binaries() {
     shift 2
     local want=" $* " name role units libs args u o start=$SECONDS running=0 failed=0
     local -a todo=() srcs=() flags=()
+    local -A compiled=()
     while IFS=$'\t' read -r name role units libs args; do
         [[ -z $name || $name == \#* ]] && continue
         [ -n "${want// /}" ] && [[ $want != *" $name "* ]] && continue
@@ -158,7 +188,11 @@ build_binaries() {
         rm -f "$obj/$name"/*.failed
         mapfile -t flags < <(unit_flags "$role")
         for u in "${srcs[@]}"; do
-            o="$obj/$name/$(basename "${u%.*}").o"
+            o=$(object_of "$name" "$u")
+            [ -n "${compiled[$o]:-}" ] && continue  # the shared engine unit: once per build
+            compiled[$o]=1
+            mkdir -p "$(dirname "$o")"
+            rm -f "$o.failed"
             { "$nvcc" "${flags[@]}" -c "$root/$u" -o "$o" < /dev/null || touch "$o.failed"; } &
             running=$((running + 1))
             if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
@@ -171,9 +205,14 @@ build_binaries() {
         IFS=$'\t' read -r name role units libs <<< "$line"
         IFS=';' read -r -a srcs <<< "$units"
         objects=()
-        for u in "${srcs[@]}"; do objects+=("$obj/$name/$(basename "${u%.*}").o"); done
-        if ls "$obj/$name"/*.failed > /dev/null 2>&1; then
-            echo "gpu_check: compiling $name failed ($(cd "$obj/$name" && ls *.failed | sed 's/\.o\.failed$//' | paste -sd' ' -))" >&2
+        local bad=""
+        for u in "${srcs[@]}"; do
+            o=$(object_of "$name" "$u")
+            objects+=("$o")
+            [ -e "$o.failed" ] && bad+=" $(basename "${u%.*}")"
+        done
+        if [ -n "$bad" ]; then
+            echo "gpu_check: compiling $name failed ($bad )" >&2
             failed=1
             continue
         fi
@@ -234,6 +273,12 @@ prepare() {
         echo "# bin.tar.xz: $(du -k "$build/bin.tar.xz" | cut -f1) KiB, the executables below and lib/$(basename "$lib")"
         echo "# deps.tar.xz: $(du -k "$build/deps.tar.xz" | cut -f1) KiB, Eigen, doctest, nlohmann-json and Google Benchmark headers (fallback builds)"
         echo "# units/: the test groups' translation units; test data is read from the tree's test/data"
+        local fe
+        if fe=$(cudnn_frontend_include); then
+            echo "# cuDNN attention engine ($engine_unit): linked into every binary, cudnn-frontend headers $fe"
+        else
+            echo "# cuDNN attention engine: not linked (no cudnn-frontend headers: pip install nvidia-cudnn-frontend)"
+        fi
         for name in $names; do echo "# $name: $(du -k "$bin/$name" | cut -f1) KiB uncompressed"; done
         cat "$manifest.body"
     } > "$manifest"

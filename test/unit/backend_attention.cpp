@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
@@ -360,6 +361,90 @@ TEST_CASE_TEMPLATE("attention_decode: new rows against caches of different lengt
             }
         }
     }
+}
+
+namespace {
+
+/// Every value of m rounded to bf16 (the operands of the bf16 policy).
+void round_bf16(Mat& m) {
+    for (index_t i = 0; i < m.numel(); ++i) m.data()[i] = bf16::from_float(m.data()[i]).to_float();
+}
+
+/// max |a - b| / max |b|.
+double scaled_difference(const Mat& a, const Mat& b) {
+    double num = 0, den = 0;
+    for (index_t i = 0; i < a.numel(); ++i)
+        num = std::max(num, std::abs(double(a.data()[i]) - b.data()[i])),
+        den = std::max(den, std::abs(double(b.data()[i])));
+    return num / den;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE(
+    "values = bf16 (the bf16 policy): attention in bf16 is the f32 attention of the bf16 operands, its outputs and "
+    "gradients rounded to bf16, and the maxima exact",
+    B, MOONMOE_TEST_BACKENDS) {
+    // MLA's shape: two parts, the rope key one head for all, as many key heads as query heads. On CUDA this takes
+    // the fused-engine path (cuda/sdpa.hpp: cuDNN on a GPU, the host engine emulated); the CPU attends in f32.
+    using Ops = backend::AttentionOps<B>;
+    const std::vector<index_t> offsets = {0, 5, 6, 17};
+    const float scale = 0.37f;
+    Problem pr(17, 3, 3, 2, 8, 4, 6, true, 90);
+    for (int p = 0; p < 2; ++p) round_bf16(pr.q[p]), round_bf16(pr.k[p]);
+    round_bf16(pr.v);
+    const index_t T = pr.T, H = pr.H, dv = pr.dv;
+    OnDevice<B> d(pr);
+    Mat dO = random_matrix(T, H * dv, 91);
+    round_bf16(dO);
+    const auto dOd = on<B>(dO);
+    struct Run {
+        Mat o, lse, max_logit, dq[2], dk[2], dv;
+    };
+    const auto run = [&](NumberFormat values, bool maxima) {
+        backend::AttentionQueries<B> queries = d.queries;
+        queries.values = values;
+        Tensor<float, 2, B> o({T, H * dv}), dq[2], dk[2], dvt({T, H * dv});
+        Tensor<float, 1, B> lse({T * H}), max_logit({H});
+        backend::Ops<B>::template fill<float>(max_logit.view().template reshape<2>({1, H}), -INFINITY);
+        Ops::attention_forward(queries, d.keys, offsets, scale, heads<float, B>(o.data(), H * dv, T, 0, H, dv, dv),
+                               lse.view(), maxima ? max_logit.view() : View<float, 1, B>{});
+        backend::AttentionGrads<B> grads;
+        for (int p = 0; p < 2; ++p) {
+            dq[p] = Tensor<float, 2, B>({T, H * pr.dim[p]}), dk[p] = Tensor<float, 2, B>({T, H * pr.dim[p]});
+            grads.dq[p] = heads<float, B>(dq[p].data(), H * pr.dim[p], T, 0, H, pr.dim[p], pr.dim[p]);
+            grads.dk[p] = heads<float, B>(dk[p].data(), H * pr.dim[p], T, 0, H, pr.dim[p], pr.dim[p]);
+        }
+        grads.dv = heads<float, B>(dvt.data(), H * dv, T, 0, H, dv, dv);
+        Ops::attention_backward(queries, d.keys, offsets, scale,
+                                heads<const float, B>(o.data(), H * dv, T, 0, H, dv, dv), lse.view(),
+                                heads<const float, B>(dOd.data(), H * dv, T, 0, H, dv, dv), grads);
+        Run r{host(o), Mat({1, T * H}), Mat({1, H}), {host(dq[0]), host(dq[1])}, {host(dk[0]), host(dk[1])}, host(dvt)};
+        const std::vector<float> l = to_host(lse), m = to_host(max_logit);
+        std::copy(l.begin(), l.end(), r.lse.data());
+        std::copy(m.begin(), m.end(), r.max_logit.data());
+        return r;
+    };
+    const Run f32 = run(NumberFormat::f32, true), b16 = run(NumberFormat::bf16, true);
+    for (index_t i = 0; i < f32.o.numel(); ++i) {  // o rounded once: half a bf16 ulp (2^-8 of the value at most)
+        CAPTURE(i);
+        CHECK(std::abs(b16.o.data()[i] - f32.o.data()[i]) <= std::ldexp(std::abs(f32.o.data()[i]), -8) + 1e-6);
+        if (!std::is_same_v<B, moonmoe::cpu>)  // the CPU may attend in f32 (it does); CUDA's engine rounds o
+            CHECK(bf16::from_float(b16.o.data()[i]).to_float() == b16.o.data()[i]);
+    }
+    CHECK(scaled_difference(b16.lse, f32.lse) < 1e-5);
+    CHECK(scaled_difference(b16.max_logit, f32.max_logit) < 1e-5);
+    for (index_t h = 0; h < H; ++h) CHECK(std::isfinite(b16.max_logit.data()[h]));
+    for (int p = 0; p < 2; ++p) {
+        CAPTURE(p);
+        CHECK(scaled_difference(b16.dq[p], f32.dq[p]) < std::ldexp(1.0, -7));
+        CHECK(scaled_difference(b16.dk[p], f32.dk[p]) < std::ldexp(1.0, -7));
+    }
+    CHECK(scaled_difference(b16.dv, f32.dv) < std::ldexp(1.0, -7));
+    // a forward that asks for no maxima leaves them alone, and attends the same
+    const Run none = run(NumberFormat::bf16, false);
+    for (index_t h = 0; h < H; ++h) CHECK(none.max_logit.data()[h] == -INFINITY);
+    CHECK(scaled_difference(none.o, b16.o) == 0.0);
 }
 
 TEST_CASE("CPU attention's softmax: causal rows, log-sum-exp and the visible maximum") {

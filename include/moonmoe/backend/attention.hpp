@@ -19,6 +19,7 @@
 //   attention_forward(q, kv, offsets, scale, o, lse, max_logit)
 //                                o = softmax(causal scores) V per (sequence, head); writes the log-sum-exps into
 //                                lse and max-accumulates each head's largest scaled score into max_logit [heads]
+//                                (an empty max_logit: no maxima wanted, none computed)
 //   attention_backward(q, kv, offsets, scale, o, lse, d_o, grads)
 //                                recomputes P from lse; dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)) * scale,
 //                                dQ_p = dS K_p, dK_p = dS^T Q_p. grads.dq / dk / dv are written; the query heads of
@@ -32,16 +33,21 @@
 #include <span>
 #include <string>
 
+#include "../config/precision.hpp"
 #include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
 namespace moonmoe::backend {
 
-/// The queries of an attention call: `parts` views [rows, heads, dim_p].
+/// The queries of an attention call: `parts` views [rows, heads, dim_p]. `values` says what the call's operands
+/// hold: NumberFormat::bf16 (the bf16 policy: bf16 values in f32 containers) lets a backend run the attention on
+/// bf16 operands with f32 softmax and accumulation, as torch's bf16 attention does (CUDA: cuda/sdpa.hpp), its
+/// outputs and gradients then rounded to bf16; f32 asks for f32 throughout.
 template <class B>
 struct AttentionQueries {
     int parts = 1;
     View<const float, 3, B> q[2];
+    NumberFormat values = NumberFormat::f32;
 };
 
 /// Keys (one view per query part, [rows, kv_heads, dim_p]) and values [rows, kv_heads, dim_v].
@@ -125,7 +131,8 @@ index_t check_forward(const AttentionQueries<B>& q, const AttentionKeys<B>& kv, 
     check_offsets("attention_forward", offsets, T);
     const index_t G = H / check_operands("attention_forward", q, kv, T);
     check_heads_view("attention_forward", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
-    if (lse.numel() != T * H || lse.strides[0] != 1 || max_logit.shape[0] != H || max_logit.strides[0] != 1)
+    if (lse.numel() != T * H || lse.strides[0] != 1 ||
+        (max_logit.numel() != 0 && (max_logit.shape[0] != H || max_logit.strides[0] != 1)))
         throw shape_error("attention_forward: lse " + shape_string(lse.shape) + " and max_logit " +
                           shape_string(max_logit.shape) + " for " + std::to_string(T) + " rows of " +
                           std::to_string(H) + " heads");

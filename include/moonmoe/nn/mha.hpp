@@ -153,11 +153,10 @@ struct MHA {
         Mat q, k, v, o({T, H * cfg.v_dim});
         project(x, c.positions->view(), q, k, v);
         c.lse = Tensor<float, 1, B>({T * H});
-        Tensor<float, 1, B> unrecorded;  // an inference forward's maxima, dropped
-        if (!records_max_logits(pass)) unrecorded = Tensor<float, 1, B>({H});
-        Ops::attention_forward(queries(q), keys(k, v), layout.offsets(), softmax_scale,
-                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
-                               records_max_logits(pass) ? max_logit_per_head.view() : unrecorded.view());
+        Ops::attention_forward(
+            queries(q), keys(k, v), layout.offsets(), softmax_scale, heads_view(o, 0, H, cfg.v_dim, cfg.v_dim),
+            c.lse.view(),
+            records_max_logits(pass) ? max_logit_per_head.view() : View<float, 1, B>{});  // none unless recorded
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
         c.q = KeptMatrix<B>(std::move(q), kept.value_format());

@@ -219,11 +219,10 @@ struct MLA {
         project_latent(x, c.positions->view(), cn, kpe, &c);
         kv_b_proj.forward(cn.view(), kv.view());
         c.lse = Tensor<float, 1, B>({T * H});
-        Tensor<float, 1, B> unrecorded;  // an inference forward's maxima, dropped
-        if (!records_max_logits(pass)) unrecorded = Tensor<float, 1, B>({H});
-        Ops::attention_forward(queries(q), keys(kv, kpe), layout.offsets(), softmax_scale,
-                               heads_view(o, 0, H, cfg.v_dim, cfg.v_dim), c.lse.view(),
-                               records_max_logits(pass) ? max_logit_per_head.view() : unrecorded.view());
+        Ops::attention_forward(
+            queries(q), keys(kv, kpe), layout.offsets(), softmax_scale, heads_view(o, 0, H, cfg.v_dim, cfg.v_dim),
+            c.lse.view(),
+            records_max_logits(pass) ? max_logit_per_head.view() : View<float, 1, B>{});  // none unless recorded
         round_to(compute, o.view());
         o_proj.forward(o.view(), out);
         if (!recompute_up_projections) c.q = KeptMatrix<B>(std::move(q), kept.value_format());
@@ -236,7 +235,9 @@ struct MLA {
     /// Every head's two query parts: q_nope and q_pe.
     backend::AttentionQueries<B> queries(const Mat& q) const {
         const index_t H = cfg.heads;
-        return {2, {heads_view(q, 0, H, dqk(), cfg.nope_dim), heads_view(q, cfg.nope_dim, H, dqk(), cfg.rope_dim)}};
+        return {2,
+                {heads_view(q, 0, H, dqk(), cfg.nope_dim), heads_view(q, cfg.nope_dim, H, dqk(), cfg.rope_dim)},
+                compute};  // under bf16 the backend may attend in bf16 (a fused engine), as torch's bf16 attention
     }
     /// The matching keys, k_nope per head and the one k_pe all heads share (head stride 0), and the values.
     backend::AttentionKeys<B> keys(const Mat& kv, const Mat& kpe) const {

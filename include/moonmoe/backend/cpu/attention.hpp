@@ -140,8 +140,9 @@ struct AttentionOps<cpu> {
             task_max[std::size_t(task)] =
                 head_forward(q, kv, t0, S, t0, S, h, h / G, scale, head_rows(o, t0, S, h), lse.data + t0 * H + h * S);
         });
-        for (index_t task = 0; task < N * H; ++task)
-            max_logit.data[task % H] = std::max(max_logit.data[task % H], task_max[std::size_t(task)]);
+        if (max_logit.numel() != 0)
+            for (index_t task = 0; task < N * H; ++task)
+                max_logit.data[task % H] = std::max(max_logit.data[task % H], task_max[std::size_t(task)]);
     }
 
     /// Gradients of attention_forward, P recomputed from lse.

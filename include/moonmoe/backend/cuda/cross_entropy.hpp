@@ -37,8 +37,10 @@ __device__ T block_reduce(T v) {
     return r;
 }
 
-/// Row blockIdx.x: its loss (0 when ignored) into per_row, and its gradient row when dz is set.
-__global__ void __launch_bounds__(cross_entropy_threads)
+/// Row blockIdx.x: its loss (0 when ignored) into per_row, and its gradient row when dz is set (Threads =
+/// cross_entropy_threads; a template, as every kernel of a header must be).
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
     cross_entropy_rows_kernel(const float* z, index_t z_pitch, const index_t* targets, index_t ignore, index_t count,
                               index_t V, float* dz, index_t dz_pitch, double* per_row) {
     const index_t t = blockIdx.x;
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(cross_entropy_threads)
 inline void cross_entropy_rows(const float* z, index_t z_pitch, const index_t* targets, index_t ignore, index_t count,
                                index_t rows, index_t V, float* dz, index_t dz_pitch, double* per_row) {
     if (rows == 0) return;
-    cross_entropy_rows_kernel<<<unsigned(rows), cross_entropy_threads, 0, current_stream()>>>(
+    cross_entropy_rows_kernel<cross_entropy_threads><<<unsigned(rows), cross_entropy_threads, 0, current_stream()>>>(
         z, z_pitch, targets, ignore, count, V, dz, dz_pitch, per_row);
     cuda_fast::check_launch("cross_entropy_rows_kernel<<<rows, 256, 0, current_stream()>>>");
 }

@@ -54,9 +54,11 @@ struct GroupedPointers {
 };
 
 /// out = the first operands of every problem, then the second ones, then the C's (cuBLAS's untyped pointer arrays;
-/// only C is written through, and its base came from a mutable view).
-__global__ void __launch_bounds__(256) grouped_pointers_kernel(GroupedPointers p, void** out) {
-    for (int i = threadIdx.x; i < p.count; i += blockDim.x)
+/// only C is written through, and its base came from a mutable view). A template, as every kernel of a header
+/// must be: its instances may be defined in every translation unit.
+template <int Threads>
+__global__ void __launch_bounds__(Threads) grouped_pointers_kernel(GroupedPointers p, void** out) {
+    for (int i = threadIdx.x; i < p.count; i += Threads)
         for (int o = 0; o < 3; ++o) {
             const index_t unit = p.by_row[o] ? p.first_row[i] : p.segment[i];
             out[o * p.count + i] =
@@ -126,7 +128,7 @@ bool grouped_call(RowMajorGemm shape, bool rows_are_m, float alpha, float beta, 
     const std::vector<float> alphas(std::size_t(p.count), alpha), betas(std::size_t(p.count), beta);
     // Stream-ordered scratch: released after the cuBLAS call queued on the same stream.
     Tensor<void*, 1, cuda> pointers({3 * index_t(p.count)});
-    grouped_pointers_kernel<<<1, 256, 0, current_stream()>>>(p, pointers.data());
+    grouped_pointers_kernel<256><<<1, 256, 0, current_stream()>>>(p, pointers.data());
     check(cudaGetLastError(), "grouped_pointers_kernel<<<1, 256, 0, current_stream()>>>", __FILE__, __LINE__);
     void** ptr = pointers.data();
     const cublasStatus_t status = cublasGemmGroupedBatchedEx_64(

@@ -50,7 +50,9 @@ struct LtKey {
 struct LtKeyHash {
     std::size_t operator()(const LtKey& k) const {
         std::size_t h = 0;
-        const auto mix = [&h](std::int64_t v) { h ^= std::hash<std::int64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+        const auto mix = [&h](std::int64_t v) {
+            h ^= std::hash<std::int64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        };
         for (std::int64_t v : {std::int64_t(k.op_first), std::int64_t(k.op_second), k.m, k.n, k.k, k.ld_first,
                                k.ld_second, k.ldc, k.count, k.stride_first, k.stride_second, k.stride_c,
                                std::int64_t(k.c_is_bf16), std::int64_t(k.align_first), std::int64_t(k.align_second),
@@ -78,10 +80,9 @@ public:
         MOONMOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         MOONMOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
-        first_ = layout(CUDA_R_16BF, na ? key.m : key.k, na ? key.k : key.m, key.ld_first, key.count,
-                        key.stride_first);
-        second_ = layout(CUDA_R_16BF, nb ? key.k : key.n, nb ? key.n : key.k, key.ld_second, key.count,
-                         key.stride_second);
+        first_ = layout(CUDA_R_16BF, na ? key.m : key.k, na ? key.k : key.m, key.ld_first, key.count, key.stride_first);
+        second_ =
+            layout(CUDA_R_16BF, nb ? key.k : key.n, nb ? key.n : key.k, key.ld_second, key.count, key.stride_second);
         c_ = layout(key.c_is_bf16 ? CUDA_R_16BF : CUDA_R_32F, key.m, key.n, key.ldc, key.count, key.stride_c);
         cublasLtMatmulPreference_t pref = nullptr;
         MOONMOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));

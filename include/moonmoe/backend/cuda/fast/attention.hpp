@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(attention_threads)
     __syncthreads();  // row_alpha is reused for the warps' maxima
     if (threadIdx.x % 32 == 0) row_alpha[threadIdx.x / 32] = mx;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && max_logit) {  // null: no maxima wanted
         for (int w = 1; w < attention_threads / 32; ++w) mx = fmaxf(mx, row_alpha[w]);
         atomic_max(max_logit + h, mx);
     }
