@@ -71,8 +71,8 @@ void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t t
 /// The same under the bf16 policy on the routed experts' K2 shapes (issue 26's MoE target): bf16 operands, f32
 /// accumulation, bf16 outputs (gemm_grouped<bf16, bf16>: on the GPU one grouped cuBLAS call per projection).
 void experts_bf16(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
-    using moonmoe::backend::Trans;
     using moonmoe::bf16;
+    using moonmoe::backend::Trans;
     MoE& block =
         fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
     const index_t H = cfg.dims.hidden, I = cfg.moe.expert_hidden;

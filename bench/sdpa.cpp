@@ -40,9 +40,10 @@ void sdpa(benchmark::State& state, Shape s, index_t tokens, bool maxima, bool ba
         2, {heads(q, 0, H, dq, s.nope), heads(q, s.nope, H, dq, s.rope)}, moonmoe::NumberFormat::bf16};
     moonmoe::backend::AttentionKeys<Backend> keys{{heads(kv, 0, H, s.nope + s.v, s.nope), heads(kpe, 0, H, 0, s.rope)},
                                                   heads(kv, s.nope, H, s.nope + s.v, s.v)};
-    moonmoe::backend::AttentionGrads<Backend> grads{{heads(dq_m, 0, H, dq, s.nope), heads(dq_m, s.nope, H, dq, s.rope)},
-                                                    {heads(dkv, 0, H, s.nope + s.v, s.nope), heads(dkpe, 0, H, s.rope, s.rope)},
-                                                    heads(dkv, s.nope, H, s.nope + s.v, s.v)};
+    moonmoe::backend::AttentionGrads<Backend> grads{
+        {heads(dq_m, 0, H, dq, s.nope), heads(dq_m, s.nope, H, dq, s.rope)},
+        {heads(dkv, 0, H, s.nope + s.v, s.nope), heads(dkpe, 0, H, s.rope, s.rope)},
+        heads(dkv, s.nope, H, s.nope + s.v, s.v)};
     moonmoe::Tensor<float, 1, Backend> lse({T * H}), max_logit({H});
     const std::vector<index_t> offsets{0, T};
     const float scale = 1.0f / std::sqrt(float(dq));

@@ -4,8 +4,8 @@
 //
 // Include it in one translation unit of a program built with nvcc (it registers the engine at static
 // initialisation), add PyPI's nvidia-cudnn-frontend headers to the include path (its `include` folder) and link
-// -lcudnn -lnvrtc (cuDNN 9, in the CUDA toolkit and in PyTorch's wheels; cudnn-frontend calls NVRTC). The CUDA backend does not include it itself:
-// cudnn-frontend's headers take about 90 s of nvcc per translation unit.
+// -lcudnn -lnvrtc (cuDNN 9, in the CUDA toolkit and in PyTorch's wheels; cudnn-frontend calls NVRTC). The CUDA backend
+// does not include it itself: cudnn-frontend's headers take about 90 s of nvcc per translation unit.
 //
 // One graph per direction and shape, built at the first call (cudnn_frontend::graph::Graph::build with heuristics
 // mode A) and cached per thread: causal (top-left diagonal), bf16 input and output, f32 softmax and accumulation.
@@ -71,14 +71,25 @@ struct KeyHash {
 
 // The tensors' ids in a variant pack.
 enum Uid : std::int64_t {
-    q_uid = 1, k_uid, v_uid, o_uid, stats_uid, d_o_uid, dq_uid, dk_uid, dv_uid,
-    offsets_qk_uid, offsets_v_uid, offsets_stats_uid, lengths_uid
+    q_uid = 1,
+    k_uid,
+    v_uid,
+    o_uid,
+    stats_uid,
+    d_o_uid,
+    dq_uid,
+    dk_uid,
+    dv_uid,
+    offsets_qk_uid,
+    offsets_v_uid,
+    offsets_stats_uid,
+    lengths_uid
 };
 
 /// A [b, H, s, d] ragged view of a packed [T, H, d] operand.
-inline std::shared_ptr<fe::graph::Tensor_attributes> operand(fe::graph::Graph& g, const char* name, Uid uid,
-                                                               const Key& k, index_t d,
-                                                               const std::shared_ptr<fe::graph::Tensor_attributes>& ragged) {
+inline std::shared_ptr<fe::graph::Tensor_attributes> operand(
+    fe::graph::Graph& g, const char* name, Uid uid, const Key& k, index_t d,
+    const std::shared_ptr<fe::graph::Tensor_attributes>& ragged) {
     auto t = g.tensor(fe::graph::Tensor_attributes()
                           .set_name(name)
                           .set_uid(uid)
@@ -99,7 +110,7 @@ inline void output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid u
 }
 
 inline std::shared_ptr<fe::graph::Tensor_attributes> int_column(fe::graph::Graph& g, const char* name, Uid uid,
-                                                                  index_t n) {
+                                                                index_t n) {
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name(name)
                         .set_uid(uid)
@@ -247,8 +258,8 @@ inline Key key(const SdpaProblem& p, bool backward) {
     MOONMOE_CUDA_CHECK(cudaGetDevice(&device));
     index_t longest = 64;
     while (longest < p.longest) longest *= 2;
-    return {backward, index_t(p.offsets.size()) - 1, longest, p.tokens, p.heads, p.dim_qk, p.dim_v,
-            std::bit_cast<std::uint32_t>(p.scale), device};
+    return {backward, index_t(p.offsets.size()) - 1,         longest, p.tokens, p.heads, p.dim_qk,
+            p.dim_v,  std::bit_cast<std::uint32_t>(p.scale), device};
 }
 
 /// Whether a problem fits cuDNN's int32 offsets.

@@ -58,8 +58,7 @@ class SdpaEngine {
 public:
     virtual ~SdpaEngine() = default;
     virtual const char* name() const = 0;
-    virtual bool forward(const SdpaProblem& p, const bf16* q, const bf16* k, const bf16* v, bf16* o,
-                         float* stats) = 0;
+    virtual bool forward(const SdpaProblem& p, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* stats) = 0;
     virtual bool backward(const SdpaProblem& p, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
                           const bf16* d_o, const float* stats, bf16* dq, bf16* dk, bf16* dv) = 0;
 };
@@ -168,8 +167,9 @@ inline void exact_max_logits(const bf16* q, const bf16* k, const SdpaProblem& p,
             const index_t rows = std::min(block, S - r0), keys = r0 + rows;  // the block's last row sees keys < keys
             Tensor<float, 1, cuda> scores({H * rows * keys}), row_max({H * rows});
             BlasOps<cuda>::gemm_bf16_strided_batched<float>(
-                H, Trans::no, Trans::yes, p.scale, View<const bf16, 2, cuda>(q + (t0 + r0) * pitch, {rows, D}, {pitch, 1}),
-                D, View<const bf16, 2, cuda>(k + t0 * pitch, {keys, D}, {pitch, 1}), D, 0.0f,
+                H, Trans::no, Trans::yes, p.scale,
+                View<const bf16, 2, cuda>(q + (t0 + r0) * pitch, {rows, D}, {pitch, 1}), D,
+                View<const bf16, 2, cuda>(k + t0 * pitch, {keys, D}, {pitch, 1}), D, 0.0f,
                 View<float, 2, cuda>(scores.data(), {rows, keys}, {keys, 1}), rows * keys);
             launch(H * rows, CausalRowMax{scores.data(), row_max.data(), rows, keys, r0});
             launch(H, HeadRowsMax{row_max.data(), max_logit, rows});
@@ -317,8 +317,8 @@ inline bool sdpa_backward(const AttentionQueries<cuda>& q, const AttentionKeys<c
                                    two ? q1.data : nullptr, q1.strides[0], q1.strides[1], H, dq});
     launch(T * H * dq, UnpackHeads{dK.data(), grads.dk[0].data, grads.dk[0].strides[0], grads.dk[0].strides[1], d0,
                                    two ? k1.data : nullptr, k1.strides[0], k1.strides[1], H, dq});
-    launch(T * H * dv, UnpackHeads{dV.data(), grads.dv.data, grads.dv.strides[0], grads.dv.strides[1], dv, nullptr, 0,
-                                   0, H, dv});
+    launch(T * H * dv,
+           UnpackHeads{dV.data(), grads.dv.data, grads.dv.strides[0], grads.dv.strides[1], dv, nullptr, 0, 0, H, dv});
     return true;
 }
 
