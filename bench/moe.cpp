@@ -42,21 +42,29 @@ void moe(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t token
         state.counters["overhead"] = (block.times.router + block.times.dispatch) / total;
 }
 
+MoE& experts_fixture(const moonmoe::ModelConfig& cfg) {
+    return fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+}
+
+/// The experts' segment offsets of the routing of `tokens` random tokens (local: the plan's segments; the last
+/// offset is the pair count).
+std::vector<index_t> routed_segments(MoE& block, const moonmoe::ModelConfig& cfg, index_t tokens) {
+    Mat u({tokens, cfg.dims.hidden}), y({tokens, cfg.dims.hidden});
+    Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
+    MoE::Cache cache;
+    block.forward(u.view(), y.view(), cache);
+    return cache.plan.exchange.expert_offsets;
+}
+
 /// The routed experts' grouped GEMMs alone (gate, up, down over the segments of the routing of `tokens` random
 /// tokens; SwiGLU, gather and combine left out): the rate issue 11 compares with a dense GEMM of the same run
 /// (of_sgemm, and of_bf16_cublas on the GPU).
 void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
     using moonmoe::backend::Trans;
-    MoE& block =
-        fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    MoE& block = experts_fixture(cfg);
     const index_t H = cfg.dims.hidden, I = cfg.moe.expert_hidden;
-    Mat u({tokens, H}), y({tokens, H});
-    Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
-    MoE::Cache cache;
-    block.forward(u.view(), y.view(), cache);                                 // the routing, for the segment sizes
-    const std::vector<index_t> offsets = cache.plan.exchange.expert_offsets;  // local: the plan's segments
-    const index_t pairs = cache.plan.exchange.received();
-    cache = {};
+    const std::vector<index_t> offsets = routed_segments(block, cfg, tokens);
+    const index_t pairs = offsets.back();
     Mat x({pairs, H}), g({pairs, I}), up({pairs, I}), out({pairs, H});
     Ops::fill_normal(x.view(), 0.0f, 1.0f, 5);
     measure(state, {flops::expert_forward(cfg, pairs, I)}, [&] {
@@ -73,16 +81,10 @@ void experts(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t t
 void experts_bf16(benchmark::State& state, const moonmoe::ModelConfig& cfg, index_t tokens) {
     using moonmoe::bf16;
     using moonmoe::backend::Trans;
-    MoE& block =
-        fixture<MoE>(cfg, [&] { return std::make_unique<MoE>(cfg.moe, cfg.dims.hidden, 0, local_experts(cfg)); });
+    MoE& block = experts_fixture(cfg);
     const index_t H = cfg.dims.hidden, I = cfg.moe.expert_hidden;
-    Mat u({tokens, H}), y({tokens, H});
-    Ops::fill_normal(u.view(), 0.0f, 1.0f, 3);
-    MoE::Cache cache;
-    block.forward(u.view(), y.view(), cache);
-    const std::vector<index_t> offsets = cache.plan.exchange.expert_offsets;
-    const index_t pairs = cache.plan.exchange.received();
-    cache = {};
+    const std::vector<index_t> offsets = routed_segments(block, cfg, tokens);
+    const index_t pairs = offsets.back();
     const auto narrow = [](const auto& w) {
         const auto& shape = w.shape();
         moonmoe::Tensor<bf16, 3, Backend> out(shape);

@@ -357,7 +357,7 @@ find_sanitizer() {
     done
 }
 
-# cuBLAS, cuDNN and NCCL: the CUDA tree first, then the Python wheels (PyTorch's nvidia-* packages).
+# cuBLAS, cuDNN (and the NVRTC its frontend calls) and NCCL: the CUDA tree first, then the Python wheels (PyTorch's nvidia-* packages).
 find_libraries() {
     local dirs=() want lib d found
     local wheel_dirs
@@ -369,7 +369,7 @@ for r in sorted(roots):
         print(d)
 PY
 )
-    for want in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
+    for want in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9 libnvrtc.so.13; do
         found=""
         for d in "$cuda/lib64" "$cuda/lib" "$cuda/targets/x86_64-linux/lib" /usr/lib/x86_64-linux-gnu /usr/local/lib \
                  $wheel_dirs; do

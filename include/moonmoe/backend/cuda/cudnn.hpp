@@ -282,15 +282,7 @@ public:
         fe::graph::Graph* g = ctx.graph(key(p, false));
         if (!g) return false;
         Ragged r = ragged(p);
-        std::unordered_map<std::int64_t, void*> pack{{q_uid, const_cast<bf16*>(q)},
-                                                     {k_uid, const_cast<bf16*>(k)},
-                                                     {v_uid, const_cast<bf16*>(v)},
-                                                     {o_uid, o},
-                                                     {stats_uid, stats},
-                                                     {offsets_qk_uid, r.column(0)},
-                                                     {offsets_v_uid, r.column(1)},
-                                                     {offsets_stats_uid, r.column(2)},
-                                                     {lengths_uid, r.column(3)}};
+        std::unordered_map<std::int64_t, void*> pack = operands(r, q, k, v, o, stats);
         run(ctx, *g, pack);
         return true;
     }
@@ -303,24 +295,22 @@ public:
         fe::graph::Graph* g = ctx.graph(key(p, true));
         if (!g) return false;
         Ragged r = ragged(p);
-        std::unordered_map<std::int64_t, void*> pack{{q_uid, const_cast<bf16*>(q)},
-                                                     {k_uid, const_cast<bf16*>(k)},
-                                                     {v_uid, const_cast<bf16*>(v)},
-                                                     {o_uid, const_cast<bf16*>(o)},
-                                                     {d_o_uid, const_cast<bf16*>(d_o)},
-                                                     {stats_uid, const_cast<float*>(stats)},
-                                                     {dq_uid, dq},
-                                                     {dk_uid, dk},
-                                                     {dv_uid, dv},
-                                                     {offsets_qk_uid, r.column(0)},
-                                                     {offsets_v_uid, r.column(1)},
-                                                     {offsets_stats_uid, r.column(2)},
-                                                     {lengths_uid, r.column(3)}};
+        std::unordered_map<std::int64_t, void*> pack = operands(r, q, k, v, o, stats);
+        pack.insert({{d_o_uid, const_cast<bf16*>(d_o)}, {dq_uid, dq}, {dk_uid, dk}, {dv_uid, dv}});
         run(ctx, *g, pack);
         return true;
     }
 
 private:
+    /// The variant pack's entries both directions share (cuDNN reads through every pointer it is given here).
+    static std::unordered_map<std::int64_t, void*> operands(cudnn_sdpa::Ragged& r, const bf16* q, const bf16* k,
+                                                            const bf16* v, const bf16* o, const float* stats) {
+        using namespace cudnn_sdpa;
+        return {{q_uid, const_cast<bf16*>(q)}, {k_uid, const_cast<bf16*>(k)},          {v_uid, const_cast<bf16*>(v)},
+                {o_uid, const_cast<bf16*>(o)}, {stats_uid, const_cast<float*>(stats)}, {offsets_qk_uid, r.column(0)},
+                {offsets_v_uid, r.column(1)},  {offsets_stats_uid, r.column(2)},       {lengths_uid, r.column(3)}};
+    }
+
     static void run(cudnn_sdpa::Context& ctx, cudnn_sdpa::fe::graph::Graph& g,
                     std::unordered_map<std::int64_t, void*>& pack) {
         std::int64_t bytes = 0;
