@@ -172,40 +172,41 @@ TEST_CASE("activations of a tiny K2 layer, by hand, under each storage policy") 
     //
     // Common to both layers (floats): h 8x64 = 512, h1 512, rstd1 + rstd2 16, attn.x 512, cq 8x32 = 256, cqn 256,
     // cq_rstd 8, c 8x16 = 128, cn 128, c_rstd 8, q 8x4x12 = 384, kv 8x4x16 = 512, kpe 8x4 = 32, o 8x4x8 = 256,
-    // lse 8x4 = 32: 3552 floats, 64 of them f32 statistics; positions: 8 indices.
+    // lse 8x4 = 32: 3552 floats, 64 of them f32 statistics. (The positions are the token layout's, uploaded once
+    // for all the layers: no layer keeps them.)
     // Dense MLP: mlp.x 512, g and u 8x96 = 768 each: 2048 floats.
-    //   (a) (3552 + 2048) x 4 + 8 x 8 = 22464
-    //   (b) 64 x 4 + (5600 - 64) x 2 + 64 = 11392
-    //   (c) (b) without x, cqn, cn, q, kv, mlp.x = 512 + 256 + 128 + 384 + 512 + 512 = 2304 values: 11392 - 4608 = 6784
-    //   (d) g, u in FP8: 768 + 4 x 8 x ceil(96 / 128) = 800 bytes each instead of 1536: 6784 - 3072 + 1600 = 5312
+    //   (a) (3552 + 2048) x 4 = 22400
+    //   (b) 64 x 4 + (5600 - 64) x 2 = 11328
+    //   (c) (b) without x, cqn, cn, q, kv, mlp.x = 512 + 256 + 128 + 384 + 512 + 512 = 2304 values: 11328 - 4608 = 6720
+    //   (d) g, u in FP8: 768 + 4 x 8 x ceil(96 / 128) = 800 bytes each instead of 1536: 6720 - 3072 + 1600 = 5248
     // MoE MLP: router.u 512, scores 8x8 = 64 (f32), weight 8x2 = 16 (f32), experts.g and .u (8 x 2 pairs) x 16 =
     // 256 each, shared.x 512, shared.g and .u 8x16 = 128 each: 1872 floats; idx 16, row_slot 16, slot_row 16
     // indices.
-    //   (a) (3552 + 1872) x 4 + (8 + 48) x 8 = 22144
-    //   (b) (64 + 80) x 4 + (5424 - 144) x 2 + 448 = 11584
-    //   (c) without x, cqn, cn, q, kv, router.u, shared.x = 2816 values: 11584 - 5632 = 5952
+    //   (a) (3552 + 1872) x 4 + 48 x 8 = 22080
+    //   (b) (64 + 80) x 4 + (5424 - 144) x 2 + 384 = 11520
+    //   (c) without x, cqn, cn, q, kv, router.u, shared.x = 2816 values: 11520 - 5632 = 5888
     //   (d) experts.g, .u: 256 + 4 x 16 = 320 each (512 bf16); shared.g, .u: 128 + 4 x 8 = 160 each (256):
-    //       5952 - 1536 + 960 = 5376
+    //       5888 - 1536 + 960 = 5312
     // With EP > 1 the MoE layer also keeps the dispatched rows experts.x 16 x 64 (mlp_input) and the two reorders
     // (16 indices each): (a) + 4096 + 256, (b) + 2048 + 256, (c) + 2048 + 256, (d) + 1024 + 4 x 16 + 256.
     const ModelConfig c = TinyK2::config;
     const KeptTensors dense = layer_activations(c, true, 8), moe = layer_activations(c, false, 8);
-    CHECK(dense.bytes(storage::keep_f32) == 22464);
-    CHECK(dense.bytes(storage::keep_bf16) == 11392);
-    CHECK(dense.bytes(storage::recompute) == 6784);
-    CHECK(dense.bytes(storage::fp8) == 5312);
-    CHECK(moe.bytes(storage::keep_f32) == 22144);
-    CHECK(moe.bytes(storage::keep_bf16) == 11584);
-    CHECK(moe.bytes(storage::recompute) == 5952);
-    CHECK(moe.bytes(storage::fp8) == 5376);
+    CHECK(dense.bytes(storage::keep_f32) == 22400);
+    CHECK(dense.bytes(storage::keep_bf16) == 11328);
+    CHECK(dense.bytes(storage::recompute) == 6720);
+    CHECK(dense.bytes(storage::fp8) == 5248);
+    CHECK(moe.bytes(storage::keep_f32) == 22080);
+    CHECK(moe.bytes(storage::keep_bf16) == 11520);
+    CHECK(moe.bytes(storage::recompute) == 5888);
+    CHECK(moe.bytes(storage::fp8) == 5312);
     CHECK(moe.bytes(storage::offload) == moe.bytes(storage::fp8));  // offload moves bytes, it keeps the same ones
     ModelConfig ep = c;
     ep.parallel.ep = 2;
     const KeptTensors ep_moe = layer_activations(ep, false, 8);
-    CHECK(ep_moe.bytes(storage::keep_f32) == 22144 + 4096 + 256);
-    CHECK(ep_moe.bytes(storage::keep_bf16) == 11584 + 2048 + 256);
-    CHECK(ep_moe.bytes(storage::recompute) == 5952 + 2048 + 256);
-    CHECK(ep_moe.bytes(storage::fp8) == 5376 + 1088 + 256);
+    CHECK(ep_moe.bytes(storage::keep_f32) == 22080 + 4096 + 256);
+    CHECK(ep_moe.bytes(storage::keep_bf16) == 11520 + 2048 + 256);
+    CHECK(ep_moe.bytes(storage::recompute) == 5888 + 2048 + 256);
+    CHECK(ep_moe.bytes(storage::fp8) == 5312 + 1088 + 256);
 }
 
 TEST_CASE("each storage policy saves exactly what it says, at K2's and V3's widths") {
@@ -252,7 +253,7 @@ TEST_CASE("an MHA layer with a dense MLP keeps Korthikanti et al.'s selective-re
     // (theoretical_memory_usage.py). Its terms: layer norms' inputs 4sbh, QKV input 2sbh, Q and K 4sbh, V 2sbh,
     // o_proj input 2sbh, the MLP's input 2sbh, the hidden pair 4 sb ffn (GeLU's input and output; SwiGLU's gate
     // and up outputs here), two dropout masks 2sbh (these models have no dropout). The modules keep besides: 1/rms of
-    // the two norms, a log-sum-exp per head (flash-style attention, no s x s tensor), the positions (8 bytes).
+    // the two norms and a log-sum-exp per head (flash-style attention, no s x s tensor).
     const index_t s = 2048, b = 2;
     using Gpt = Model<Dims<Hidden<1024>, Layers<2>, DenseLayers<2>, Vocab<100>, DenseHidden<4096>>,
                       Attention<MHA<Heads<16>, KVHeads<16>, HeadDim<64>>>>;
@@ -263,7 +264,7 @@ TEST_CASE("an MHA layer with a dense MLP keeps Korthikanti et al.'s selective-re
         REQUIRE(heads * (c.attention.nope_dim + c.attention.rope_dim) == h);
         REQUIRE(heads * c.attention.v_dim == h);
         const index_t megatron = s * b * h * 18 + 4 * s * b * ffn, dropout_masks = 2 * s * b * h;
-        const index_t statistics = 4 * s * b * (2 + heads) + 8 * s * b;
+        const index_t statistics = 4 * s * b * (2 + heads);
         CHECK(layer_activations(c, true, s * b).bytes(storage::keep_bf16) == megatron - dropout_masks + statistics);
         if (ffn == 4 * h) CHECK(megatron == 34 * s * b * h);
     }
@@ -397,13 +398,12 @@ std::vector<Held> cache_tensors(const nn::DecoderLayer<cpu>::Cache& c, bool expe
         out.push_back(held(a.x));
         if (!a.cq.empty())
             for (Held h : {held(a.cq), held(a.cqn), held(a.cq_rstd)}) out.push_back(h);
-        for (Held h : {held(a.c), held(a.cn), held(a.c_rstd), held(a.q), held(a.kv), held(a.kpe), held(a.o),
-                       held(a.lse), held(a.positions)})
+        for (Held h :
+             {held(a.c), held(a.cn), held(a.c_rstd), held(a.q), held(a.kv), held(a.kpe), held(a.o), held(a.lse)})
             out.push_back(h);
     } else {
         const auto& a = c.mha;
-        for (Held h : {held(a.x), held(a.q), held(a.k), held(a.v), held(a.o), held(a.lse), held(a.positions)})
-            out.push_back(h);
+        for (Held h : {held(a.x), held(a.q), held(a.k), held(a.v), held(a.o), held(a.lse)}) out.push_back(h);
     }
     if (dense) {
         for (Held h : {held(c.mlp.x), held(c.mlp.g), held(c.mlp.u)}) out.push_back(h);
@@ -460,6 +460,7 @@ void check_layer_caches(ModelConfig c, index_t index, bool expert_group, NumberF
     Tensor<float, 2> x = testing::random_matrix(T, H, 6), y({T, H});
     nn::round_to(compute, x.view());  // a layer's input is a bf16 value under the bf16 policy
     const auto layout = nn::TokenLayout::sequences(2, T / 2);
+    const auto positions = layout.device_positions<cpu>();  // the layout's, uploaded once for all the layers
     nn::DecoderLayer<cpu>::Cache cache;
     if (expert_group && !dense) {  // the exchange's staging buffer, kept by the dispatcher for the next steps
         nn::DecoderLayer<cpu>::Cache warm_up;
@@ -556,9 +557,9 @@ TEST_CASE("the model type's activation policy is one of the report's steps, by i
     CHECK(std::string(activation_step_name(Mixed::config.activations)) == "Activations<...>");
     CHECK(Mixed::config.activations.value_bytes() == 4);
     // the tiny K2's layers by hand (the test above): (d) for the K2 policy
-    static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(true, 8) == 5312);
-    static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(false, 8) == 5376);
-    static_assert(TinyK2::layer_activation_bytes(false, 8) == 22144);
+    static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(true, 8) == 5248);
+    static_assert(BF::with<KimiK2Activations>::layer_activation_bytes(false, 8) == 5312);
+    static_assert(TinyK2::layer_activation_bytes(false, 8) == 22080);
     // bf16 storage needs bf16 compute: refused at run time as the type refuses it at compile time
     ModelConfig c = TinyK2::config;
     c.activations.storage = NumberFormat::bf16;

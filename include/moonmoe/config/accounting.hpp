@@ -225,7 +225,7 @@ constexpr KeptTensors layer_activations(const ModelConfig& c, bool dense, index_
     }
     k.add("attn.o (o_proj input)", T, a.heads * a.v_dim, Kept::value);
     k.add("attn.lse", T * a.heads, 1, Kept::f32);
-    k.add("attn.positions", T, 1, Kept::index);
+    // the positions are the layout's, uploaded once for every layer of a forward (TokenLayout::device_positions)
     if (dense) {
         k.add("mlp.x (post_attention_layernorm output)", T, H, Kept::norm_output);
         k.add("mlp.g", T, c.dims.dense_hidden, Kept::mlp_input);

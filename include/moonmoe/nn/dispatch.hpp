@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../config/precision.hpp"
 #include "../backend/backend.hpp"
 
 namespace moonmoe::nn {
@@ -64,10 +65,12 @@ public:
     /// The exchange of a plan with these segment offsets (host, planned().count + 1). Collective over an expert
     /// group: every rank calls it once per MoE forward, in the same order.
     virtual ExpertExchange<B> exchange(std::span<const index_t> plan_offsets) = 0;
-    /// Rows in plan order [sent, W] -> the rows the local experts compute on, expert-major [received, W].
-    virtual Mat dispatch(const ExpertExchange<B>& ex, Mat&& rows) = 0;
+    /// Rows in plan order [sent, W] -> the rows the local experts compute on, expert-major [received, W]. `values`
+    /// is NumberFormat::bf16 when every row holds bf16 values (the bf16 policy's rounded activations): a dispatcher
+    /// that moves rows may then send them as bf16, half the bytes, and the rows arrive exactly.
+    virtual Mat dispatch(const ExpertExchange<B>& ex, Mat&& rows, NumberFormat values) = 0;
     /// The reverse: expert-major rows [received, W] -> this rank's pairs in plan order [sent, W].
-    virtual Mat combine(const ExpertExchange<B>& ex, Mat&& rows) = 0;
+    virtual Mat combine(const ExpertExchange<B>& ex, Mat&& rows, NumberFormat values) = 0;
     /// Whether rows leave this process: the experts' input rows are then kept for backward (sending the tokens
     /// again would cost an all-to-all), not re-gathered from the layer's input.
     virtual bool exchanges() const = 0;
@@ -92,8 +95,8 @@ public:
         ex.send_rows = ex.recv_rows = {ex.received()};
         return ex;
     }
-    Mat dispatch(const ExpertExchange<B>&, Mat&& rows) override { return std::move(rows); }
-    Mat combine(const ExpertExchange<B>&, Mat&& rows) override { return std::move(rows); }
+    Mat dispatch(const ExpertExchange<B>&, Mat&& rows, NumberFormat) override { return std::move(rows); }
+    Mat combine(const ExpertExchange<B>&, Mat&& rows, NumberFormat) override { return std::move(rows); }
     bool exchanges() const override { return false; }
     std::string where(const std::string& what) const override { return what; }
 };

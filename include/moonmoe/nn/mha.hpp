@@ -68,7 +68,7 @@ struct MHA {
         std::shared_ptr<const Tensor<index_t, 1, B>> positions;  ///< the layout's, shared by its layers
         TokenLayout layout;
         std::size_t bytes() const {
-            std::size_t n = lse.bytes() + (positions ? positions->bytes() : 0);
+            std::size_t n = lse.bytes();  // not the positions: the layout's, shared
             for (const KeptMatrix<B>* m : {&x, &q, &k, &v, &o}) n += m->bytes();
             return n;
         }

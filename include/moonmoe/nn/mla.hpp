@@ -72,7 +72,7 @@ struct MLA {
         std::shared_ptr<const Tensor<index_t, 1, B>> positions;  ///< the layout's, shared by its layers
         TokenLayout layout;
         std::size_t bytes() const {
-            std::size_t n = cq_rstd.bytes() + c_rstd.bytes() + lse.bytes() + (positions ? positions->bytes() : 0);
+            std::size_t n = cq_rstd.bytes() + c_rstd.bytes() + lse.bytes();  // not the positions: the layout's, shared
             for (const KeptMatrix<B>* m : {&x, &cq, &cqn, &c, &cn, &q, &kv, &kpe, &o}) n += m->bytes();
             return n;
         }

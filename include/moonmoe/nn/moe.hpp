@@ -188,8 +188,8 @@ struct MoE {
         const ExpertExchange<B>& ex = c.plan.exchange;
         Mat send({ex.sent(), hidden});
         if (ex.sent() > 0) Ops::gather_pairs(u, c.plan.row_slot.view(), K, send.view());
-        Mat x = dispatcher->dispatch(ex, std::move(send));
-        times.dispatch += seconds(t1);  // the plan, the gather and the exchange
+        Mat x = dispatcher->dispatch(ex, std::move(send), compute);  // normed rows: bf16 values under bf16
+        times.dispatch += seconds(t1);                               // the plan, the gather and the exchange
         const index_t R = ex.received();
         const std::span<const index_t> seg(ex.expert_offsets);
         expert_rows = R;
@@ -204,7 +204,7 @@ struct MoE {
         c.u = KeptMatrix<B>(std::move(up), kept.mlp_input_format());
         expert_product(Trans::yes, a.view(), experts.down_proj, out.view(), seg);
         const auto combine_start = clock::now();
-        const Mat back = dispatcher->combine(ex, std::move(out));
+        const Mat back = dispatcher->combine(ex, std::move(out), compute);  // rounded expert outputs
         Ops::fill(y, 0.0f);
         if (T > 0) Ops::combine(back.view(), c.plan.slot_row.view(), c.router.routing.weight.view(), y);
         round_to(compute, y);
@@ -305,8 +305,8 @@ private:
             Ops::gather_pairs(c.router.routing.weight.template reshape<2>({T * K, 1}), p.row_slot.view(), 1,
                               send_w.view());
         }
-        Mat dye = dispatcher->dispatch(ex, std::move(send));
-        const Mat w = dispatcher->dispatch(ex, std::move(send_w));
+        Mat dye = dispatcher->dispatch(ex, std::move(send), compute);  // a gradient passed back: rounded
+        const Mat w = dispatcher->dispatch(ex, std::move(send_w), NumberFormat::f32);  // routing weights
         Mat x;
         if (dispatcher->exchanges()) {
             x = c.x.take("the experts' input rows");
@@ -333,8 +333,8 @@ private:
         expert_weight_grad(up.view(), x.view(), experts.up_proj, seg);
         expert_product(Trans::no, up.view(), experts.up_proj, dx.view(), seg, Accumulate::yes);
         const auto combine_start = clock::now();
-        const Mat dx_back = dispatcher->combine(ex, std::move(dx));
-        const Mat dots_back = dispatcher->combine(ex, std::move(dots));
+        const Mat dx_back = dispatcher->combine(ex, std::move(dx), compute);  // rounded input gradients
+        const Mat dots_back = dispatcher->combine(ex, std::move(dots), NumberFormat::f32);
         if (T > 0) {
             Ops::combine(dx_back.view(), p.slot_row.view(), View<const float, 2, B>{}, du);
             // dweight[pair] = the dot of the pair's row, pairs not planned here left at 0 (a scatter by the plan)

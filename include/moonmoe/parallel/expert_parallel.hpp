@@ -14,7 +14,9 @@
 //   return    the reverse: back to [source rank][local expert], all-to-all-v back, so each rank holds the expert
 //             outputs of its own pairs in its plan's row order; RoutingOps::combine then takes each token's weighted
 //             sum in ascending expert order (no atomics, the same sums as one process).
-// The backward is the mirror: dispatch the output gradients, return the input gradients.
+// The backward is the mirror: dispatch the output gradients, return the input gradients. Rows that hold bf16 values
+// (under the bf16 policy: the experts' inputs and outputs and the gradients of both; nn/moe.hpp says which) cross as
+// bf16, half the bytes and exact; the routing weights and the dots (f32 sums) stay f32.
 #pragma once
 
 #include <memory>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "../backend/backend.hpp"
+#include "../config/precision.hpp"
 #include "../nn/dispatch.hpp"
 #include "../tensor/transfer.hpp"
 #include "comm.hpp"
@@ -91,23 +94,53 @@ inline std::vector<index_t> times(const std::vector<index_t>& rows, index_t widt
 
 }  // namespace ep_detail
 
-/// The staging buffer of dispatch / return, kept between calls: a layer that exchanges every step reuses it
-/// instead of allocating (and zeroing, and faulting in) a fresh block of rows x hidden floats each time.
+/// The staging buffers of dispatch / return, kept between calls: a layer that exchanges every step reuses them
+/// instead of allocating (and zeroing, and faulting in) a fresh block of rows x hidden floats each time. The bf16
+/// pair carries rows whose values are bf16 (the bf16 policy's activations) over the wire at half the bytes.
 template <class B>
 struct ExchangeBuffers {
     Tensor<float, 1, B> staging;
+    Tensor<bf16, 1, B> sent16, received16;
     /// A [rows, width] view of the staging buffer, grown when too small.
-    View<float, 2, B> rows(index_t rows, index_t width) {
-        if (staging.numel() < rows * width) staging = Tensor<float, 1, B>({rows * width});
-        return View<float, 2, B>(staging.data(), {rows, width});
+    View<float, 2, B> rows(index_t rows, index_t width) { return grown(staging, rows, width); }
+
+    template <class T>
+    static View<T, 2, B> grown(Tensor<T, 1, B>& t, index_t rows, index_t width) {
+        if (t.numel() < rows * width) t = Tensor<T, 1, B>({rows * width});
+        return View<T, 2, B>(t.data(), {rows, width});
     }
 };
+
+namespace ep_detail {
+
+/// The all-to-all-v of contiguous rows of `width` floats, counted in rows: as f32, or, for rows holding bf16 values
+/// (values == bf16), as bf16 (exact: each value is one already) through the buffers' bf16 pair.
+template <class B>
+void exchange_rows(Communicator& group, View<const float, 2, B> send, const std::vector<index_t>& send_rows,
+                   View<float, 2, B> recv, const std::vector<index_t>& recv_rows, NumberFormat values,
+                   ExchangeBuffers<B>& buffers) {
+    const index_t W = send.shape[1];
+    if (values == NumberFormat::f32) {
+        group.all_to_all_v(std::span<const float>(send.data, std::size_t(send.numel())), times(send_rows, W),
+                           std::span<float>(recv.data, std::size_t(recv.numel())), times(recv_rows, W));
+        return;
+    }
+    const View<bf16, 2, B> s16 = ExchangeBuffers<B>::grown(buffers.sent16, send.shape[0], W);
+    const View<bf16, 2, B> r16 = ExchangeBuffers<B>::grown(buffers.received16, recv.shape[0], W);
+    if (send.numel() > 0) backend::Ops<B>::template cast<bf16, float>(send, s16);
+    group.all_to_all_v(std::span<const bf16>(s16.data, std::size_t(s16.numel())), times(send_rows, W),
+                       std::span<bf16>(r16.data, std::size_t(r16.numel())), times(recv_rows, W));
+    if (recv.numel() > 0) backend::Ops<B>::template cast<float, bf16>(View<const bf16, 2, B>(r16), recv);
+}
+
+}  // namespace ep_detail
 
 /// The rows this rank sends (its plan's order, [sent(), H]) -> into `out` ([received(), H]), the rows its experts
 /// compute on, expert-major (local expert e's rows at expert_offsets[e] ...). Collective over `group`.
 template <class B>
 void dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, std::type_identity_t<B>> rows,
-                   View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers) {
+                   View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers,
+                   NumberFormat values = NumberFormat::f32) {
     const index_t H = rows.shape[1];
     if (rows.shape[0] != ex.sent() || !rows.contiguous())
         throw shape_error(group.where("dispatch_rows") + ": " + shape_string(rows.shape) +
@@ -116,9 +149,7 @@ void dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const 
         throw shape_error(group.where("dispatch_rows") + ": the output is " + shape_string(out.shape) + ", [" +
                           std::to_string(ex.received()) + ", " + std::to_string(H) + "] expected");
     const View<float, 2, B> received = buffers.rows(ex.received(), H);
-    group.all_to_all_v(std::span<const float>(rows.data, std::size_t(rows.numel())), ep_detail::times(ex.send_rows, H),
-                       std::span<float>(received.data, std::size_t(received.numel())),
-                       ep_detail::times(ex.recv_rows, H));
+    ep_detail::exchange_rows<B>(group, rows, ex.send_rows, received, ex.recv_rows, values, buffers);
     if (ex.received() > 0)
         backend::Ops<B>::gather_pairs(View<const float, 2, B>(received), ex.to_expert_major.view(), 1, out);
 }
@@ -127,7 +158,8 @@ void dispatch_rows(Communicator& group, const ExpertExchange<B>& ex, View<const 
 /// their inputs) -> into `out`, this rank's pairs in its plan's order [sent(), W]. Collective over `group`.
 template <class B>
 void return_rows(Communicator& group, const ExpertExchange<B>& ex, View<const float, 2, std::type_identity_t<B>> rows,
-                 View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers) {
+                 View<float, 2, std::type_identity_t<B>> out, ExchangeBuffers<B>& buffers,
+                 NumberFormat values = NumberFormat::f32) {
     const index_t W = rows.shape[1];
     if (rows.shape[0] != ex.received())
         throw shape_error(group.where("return_rows") + ": " + shape_string(rows.shape) + " rows to return, " +
@@ -137,28 +169,28 @@ void return_rows(Communicator& group, const ExpertExchange<B>& ex, View<const fl
                           std::to_string(ex.sent()) + ", " + std::to_string(W) + "] expected (contiguous)");
     const View<float, 2, B> source_major = buffers.rows(ex.received(), W);
     if (ex.received() > 0) backend::Ops<B>::gather_pairs(rows, ex.to_source_major.view(), 1, source_major);
-    group.all_to_all_v(std::span<const float>(source_major.data, std::size_t(source_major.numel())),
-                       ep_detail::times(ex.recv_rows, W), std::span<float>(out.data, std::size_t(out.numel())),
-                       ep_detail::times(ex.send_rows, W));
+    ep_detail::exchange_rows<B>(group, source_major, ex.recv_rows, out, ex.send_rows, values, buffers);
 }
 
 /// dispatch_rows into a new tensor (a buffer of its own for the staging).
 template <class B>
 Tensor<float, 2, B> dispatch_rows(Communicator& group, const ExpertExchange<B>& ex,
-                                  View<const float, 2, std::type_identity_t<B>> rows) {
+                                  View<const float, 2, std::type_identity_t<B>> rows,
+                                  NumberFormat values = NumberFormat::f32) {
     Tensor<float, 2, B> out({ex.received(), rows.shape[1]});
     ExchangeBuffers<B> buffers;
-    dispatch_rows(group, ex, rows, out.view(), buffers);
+    dispatch_rows(group, ex, rows, out.view(), buffers, values);
     return out;
 }
 
 /// return_rows into a new tensor.
 template <class B>
 Tensor<float, 2, B> return_rows(Communicator& group, const ExpertExchange<B>& ex,
-                                View<const float, 2, std::type_identity_t<B>> rows) {
+                                View<const float, 2, std::type_identity_t<B>> rows,
+                                NumberFormat values = NumberFormat::f32) {
     Tensor<float, 2, B> out({ex.sent(), rows.shape[1]});
     ExchangeBuffers<B> buffers;
-    return_rows(group, ex, rows, out.view(), buffers);
+    return_rows(group, ex, rows, out.view(), buffers, values);
     return out;
 }
 
@@ -191,14 +223,14 @@ public:
     ExpertExchange<B> exchange(std::span<const index_t> plan_offsets) override {
         return plan_exchange<B>(group_, plan_offsets);
     }
-    Mat dispatch(const ExpertExchange<B>& ex, Mat&& rows) override {
+    Mat dispatch(const ExpertExchange<B>& ex, Mat&& rows, NumberFormat values) override {
         Mat out({ex.received(), rows.shape()[1]});
-        dispatch_rows(group_, ex, View<const float, 2, B>(rows.view()), out.view(), buffers_);
+        dispatch_rows(group_, ex, View<const float, 2, B>(rows.view()), out.view(), buffers_, values);
         return out;
     }
-    Mat combine(const ExpertExchange<B>& ex, Mat&& rows) override {
+    Mat combine(const ExpertExchange<B>& ex, Mat&& rows, NumberFormat values) override {
         Mat out({ex.sent(), rows.shape()[1]});
-        return_rows(group_, ex, View<const float, 2, B>(rows.view()), out.view(), buffers_);
+        return_rows(group_, ex, View<const float, 2, B>(rows.view()), out.view(), buffers_, values);
         return out;
     }
     bool exchanges() const override { return true; }
