@@ -75,6 +75,7 @@ TEST_CASE_TEMPLATE(
         // forward: the offloaded cache holds the kept matrices' bytes less on the device
         typename nn::Transformer<B>::Cache ca, cb;
         auto& device = backend::Memory<B>::stats();
+        const auto positions = layout.template device_positions<B>();  // the layout's: uploaded once for both
         const std::size_t before = device.current.load();
         const std::vector<float> la = to_host(a.forward(ids.data(), layout, ca, nn::Pass::training));
         const std::size_t with_kept = device.current.load() - before;
