@@ -309,7 +309,8 @@ TEST_CASE_TEMPLATE(
     Tensor<float, 2, B> Y32({rows, n});
     backend::Ops<B>::template gemm_grouped<bf16, bf16>(Trans::yes, 1.0f, X.view(), W, 0.0f, Y16.view(), offsets);
     backend::Ops<B>::template gemm_grouped<bf16>(Trans::yes, 1.0f, X.view(), W, 0.0f, Y32.view(), offsets);
-    const auto y16 = host(Y16), y32 = host(Y32);
+    const auto y16 = host(Y16);
+    const auto y32 = host(Y32);
     for (index_t g = 0; g < groups; ++g)
         for (index_t i = offsets[g]; i < offsets[g + 1]; ++i)
             for (index_t j = 0; j < n; ++j) {
