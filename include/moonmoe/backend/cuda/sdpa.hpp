@@ -125,6 +125,14 @@ struct ReorderStats {
     }
 };
 
+/// The contract's lse from the engine's statistics of every sequence of `p`, or back when `to_stats`.
+inline void reorder_stats(float* lse, float* stats, const SdpaProblem& p, bool to_stats) {
+    for (std::size_t s = 0; s + 1 < p.offsets.size(); ++s) {
+        const index_t t0 = p.offsets[s], S = p.offsets[s + 1] - t0;
+        launch(S * p.heads, ReorderStats{lse, stats, t0, S, p.heads, to_stats});
+    }
+}
+
 /// Thread k = h * rows + i: row_max[k] = the largest of scores [heads, rows, keys] row (h, i) over the keys j <=
 /// first + i that row sees.
 struct CausalRowMax {
@@ -192,7 +200,7 @@ public:
         portable_attention_forward({1, {Q.view()}}, {{K.view()}, V.view()}, p.offsets, p.scale, O.view(), lse.view(),
                                    {}, 1);
         narrow(O, o);
-        reorder(lse.data(), stats, p, true);
+        reorder_stats(lse.data(), stats, p, true);
         return true;
     }
 
@@ -202,7 +210,7 @@ public:
         Tensor<float, 3, cuda> Q = widen(q, T, H, p.dim_qk), K = widen(k, T, H, p.dim_qk), V = widen(v, T, H, p.dim_v),
                                O = widen(o, T, H, p.dim_v), dO = widen(d_o, T, H, p.dim_v);
         Tensor<float, 1, cuda> lse({T * H});
-        reorder(lse.data(), const_cast<float*>(stats), p, false);
+        reorder_stats(lse.data(), const_cast<float*>(stats), p, false);
         Tensor<float, 3, cuda> dQ({T, H, p.dim_qk}), dK({T, H, p.dim_qk}), dV({T, H, p.dim_v});
         portable_attention_backward({1, {Q.view()}}, {{K.view()}, V.view()}, p.offsets, p.scale, O.view(), lse.view(),
                                     dO.view(), {{dQ.view()}, {dK.view()}, dV.view()}, H);
@@ -221,12 +229,6 @@ private:
         const index_t rows = x.shape()[0] * x.shape()[1], d = x.shape()[2];
         MapOps<cuda>::cast<bf16, float>(View<const float, 2, cuda>(x.data(), {rows, d}, {d, 1}),
                                         View<bf16, 2, cuda>(out, {rows, d}, {d, 1}));
-    }
-    static void reorder(float* lse, float* stats, const SdpaProblem& p, bool to_stats) {
-        for (std::size_t s = 0; s + 1 < p.offsets.size(); ++s) {
-            const index_t t0 = p.offsets[s], S = p.offsets[s + 1] - t0;
-            launch(S * p.heads, ReorderStats{lse, stats, t0, S, p.heads, to_stats});
-        }
     }
 };
 
@@ -283,10 +285,7 @@ inline bool sdpa_forward(const AttentionQueries<cuda>& q, const AttentionKeys<cu
     Tensor<float, 1, cuda> stats({T * H});
     if (!sdpa_engine()->forward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), stats.data())) return false;
     launch(T * H * dv, UnpackHeads{O.data(), o.data, o.strides[0], o.strides[1], dv, nullptr, 0, 0, H, dv});
-    for (std::size_t s = 0; s + 1 < offsets.size(); ++s) {
-        const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
-        launch(S * H, ReorderStats{lse.data, stats.data(), t0, S, H, false});
-    }
+    reorder_stats(lse.data, stats.data(), p, false);
     if (max_logit.numel() != 0) exact_max_logits(ops.q.data(), ops.k.data(), p, max_logit.data);
     return true;
 }
@@ -303,10 +302,7 @@ inline bool sdpa_backward(const AttentionQueries<cuda>& q, const AttentionKeys<c
     launch(T * H * dv, PackHeads{o.data, o.strides[0], o.strides[1], dv, nullptr, 0, 0, O.data(), H, dv});
     launch(T * H * dv, PackHeads{d_o.data, d_o.strides[0], d_o.strides[1], dv, nullptr, 0, 0, dO.data(), H, dv});
     Tensor<float, 1, cuda> stats({T * H});
-    for (std::size_t s = 0; s + 1 < offsets.size(); ++s) {
-        const index_t t0 = offsets[s], S = offsets[s + 1] - t0;
-        launch(S * H, ReorderStats{const_cast<float*>(lse.data), stats.data(), t0, S, H, true});
-    }
+    reorder_stats(const_cast<float*>(lse.data), stats.data(), p, true);
     if (!sdpa_engine()->backward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), dO.data(), stats.data(),
                                  dQ.data(), dK.data(), dV.data()))
         return false;
