@@ -363,6 +363,80 @@ TEST_CASE_TEMPLATE("attention_decode: new rows against caches of different lengt
     }
 }
 
+TEST_CASE_TEMPLATE("latent_decode: bf16 latent caches of different lengths, appended at device lengths, padded extents",
+                   B, MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::AttentionOps<B>;
+    // 3 sequences: 2 new rows after 5 cached, 1 after 0, 3 after 9; width 12 (value_dim 8, rope 4), 4 heads. The
+    // extents reach past the new rows (as a captured step's buckets do): the rows there hold huge values that
+    // must not be seen, and the caches' rows past the new ones must stay as they were.
+    const index_t H = 4, W = 12, dv = 8, capacity = 16;
+    const float scale = 0.3f;
+    const std::vector<index_t> offsets = {0, 2, 3, 6}, held = {5, 0, 9}, extents = {9, 1, 16};
+    const index_t T = offsets.back(), N = 3;
+    auto bf16_matrix = [](index_t rows, index_t cols, std::uint64_t seed) {
+        Mat m = random_matrix(rows, cols, seed);
+        std::vector<bf16> out;
+        for (index_t i = 0; i < m.numel(); ++i) out.push_back(bf16::from_float(2.0f * m.data()[i]));
+        return out;
+    };
+    const std::vector<bf16> q = bf16_matrix(T * H, W, 300), fresh = bf16_matrix(T, W, 301);
+    std::vector<std::vector<bf16>> before;
+    std::vector<Tensor<bf16, 2, B>> caches;
+    std::vector<backend::LatentRows<B>> rows;
+    for (index_t s = 0; s < N; ++s) {
+        std::vector<bf16> c = bf16_matrix(capacity, W, 310 + std::uint64_t(s));
+        for (index_t j = held[std::size_t(s)]; j < capacity; ++j)  // not cached yet: must never be seen
+            for (index_t d = 0; d < W; ++d) c[std::size_t(j * W + d)] = bf16::from_float(1e4f);
+        before.push_back(c);
+        caches.push_back(to_device<B, 2>(std::span<const bf16>(c), Shape<2>{capacity, W}));
+        rows.push_back(caches.back().view());
+    }
+    const Tensor<bf16, 1, B> qd = to_device<B>(q), fd = to_device<B>(fresh);
+    const Tensor<index_t, 1, B> lengths = to_device<B>(held);
+    Tensor<float, 1, B> o({T * H * dv});
+    Ops::latent_decode(View<const bf16, 3, B>(qd.data(), {T, H, W}, {H * W, W, 1}),
+                       View<const bf16, 2, B>(fd.data(), {T, W}, {W, 1}), rows, lengths.view(), offsets, extents, dv,
+                       scale, View<float, 3, B>(o.data(), {T, H, dv}, {H * dv, dv, 1}));
+    const std::vector<float> got = to_host(o);
+    for (index_t s = 0; s < N; ++s) {
+        std::vector<bf16> want_cache = before[std::size_t(s)];
+        const index_t t0 = offsets[std::size_t(s)], n = offsets[std::size_t(s) + 1] - t0, L0 = held[std::size_t(s)];
+        for (index_t i = 0; i < n; ++i)
+            for (index_t d = 0; d < W; ++d)
+                want_cache[std::size_t((L0 + i) * W + d)] = fresh[std::size_t((t0 + i) * W + d)];
+        const std::vector<bf16> got_cache = to_host(caches[std::size_t(s)]);
+        for (std::size_t k = 0; k < got_cache.size(); ++k) CHECK(got_cache[k].bits == want_cache[k].bits);
+        for (index_t i = 0; i < n; ++i)
+            for (index_t h = 0; h < H; ++h) {
+                const index_t r = (t0 + i) * H + h, visible = L0 + i + 1;
+                std::vector<double> sc;
+                double m = -INFINITY, z = 0;
+                for (index_t j = 0; j < visible; ++j) {
+                    double dot = 0;
+                    for (index_t d = 0; d < W; ++d)
+                        dot += double(q[std::size_t(r * W + d)].to_float()) *
+                               want_cache[std::size_t(j * W + d)].to_float();
+                    sc.push_back(scale * dot), m = std::max(m, sc.back());
+                }
+                for (double v : sc) z += std::exp(v - m);
+                for (index_t c = 0; c < dv; ++c) {
+                    double e = 0;
+                    for (index_t j = 0; j < visible; ++j)
+                        e += std::exp(sc[std::size_t(j)] - m) / z * want_cache[std::size_t(j * W + c)].to_float();
+                    CHECK(got[std::size_t(r * dv + c)] == doctest::Approx(e).epsilon(1e-4));
+                }
+            }
+    }
+    // extents that cannot hold the new rows, or exceed the capacity
+    const std::vector<index_t> short_extents = {9, 0, 16}, long_extents = {9, 1, 17};
+    for (const auto* e : {&short_extents, &long_extents})
+        CHECK_THROWS_WITH_AS(
+            Ops::latent_decode(View<const bf16, 3, B>(qd.data(), {T, H, W}, {H * W, W, 1}),
+                               View<const bf16, 2, B>(fd.data(), {T, W}, {W, 1}), rows, lengths.view(), offsets, *e, dv,
+                               scale, View<float, 3, B>(o.data(), {T, H, dv}, {H * dv, dv, 1})),
+            doctest::Contains("rows <= extent <= capacity"), shape_error);
+}
+
 namespace {
 
 /// Every value of m rounded to bf16 (the operands of the bf16 policy).

@@ -28,12 +28,25 @@
 //   attention_decode(q, caches, offsets, scale, o)
 //                                the rows of sequence s (its newest tokens) attend to caches[s]: L keys of which
 //                                the rows are the last, so row i sees keys j <= L - length(s) + i
+//   latent_decode(q, fresh, caches, lengths, offsets, extents, value_dim, scale, o)
+//                                MLA's absorbed decode over bf16 latent caches (the latent, then the rotated rope key:
+//                                one row of `width` values per token, shared by every head). First row i of sequence
+//                                s (fresh [T, width]) is written to row lengths[s] + i of caches[s]; then row i of
+//                                sequence s attends, per head, to the rows j <= lengths[s] + i of its cache: scores
+//                                scale * q[t, h] . cache[j] over all `width` values (f32 sums of bf16 products), an
+//                                f32 softmax, o[t, h] = sum_j p_j cache[j, :value_dim]. lengths [N] is on the
+//                                device (nothing waits to read it: a captured decode step replays with new lengths);
+//                                extents[s] (host) bounds the keys sequence s's products span: the caller promises
+//                                lengths[s] + rows(s) <= extents[s] <= its cache's rows, so a graph's shapes can stay
+//                                fixed while the lengths grow. A backend may round the probabilities to bf16 before
+//                                the product with the values (tensor cores take bf16: cuda/latent.hpp)
 #pragma once
 
 #include <span>
 #include <string>
 
 #include "../config/precision.hpp"
+#include "../numeric/bf16.hpp"
 #include "../tensor/tensor.hpp"
 #include "memory.hpp"
 
@@ -56,6 +69,10 @@ struct AttentionKeys {
     View<const float, 3, B> k[2];
     View<const float, 3, B> v;
 };
+
+/// One sequence's latent cache for latent_decode: [capacity, width] bf16 rows with a unit last stride.
+template <class B>
+using LatentRows = View<bf16, 2, B>;
 
 /// The gradients attention_backward writes, shaped as the operands they belong to.
 template <class B>
@@ -182,6 +199,45 @@ void check_decode(const AttentionQueries<B>& q, std::span<const AttentionKeys<B>
         check_operands("attention_decode", q, kv, -1);
         check_heads_view("attention_decode", "o", o.shape, o.strides, T, H, kv.v.shape[2]);
     }
+}
+
+/// latent_decode's operands (shapes only: the device lengths are the caller's promise, see the file comment).
+template <class B>
+void check_latent_decode(const View<const bf16, 3, B>& q, const View<const bf16, 2, B>& fresh,
+                         std::span<const LatentRows<B>> caches, const View<const index_t, 1, B>& lengths,
+                         std::span<const index_t> offsets, std::span<const index_t> extents, index_t value_dim,
+                         const View<float, 3, B>& o) {
+    const char* op = "latent_decode";
+    const index_t T = q.shape[0], H = q.shape[1], W = q.shape[2], N = index_t(offsets.size()) - 1;
+    check_offsets(op, offsets, T);
+    if (q.strides[0] != H * W || q.strides[1] != W || q.strides[2] != 1)
+        throw shape_error(std::string(op) + ": q " + shape_string(q.shape) + " must be contiguous");
+    if (fresh.shape[0] != T || fresh.shape[1] != W || fresh.strides[1] != 1)
+        throw shape_error(std::string(op) + ": fresh is " + shape_string(fresh.shape) + ", expected [" +
+                          std::to_string(T) + ", " + std::to_string(W) + "] with a unit last stride");
+    if (value_dim < 1 || value_dim > W)
+        throw shape_error(std::string(op) + ": value_dim " + std::to_string(value_dim) + " outside [1, " +
+                          std::to_string(W) + "]");
+    if (index_t(caches.size()) != N || index_t(extents.size()) != N || lengths.shape[0] != N ||
+        (N > 1 && lengths.strides[0] != 1))
+        throw shape_error(std::string(op) + ": " + std::to_string(caches.size()) + " caches, " +
+                          std::to_string(extents.size()) + " extents and " + std::to_string(lengths.shape[0]) +
+                          " lengths for " + std::to_string(N) + " sequences");
+    for (index_t s = 0; s < N; ++s) {
+        const LatentRows<B>& c = caches[std::size_t(s)];
+        const index_t rows = offsets[s + 1] - offsets[s], e = extents[std::size_t(s)];
+        if (c.shape[1] != W || c.strides[1] != 1 || c.strides[0] < W)
+            throw shape_error(std::string(op) + ": cache of sequence " + std::to_string(s) + " is " +
+                              shape_string(c.shape) + ", expected [capacity, " + std::to_string(W) +
+                              "] with a unit last stride");
+        if (e < rows || e > c.shape[0])
+            throw shape_error(std::string(op) + ": sequence " + std::to_string(s) + " spans " + std::to_string(e) +
+                              " keys for " + std::to_string(rows) + " new rows in a cache of " +
+                              std::to_string(c.shape[0]) + " (rows <= extent <= capacity)");
+    }
+    check_heads_view(op, "o", o.shape, o.strides, T, H, value_dim);
+    if (o.strides[1] != value_dim || o.strides[0] != H * value_dim)
+        throw shape_error(std::string(op) + ": o " + shape_string(o.shape) + " must be contiguous");
 }
 
 }  // namespace contract

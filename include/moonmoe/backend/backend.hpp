@@ -9,6 +9,8 @@
 //   optim.hpp      OptimOps<B>      reductions, finite checks, QK-Clip row scaling
 //   random.hpp     RandomOps<B>     counter-based fills, the same numbers on every backend
 //   fp8.hpp        Fp8Ops<B>        FP8-E4M3 storage in 1 x 128 tiles: quantize, dequantize
+//   graph.hpp      StepGraph<B>     optional, not in Ops<B>: device work captured once and replayed (CUDA graphs);
+//                                   the primary definition runs the work every time
 //   offload.hpp    OffloadOps<B>    optional, not in Ops<B>: whether the backend offloads activations to host memory,
 //                                   and its mover (the CUDA backend's HostOffload); the primary definition says no
 //
@@ -23,6 +25,7 @@
 #include "attention.hpp"
 #include "blas.hpp"
 #include "fp8.hpp"
+#include "graph.hpp"
 #include "functors.hpp"
 #include "map.hpp"
 #include "memory.hpp"

@@ -16,6 +16,7 @@
 #include "cuda/attention.hpp"
 #include "cuda/blas.hpp"
 #include "cuda/fp8.hpp"
+#include "cuda/graph.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/layout.hpp"
 #include "cuda/map.hpp"

@@ -197,7 +197,7 @@ struct DecoderLayer {
     };
     DecodeCache make_decode_cache(index_t capacity) const {
         DecodeCache d;
-        if (latent) d.latent = typename MLA<B>::LatentCache(capacity, self_attn.cfg);
+        if (latent) d.latent = self_attn.make_latent_cache(capacity);
         else
             d.kv = typename MHA<B>::KVCache(capacity, mha.cfg);
         return d;

@@ -309,15 +309,26 @@ struct MLA {
     // ---- absorbed (inference) form with a latent KV cache ----
 
     /// Per token and layer the cache holds kv_a_layernorm(c) (kv_rank values) and the rotated k_pe (rope values):
-    /// 576 values for K2, against heads * (dqk + v) = 20480 for a plain K/V cache.
+    /// 576 values for K2, against heads * (dqk + v) = 20480 for a plain K/V cache. Under f32 compute in two f32
+    /// matrices; under bf16 compute, whose latent and rope key are bf16 values already, as one bf16 row per token
+    /// (the latent, then the rope key), which the absorbed decode reads on tensor cores (backend latent_decode).
     struct LatentCache {
-        Mat kv, pe;  ///< [capacity, kv_rank], [capacity, rope]
+        Mat kv, pe;               ///< f32: [capacity, kv_rank], [capacity, rope]
+        Tensor<bf16, 2, B> rows;  ///< bf16: [capacity, kv_rank + rope]
+        NumberFormat values = NumberFormat::f32;
         index_t length = 0;
         LatentCache() = default;
-        LatentCache(index_t capacity, const AttentionConfig& a)
-            : kv({capacity, a.kv_rank}), pe({capacity, a.rope_dim}) {}
-        index_t capacity() const { return kv.size(0); }
+        LatentCache(index_t capacity, const AttentionConfig& a, NumberFormat format = NumberFormat::f32)
+            : values(format) {
+            if (format == NumberFormat::bf16) rows = Tensor<bf16, 2, B>({capacity, a.kv_rank + a.rope_dim});
+            else
+                kv = Mat({capacity, a.kv_rank}), pe = Mat({capacity, a.rope_dim});
+        }
+        index_t capacity() const { return values == NumberFormat::bf16 ? rows.size(0) : kv.size(0); }
     };
+
+    /// An empty latent cache of `capacity` tokens in this attention's compute format.
+    LatentCache make_latent_cache(index_t capacity) const { return LatentCache(capacity, cfg, compute); }
 
     /// Attends `x` [n, hidden] (the next n tokens of one sequence, at positions cache.length ...) to everything
     /// cached so far and to itself, causally; appends the n tokens to the cache.
@@ -333,20 +344,89 @@ struct MLA {
     /// keys and values are never formed.
     void forward_absorbed(View<const float, 2, B> x, const TokenLayout& layout, std::span<LatentCache* const> caches,
                           View<float, 2, B> out) const {
-        using backend::Trans;
-        const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim;
+        const index_t T = x.shape[0], N = layout.sequences();
         layout.check_rows(T, "MLA.forward_absorbed");
+        check_latent_caches(layout.offsets(), caches, "MLA.forward_absorbed");
+        for (index_t s = 0; s < N; ++s)
+            layout.check_continues(s, caches[std::size_t(s)]->length, "MLA.forward_absorbed");
+        if (compute == NumberFormat::bf16) {
+            std::vector<index_t> lengths, extents;
+            for (index_t s = 0; s < N; ++s) {
+                lengths.push_back(caches[std::size_t(s)]->length);
+                extents.push_back(lengths.back() + layout.length(s));
+            }
+            const Tensor<index_t, 1, B> device_lengths = to_device<B>(lengths);
+            absorbed_bf16(x, layout.template device_positions<B>()->view(), layout.offsets(), caches,
+                          device_lengths.view(), extents, out);
+        } else {
+            absorbed_f32(x, layout, caches, out);
+        }
+        for (index_t s = 0; s < N; ++s) caches[std::size_t(s)]->length += layout.length(s);
+    }
+
+    /// The checks of an absorbed forward's caches: one per sequence, in the compute format, with room for the rows.
+    void check_latent_caches(std::span<const index_t> offsets, std::span<LatentCache* const> caches,
+                             const char* op) const {
+        const index_t N = index_t(offsets.size()) - 1;
         if (index_t(caches.size()) != N)
-            throw std::invalid_argument("MLA.forward_absorbed: " + std::to_string(caches.size()) +
-                                        " latent caches for " + std::to_string(N) + " sequences");
+            throw std::invalid_argument(std::string(op) + ": " + std::to_string(caches.size()) + " latent caches for " +
+                                        std::to_string(N) + " sequences");
         for (index_t s = 0; s < N; ++s) {
             const LatentCache& cache = *caches[std::size_t(s)];
-            if (cache.length + layout.length(s) > cache.capacity())
+            if (cache.values != compute)
+                throw std::invalid_argument(std::string(op) + ": the latent cache of sequence " + std::to_string(s) +
+                                            " holds " + format_name(cache.values) +
+                                            " values, the attention computes in " + format_name(compute) +
+                                            " (make caches with make_latent_cache or Transformer::start_decoding)");
+            const index_t n = offsets[s + 1] - offsets[s];
+            if (cache.length + n > cache.capacity())
                 throw std::length_error("MLA latent cache of sequence " + std::to_string(s) + ": " +
-                                        std::to_string(cache.length + layout.length(s)) +
-                                        " tokens exceed its capacity of " + std::to_string(cache.capacity()));
-            layout.check_continues(s, cache.length, "MLA.forward_absorbed");
+                                        std::to_string(cache.length + n) + " tokens exceed its capacity of " +
+                                        std::to_string(cache.capacity()));
         }
+    }
+
+    /// The bf16 absorbed forward (the caches' lengths stay as they are: the caller adds the rows): everything the
+    /// device does reads the positions and the caches' lengths from the device, and the host shapes are the
+    /// offsets and extents (extents[s] >= length + rows, <= capacity: the keys sequence s's products span). A
+    /// captured decode step (DecodeStep) replays it.
+    void absorbed_bf16(View<const float, 2, B> x, View<const index_t, 1, B> positions, std::span<const index_t> offsets,
+                       std::span<LatentCache* const> caches, View<const index_t, 1, B> lengths,
+                       std::span<const index_t> extents, View<float, 2, B> out) const {
+        const index_t T = x.shape[0], N = index_t(offsets.size()) - 1, H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim,
+                      W = r + R;
+        Mat q, cn, kpe;
+        project_q(x, positions, q, nullptr);
+        project_latent(x, positions, cn, kpe, nullptr);
+        // The new rows of the caches, and the queries [T, heads, kv_rank + rope]: q_lat = q_nope W_UK, then q_pe.
+        Tensor<bf16, 2, B> fresh({T, W}), q16({T * H, W});
+        Ops::template cast<bf16, float>(cn.view(), cols(fresh, 0, T, 0, r));
+        Ops::template cast<bf16, float>(kpe.view(), cols(fresh, 0, T, r, R));
+        const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
+        Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
+        for (index_t s = 0; s < N; ++s)
+            per_head_products(backend::Trans::no, q, offsets[s], offsets[s + 1] - offsets[s], 0, nope, dqk(), 0, nope,
+                              q_lat, r);
+        Ops::template cast<bf16, float>(std::as_const(q_lat).view().template reshape<2>({T * H, r}),
+                                        cols(q16, 0, T * H, 0, r));
+        Ops::template cast<bf16, float>(View<const float, 2, B>(q.data() + nope, {T * H, R}, {dqk(), 1}),
+                                        cols(q16, 0, T * H, r, R));
+        std::vector<backend::LatentRows<B>> rows;
+        for (LatentCache* c : caches) rows.push_back(c->rows.view());
+        Ops::latent_decode(std::as_const(q16).view().template reshape<3>({T, H, W}), std::as_const(fresh).view(), rows,
+                           lengths, offsets, extents, r, softmax_scale, o_lat.view().template reshape<3>({T, H, r}));
+        round_to(compute, o_lat.view());
+        for (index_t s = 0; s < N; ++s)
+            per_head_products(backend::Trans::yes, o_lat, offsets[s], offsets[s + 1] - offsets[s], 0, r, r, nope, vd, o,
+                              vd);
+        round_to(compute, o.view());
+        o_proj.forward(o.view(), out);
+    }
+
+    /// The f32 absorbed forward (Precision<F32>'s reference): latent and rope key in f32 caches, attention_decode.
+    void absorbed_f32(View<const float, 2, B> x, const TokenLayout& layout, std::span<LatentCache* const> caches,
+                      View<float, 2, B> out) const {
+        const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim;
         const auto positions = layout.template device_positions<B>();
         Mat q, cn, kpe;
         project_q(x, positions->view(), q, nullptr);
@@ -354,37 +434,28 @@ struct MLA {
         std::vector<backend::AttentionKeys<B>> keys;
         for (index_t s = 0; s < N; ++s) {
             LatentCache& cache = *caches[std::size_t(s)];
-            const index_t t0 = layout.begin(s), n = layout.length(s);
+            const index_t t0 = layout.begin(s), n = layout.length(s), L = cache.length + n;
             Ops::copy(cols(std::as_const(cn), t0, n, 0, r), cols(cache.kv, cache.length, n, 0, r));
             Ops::copy(cols(std::as_const(kpe), t0, n, 0, R), cols(cache.pe, cache.length, n, 0, R));
-            cache.length += n;
             // one latent key / value and one rope key for all heads: head stride 0
-            const auto latent =
-                heads_view<const float, B>(cols(std::as_const(cache.kv), 0, cache.length, 0, r), 0, H, 0, r);
+            const auto latent = heads_view<const float, B>(cols(std::as_const(cache.kv), 0, L, 0, r), 0, H, 0, r);
             keys.push_back(
-                {{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, cache.length, 0, R), 0, H, 0, R)},
-                 latent});
+                {{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, L, 0, R), 0, H, 0, R)}, latent});
         }
         // q_lat = q_nope W_UK[h] per head, W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]; one batched
         // GEMM over the heads per sequence, not one over every row: a sequence's GEMMs then have the same shapes
         // whether it decodes alone or with others, so batched decoding gives the same bits (test/unit/nn_packed.cpp)
         const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
         Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
-        for (index_t s = 0; s < N; ++s) {
-            const index_t t0 = layout.begin(s), n = layout.length(s);
-            per_head_products(Trans::no, q, t0, n, 0, nope, dqk(), 0, nope, q_lat, r);
-        }
-        round_to(compute, q_lat.view());
+        for (index_t s = 0; s < N; ++s)
+            per_head_products(backend::Trans::no, q, layout.begin(s), layout.length(s), 0, nope, dqk(), 0, nope, q_lat,
+                              r);
         Ops::attention_decode(
             {2, {heads_view(std::as_const(q_lat), 0, H, r, r), heads_view(std::as_const(q), nope, H, dqk(), R)}}, keys,
             layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
-        round_to(compute, o_lat.view());
         // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
-        for (index_t s = 0; s < N; ++s) {
-            const index_t t0 = layout.begin(s), n = layout.length(s);
-            per_head_products(Trans::yes, o_lat, t0, n, 0, r, r, nope, vd, o, vd);
-        }
-        round_to(compute, o.view());
+        for (index_t s = 0; s < N; ++s)
+            per_head_products(backend::Trans::yes, o_lat, layout.begin(s), layout.length(s), 0, r, r, nope, vd, o, vd);
         o_proj.forward(o.view(), out);
     }
 
@@ -405,6 +476,16 @@ struct MLA {
         Ops::template gemm_bf16_strided_batched<float>(H, Trans::no, tw, 1.0f, cols(a16, 0, n, a_col, a_w), a_stride,
                                                        cols(kv_b_proj.weight.value16, w_row, w_rows, 0, r), w_stride,
                                                        0.0f, c, out_w);
+    }
+
+    /// Calls f with the address of every weight a forward reads (f32 values and bf16 working copies): what a
+    /// captured decode step (nn/latent_step.hpp) holds on to.
+    template <class F>
+    void for_each_weight(F&& f) const {
+        f(this);
+        for (const Linear<B>* l : {&q_a_proj, &q_b_proj, &q_proj, &kv_a_proj_with_mqa, &kv_b_proj, &o_proj})
+            f(l->weight.value.data()), f(l->weight.value16.data());
+        for (const RMSNorm<B>* n : {&q_a_layernorm, &kv_a_layernorm}) f(n->weight.value.data());
     }
 
     void visit_params(const std::string& name, const ParamVisitor& f) {

@@ -203,6 +203,53 @@ struct AttentionOps<cpu> {
                          head_rows(o, t0, n, h), nullptr);
         });
     }
+
+    /// MLA's absorbed decode over bf16 latent caches: the new rows appended at the (host-visible) lengths, then per
+    /// (sequence, head) the f32 scores of the widened bf16 values, the exact softmax, P times the latent values.
+    static void latent_decode(View<const bf16, 3> q, View<const bf16, 2> fresh, std::span<const LatentRows<cpu>> caches,
+                              View<const index_t, 1> lengths, std::span<const index_t> offsets,
+                              std::span<const index_t> extents, index_t value_dim, float scale, View<float, 3> o) {
+        using namespace cpu_detail;
+        contract::check_latent_decode<cpu>(q, fresh, caches, lengths, offsets, extents, value_dim, o);
+        const index_t H = q.shape[1], W = q.shape[2], N = index_t(offsets.size()) - 1;
+        for (index_t s = 0; s < N; ++s)  // the device's promise, checkable here: say which sequence breaks it
+            if (lengths.data[s] < 0 || lengths.data[s] + offsets[s + 1] - offsets[s] > extents[std::size_t(s)])
+                throw shape_error("latent_decode: sequence " + std::to_string(s) + " holds " +
+                                  std::to_string(lengths.data[s]) + " rows; " +
+                                  std::to_string(offsets[s + 1] - offsets[s]) + " more exceed its extent of " +
+                                  std::to_string(extents[std::size_t(s)]));
+        // Widened copies: every cache's visible rows, once for all heads, and the queries.
+        std::vector<Eigen::MatrixXf> keys(static_cast<std::size_t>(N));
+        Eigen::MatrixXf queries(q.shape[0] * H, W);
+        parallel_for(N, [&](index_t s) {
+            const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = lengths.data[s] + n;
+            const LatentRows<cpu>& c = caches[std::size_t(s)];
+            for (index_t i = 0; i < n; ++i)
+                std::memcpy(c.data + (lengths.data[s] + i) * c.strides[0], fresh.data + (t0 + i) * fresh.strides[0],
+                            std::size_t(W) * sizeof(bf16));
+            Eigen::MatrixXf& k = keys[std::size_t(s)];
+            k.resize(L, W);
+            for (index_t j = 0; j < L; ++j)
+                for (index_t d = 0; d < W; ++d) k(j, d) = c.data[j * c.strides[0] + d].to_float();
+            for (index_t r = t0 * H; r < (t0 + n) * H; ++r)
+                for (index_t d = 0; d < W; ++d) queries(r, d) = q.data[r * W + d].to_float();
+        });
+        parallel_for(N * H, [&](index_t task) {
+            const index_t s = task / H, h = task % H, t0 = offsets[s], n = offsets[s + 1] - t0;
+            const Eigen::MatrixXf& k = keys[std::size_t(s)];
+            const index_t L = k.rows();
+            std::vector<float> buffer(static_cast<std::size_t>(n * L));
+            View<float, 2> P(buffer.data(), {n, L});
+            Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> p(buffer.data(), n, L);
+            for (index_t i = 0; i < n; ++i)
+                p.row(i).noalias() = scale * (k * queries.row((t0 + i) * H + h).transpose()).transpose();
+            softmax_rows(P, L - n);
+            for (index_t i = 0; i < n; ++i) {
+                Eigen::Map<Eigen::RowVectorXf> out(o.data + (t0 + i) * o.strides[0] + h * o.strides[1], value_dim);
+                out.noalias() = p.row(i) * k.leftCols(value_dim);
+            }
+        });
+    }
 };
 
 }  // namespace moonmoe::backend

@@ -10,7 +10,8 @@
 //   backward  P is recomputed from lse. First rowsum(dO * O) per (row, head) (in double, as the CPU); then dQ per
 //             (query row, head) over the keys it sees, and dK, dV per (key row, key/value head) over the query rows
 //             that see it and the query heads of its group, in head order: every output has one writer, no atomics.
-//   decode    the forward's per-(row, head) loop against each sequence's cache.
+//   decode    the forward's per-(row, head) loop against each sequence's cache; MLA's absorbed decode over bf16
+//             latent caches is cuda/latent.hpp's.
 // Forward, backward and decode launch once per sequence (its first row and length go into the functor by value),
 // so the host offsets never travel to the device and nothing waits on the host.
 //
@@ -26,8 +27,8 @@
 //
 // For speed, under nvcc, forward and backward can take the fused FlashAttention-2 kernels of fast/attention.hpp
 // (opt-in: fast/select.hpp), which keep this contract and are checked against these functors by
-// test/nvcc/fast_kernels.cu. Decode stays here; a flash-decoding kernel (split over the cache length, one launch for
-// all sequences over a device array of cache descriptors) would be its fast form. This file stays the reference.
+// test/nvcc/fast_kernels.cu. The f32 decode stays here (Precision<F32>'s reference); the bf16 one runs on tensor cores
+// (cuda/latent.hpp). This file stays the reference.
 #pragma once
 
 #include "map.hpp"
@@ -40,7 +41,8 @@
 #include "../../tensor/tensor.hpp"
 #include "../attention.hpp"
 #include "attention_portable.hpp"
-#include "sdpa.hpp"  // the bf16 path on a fused engine (cuDNN: cuda/cudnn.hpp)
+#include "latent.hpp"  // latent_decode: MLA's absorbed decode over bf16 latent caches
+#include "sdpa.hpp"    // the bf16 path on a fused engine (cuDNN: cuda/cudnn.hpp)
 #if !MOONMOE_CUDA_EMULATED
 #include "fast/attention.hpp"  // the fused kernels, opt-in (fast/select.hpp)
 #include "fast/select.hpp"
@@ -127,6 +129,14 @@ struct AttentionOps<cuda> {
             launch(n * H, ForwardRow{scores(q, kv, scale), head_rows(kv.v), head_rows(o), Span{t0, n, 0, L, L - n}, H,
                                      H / kv.k[0].shape[1], nullptr, nullptr});
         }
+    }
+
+    /// MLA's absorbed decode over bf16 latent caches (cuda/latent.hpp: tensor cores under nvcc).
+    static void latent_decode(View<const bf16, 3, cuda> q, View<const bf16, 2, cuda> fresh,
+                              std::span<const LatentRows<cuda>> caches, View<const index_t, 1, cuda> lengths,
+                              std::span<const index_t> offsets, std::span<const index_t> extents, index_t value_dim,
+                              float scale, View<float, 3, cuda> o) {
+        cuda_latent_decode(q, fresh, caches, lengths, offsets, extents, value_dim, scale, o);
     }
 };
 

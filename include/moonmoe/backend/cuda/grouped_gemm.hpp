@@ -114,28 +114,20 @@ inline GroupedPlan plan_grouped(RowMajorGemm shape, bool rows_are_m, GroupedPoin
     return plan;
 }
 
-/// C_g = alpha op(A_g) op(B_g) + beta C_g for the non-empty segments (plan_grouped) as one grouped cuBLAS call with
-/// operands of type T and C of type TC. False, with nothing computed, where cuBLAS refuses bf16 operands with an f32
-/// C (remembered: later calls return false at once).
+/// The problems of `plan` (count of them, each its own group) as one grouped cuBLAS call with operands of type T
+/// and C of type TC, the operand pointers in the device array `ptr` (every first operand, then every second, then
+/// every C). False, with nothing computed, where cuBLAS refuses bf16 operands with an f32 C (remembered: later calls
+/// return false at once).
 template <class T, class TC>
-bool grouped_call(RowMajorGemm shape, bool rows_are_m, float alpha, float beta, GroupedPointers& p,
-                  std::span<const index_t> offsets) {
+bool grouped_gemm_call(const GroupedPlan& plan, void** ptr, int count, float alpha, float beta) {
     constexpr bool mixed = !std::is_same_v<T, TC>;
     if (mixed && mixed_types_state().load(std::memory_order_relaxed) == MixedTypes::refused) return false;
-    const GroupedPlan plan = plan_grouped(shape, rows_are_m, p, offsets);
-    if (p.count == 0) return true;
-    const std::vector<std::int64_t> size(std::size_t(p.count), 1);  // one problem per group
-    const std::vector<float> alphas(std::size_t(p.count), alpha), betas(std::size_t(p.count), beta);
-    // Stream-ordered scratch: released after the cuBLAS call queued on the same stream.
-    Tensor<void*, 1, cuda> pointers({3 * index_t(p.count)});
-    grouped_pointers_kernel<256><<<1, 256, 0, current_stream()>>>(p, pointers.data());
-    check(cudaGetLastError(), "grouped_pointers_kernel<<<1, 256, 0, current_stream()>>>", __FILE__, __LINE__);
-    void** ptr = pointers.data();
+    const std::vector<std::int64_t> size(std::size_t(count), 1);  // one problem per group
+    const std::vector<float> alphas(std::size_t(count), alpha), betas(std::size_t(count), beta);
     const cublasStatus_t status = cublasGemmGroupedBatchedEx_64(
         cublas_handle(), plan.op_first.data(), plan.op_second.data(), plan.m.data(), plan.n.data(), plan.k.data(),
-        alphas.data(), ptr, grouped_type<T>, plan.ld_first.data(), ptr + p.count, grouped_type<T>,
-        plan.ld_second.data(), betas.data(), ptr + 2 * p.count, grouped_type<TC>, plan.ldc.data(), p.count, size.data(),
-        CUBLAS_COMPUTE_32F);
+        alphas.data(), ptr, grouped_type<T>, plan.ld_first.data(), ptr + count, grouped_type<T>, plan.ld_second.data(),
+        betas.data(), ptr + 2 * count, grouped_type<TC>, plan.ldc.data(), count, size.data(), CUBLAS_COMPUTE_32F);
     if (mixed && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) &&
         mixed_types_state().load(std::memory_order_relaxed) != MixedTypes::taken) {
         mixed_types_state().store(MixedTypes::refused, std::memory_order_relaxed);
@@ -144,6 +136,22 @@ bool grouped_call(RowMajorGemm shape, bool rows_are_m, float alpha, float beta, 
     MOONMOE_CUBLAS_CHECK(status);
     if (mixed) mixed_types_state().store(MixedTypes::taken, std::memory_order_relaxed);
     return true;
+}
+
+/// C_g = alpha op(A_g) op(B_g) + beta C_g for the non-empty segments (plan_grouped) as one grouped call
+/// (grouped_gemm_call); false where the types are refused.
+template <class T, class TC>
+bool grouped_call(RowMajorGemm shape, bool rows_are_m, float alpha, float beta, GroupedPointers& p,
+                  std::span<const index_t> offsets) {
+    if (!std::is_same_v<T, TC> && mixed_types_state().load(std::memory_order_relaxed) == MixedTypes::refused)
+        return false;
+    const GroupedPlan plan = plan_grouped(shape, rows_are_m, p, offsets);
+    if (p.count == 0) return true;
+    // Stream-ordered scratch: released after the cuBLAS call queued on the same stream.
+    Tensor<void*, 1, cuda> pointers({3 * index_t(p.count)});
+    grouped_pointers_kernel<256><<<1, 256, 0, current_stream()>>>(p, pointers.data());
+    check(cudaGetLastError(), "grouped_pointers_kernel<<<1, 256, 0, current_stream()>>>", __FILE__, __LINE__);
+    return grouped_gemm_call<T, TC>(plan, pointers.data(), p.count, alpha, beta);
 }
 
 /// gemm_grouped (backend/blas.hpp) over the non-empty segments: Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g],

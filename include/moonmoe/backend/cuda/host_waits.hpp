@@ -21,6 +21,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "error.hpp"
 #if defined(__CUDACC__)
@@ -37,8 +39,22 @@ namespace cuda_detail {
 
 inline std::atomic<std::uint64_t> host_wait_count{0};
 
-/// Records one host wait for the device.
-inline void count_host_wait() { host_wait_count.fetch_add(1, std::memory_order_relaxed); }
+/// What this thread is capturing into a graph (cuda/graph.hpp), or null.
+inline thread_local const char* capturing = nullptr;
+
+/// Throws where a capture is under way: `what` cannot be part of a graph.
+inline void refuse_in_capture(const char* what) {
+    if (capturing)
+        throw std::logic_error(std::string("moonmoe: ") + what + " inside the capture of " + capturing +
+                               ": a CUDA graph holds device work only (keep host waits and uploads outside the "
+                               "captured work; values that change go to the device before StepGraph::run)");
+}
+
+/// Records one host wait for the device (refused inside a capture).
+inline void count_host_wait() {
+    refuse_in_capture("a host wait");
+    host_wait_count.fetch_add(1, std::memory_order_relaxed);
+}
 
 /// The pinned staging ring's size per thread, and the largest upload it takes (a larger one is waited for).
 inline constexpr std::size_t staging_capacity = std::size_t(16) << 20;

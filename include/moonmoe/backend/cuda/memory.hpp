@@ -298,6 +298,7 @@ struct Memory<cuda> {
     /// through this thread's pinned staging ring, without a wait (cuda/host_waits.hpp); a larger copy is waited for.
     static void to_device(void* dst, const void* host_src, std::size_t bytes) {
         if (!bytes) return;
+        cuda_detail::refuse_in_capture("a copy from the host");
         if (cuda_detail::upload_ring().upload(dst, host_src, bytes, current_stream())) return;
         cuda_detail::count_host_wait();
         MOONMOE_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, current_stream()));
@@ -387,6 +388,7 @@ struct Memory<cuda> {
         copy(host_dst, src, bytes);
     }
     static void to_device(void* dst, const void* host_src, std::size_t bytes) {
+        cuda_detail::refuse_in_capture("a copy from the host");
         if (bytes > cuda_detail::staging_largest) cuda_detail::count_host_wait();
         copy(dst, host_src, bytes);
     }
