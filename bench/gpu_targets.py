@@ -41,6 +41,7 @@ SDPA = "sdpa/forward_backward/k2/tokens:4096"
 SDPA_FORWARD = "sdpa/forward/k2/tokens:4096"
 SDPA_MAX = "sdpa/forward_max/k2/tokens:4096"
 LAYER_BF16 = "layer_bf16/forward_backward/k2/tokens:4096"
+DECODE_BF16 = "mla/decode_step_bf16/k2/sequences:64/cache:4096"
 LAYER_TORCH = "layer/forward_backward/k2/tokens:4096"
 SMALL_MUON = "muon/step/rows:256/cols:512"
 
@@ -111,8 +112,10 @@ def issue26(ours: dict, torch: dict, add, no_torch: str) -> None:
         else f"`{LAYER_BF16}`: {'no row of ours' if not r else no_torch}")
     add("issue 26: K2 layer forward + backward in bf16, model FLOP/s / dense bf16 cuBLAS", 0.35,
         counter(r, "of_bf16_cublas") if r else None, f"`{LAYER_BF16}`" if r else f"no `{LAYER_BF16}` row")
-    add("issue 26: absorbed bf16 decode, 64 sequences at cache 4096 / copy bandwidth", 0.60, None,
-        "not built yet: the absorbed decode still runs the portable f32 path (issue 26 open)")
+    d = ours.get(DECODE_BF16)
+    add("issue 26: absorbed bf16 decode step (graph), 64 sequences at cache 4096: bytes read / copy bandwidth", 0.60,
+        counter(d, "of_copy") if d else None,
+        f"`{DECODE_BF16}`: {sig3(d['ms'])} ms per step" if d else f"no `{DECODE_BF16}` row")
 
 
 def build_markdown(ours_ctx: dict, rows: list[dict], torch_ctx: dict | None, torch: dict, goals: list[dict]) -> str:
@@ -120,7 +123,8 @@ def build_markdown(ours_ctx: dict, rows: list[dict], torch_ctx: dict | None, tor
     lines.append(f"- device: {ours_ctx.get('device', '?')}; ours built {ours_ctx.get('moonmoe_build', '?')}")
     lines.append(f"- dense cuBLAS rates of this run: f32 (no TF32) {ours_ctx.get('sgemm_GFLOP/s', '?')} GFLOP/s "
                  f"({ours_ctx.get('sgemm_size', '?')}^3), bf16 {ours_ctx.get('bf16_cublas_GFLOP/s', '?')} GFLOP/s "
-                 f"({ours_ctx.get('bf16_cublas_size', '?')}^3)")
+                 f"({ours_ctx.get('bf16_cublas_size', '?')}^3); copy bandwidth {ours_ctx.get('copy_GB/s', '?')} GB/s "
+                 "(read + written, 1 GiB device to device)")
     if torch_ctx:
         lines.append(f"- PyTorch {torch_ctx.get('torch', '?')} (CUDA {torch_ctx.get('torch_cuda', '?')}), transformers "
                      f"{torch_ctx.get('transformers', '?')} on {torch_ctx.get('gpu', '?')}, TF32 off")

@@ -6,6 +6,9 @@
 // measured once per process, 8192^3 (MOONMOE_BENCH_BF16_SIZE to change), best of ten after one warm-up, and every
 // row of the CUDA suite reports `of_bf16_cublas`, its FLOP/s over that rate. On the CPU and the emulated backend
 // there is no cuBLAS: MOONMOE_BENCH_HAVE_CUBLAS is 0 and the rate is 0 (the counter is left out).
+// The second yardstick, of issue 26's decode target: the device's copy bandwidth, bytes read plus bytes written per
+// second by a device-to-device cudaMemcpyAsync of 1 GiB (best of ten after one warm-up); rows with a byte count
+// report `of_copy`, their bytes per second over it.
 // Included by suite.hpp (which defines index_t, Clock, seconds_since and wait_for_device before it).
 #pragma once
 
@@ -88,9 +91,30 @@ inline double bf16_cublas_rate() {
     return rate;
 }
 
+/// Bytes per second a device-to-device copy moves (read + written), 1 GiB: the best of ten after one warm-up.
+inline double copy_bandwidth() {
+    static const double rate = [] {
+        using Memory = moonmoe::backend::Memory<moonmoe::cuda>;
+        const std::size_t bytes = std::size_t(1) << 30;
+        void* a = Memory::allocate(bytes);
+        void* b = Memory::allocate(bytes);
+        double best = 1e30;
+        for (int rep = 0; rep < 11; ++rep) {
+            const auto t = Clock::now();
+            Memory::copy(b, a, bytes);
+            wait_for_device();
+            if (rep > 0) best = std::min(best, seconds_since(t));
+        }
+        Memory::release(a), Memory::release(b);
+        return 2.0 * double(bytes) / best;
+    }();
+    return rate;
+}
+
 #else
 
 inline double bf16_cublas_rate() { return 0; }
+inline double copy_bandwidth() { return 0; }
 
 #endif
 

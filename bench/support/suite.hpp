@@ -154,6 +154,8 @@ inline void measure(benchmark::State& state, Work work, const std::function<void
     state.SetLabel("f32");  // the precision of the row (the PyTorch side has f32 and bf16 rows of each name)
 #endif
     if (work.bytes > 0) state.counters["bytes/s"] = C(work.bytes, C::kIsIterationInvariantRate, C::kIs1024);
+    if (const double copy = copy_bandwidth(); work.bytes > 0 && copy > 0)
+        state.counters["of_copy"] = C(work.bytes * iters / elapsed / copy);
     state.counters["peak_MiB"] = C(double(mem.peak.load()) / (1024.0 * 1024.0));
 }
 
@@ -281,6 +283,8 @@ inline int main(int argc, char** argv) try {
         std::snprintf(rate, sizeof rate, "%.1f", bf16_cublas_rate() * 1e-9);
         benchmark::AddCustomContext("bf16_cublas_GFLOP/s", rate);
         benchmark::AddCustomContext("bf16_cublas_size", std::to_string(bf16_cublas_size));
+        std::snprintf(rate, sizeof rate, "%.1f", copy_bandwidth() * 1e-9);
+        benchmark::AddCustomContext("copy_GB/s", rate);
     }
     const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

@@ -398,6 +398,10 @@ TEST_CASE_TEMPLATE("latent_decode: bf16 latent caches of different lengths, appe
                        View<const bf16, 2, B>(fd.data(), {T, W}, {W, 1}), rows, lengths.view(), offsets, extents, dv,
                        scale, View<float, 3, B>(o.data(), {T, H, dv}, {H * dv, dv, 1}));
     const std::vector<float> got = to_host(o);
+    bool tensor_cores = false;  // the nvcc build's library path (backend/cuda/latent.hpp); the others are exact f32
+#if defined(MOONMOE_CUDA_EMULATED) && !MOONMOE_CUDA_EMULATED
+    tensor_cores = std::is_same_v<B, moonmoe::cuda> && backend::cuda_detail::latent_on_tensor_cores();
+#endif
     for (index_t s = 0; s < N; ++s) {
         std::vector<bf16> want_cache = before[std::size_t(s)];
         const index_t t0 = offsets[std::size_t(s)], n = offsets[std::size_t(s) + 1] - t0, L0 = held[std::size_t(s)];
@@ -423,7 +427,10 @@ TEST_CASE_TEMPLATE("latent_decode: bf16 latent caches of different lengths, appe
                     double e = 0;
                     for (index_t j = 0; j < visible; ++j)
                         e += std::exp(sc[std::size_t(j)] - m) / z * want_cache[std::size_t(j * W + c)].to_float();
-                    CHECK(got[std::size_t(r * dv + c)] == doctest::Approx(e).epsilon(1e-4));
+                    if (tensor_cores)  // probabilities rounded to bf16 (2^-9 relative) before the values' product
+                        CHECK(std::abs(got[std::size_t(r * dv + c)] - e) <= 2e-2);
+                    else
+                        CHECK(got[std::size_t(r * dv + c)] == doctest::Approx(e).epsilon(1e-4));
                 }
             }
     }

@@ -194,11 +194,10 @@ inline void latent_decode_library(const View<const bf16, 3, cuda>& q, std::span<
     };
     products(scores, ptr, scale, [&](int c) {
         const index_t s = s0 + c, M = (offsets[s + 1] - offsets[s]) * H, E = extents[std::size_t(s)];
-        BlasOps<cuda>::gemm_bf16<float>(
-            Trans::no, Trans::yes, scale,
-            View<const bf16, 2, cuda>(qs + table.first_row[c] * H * W, {M, W}, {W, 1}),
-            View<const bf16, 2, cuda>(table.cache[c], {E, W}, {table.cache_pitch[c], 1}), 0.0f,
-            View<float, 2, cuda>(S.data() + table.scores[c], {M, E}, {E, 1}));
+        BlasOps<cuda>::gemm_bf16<float>(Trans::no, Trans::yes, scale,
+                                        View<const bf16, 2, cuda>(qs + table.first_row[c] * H * W, {M, W}, {W, 1}),
+                                        View<const bf16, 2, cuda>(table.cache[c], {E, W}, {table.cache_pitch[c], 1}),
+                                        0.0f, View<float, 2, cuda>(S.data() + table.scores[c], {M, E}, {E, 1}));
     });
     const index_t rows = (offsets[s0 + count] - row0) * H;
     latent_softmax_kernel<cross_entropy_threads>
