@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -57,6 +58,17 @@ void randomize(Module& m, std::uint64_t seed, float stddev = 0.2f) {
             backend::Ops<B>::fill_normal(v, 0.0f, stddev, seed++);
         }
     });
+}
+
+/// ||a - b|| / ||b|| (||a - b|| where b is 0), in double.
+inline double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    double d = 0.0, n = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        n += double(b[i]) * b[i];
+    }
+    return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
 }
 
 /// <a, b> in double, on the host.

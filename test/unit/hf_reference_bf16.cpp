@@ -18,6 +18,7 @@
 // A stale or wrongly rounded weight, a product left in f32 or an activation rounded twice as coarsely would all
 // move these by far more than the margins.
 #include "support/backends.hpp"
+#include "support/nn_testing.hpp"
 #include "support/reference.hpp"
 
 #include <moonmoe/config.hpp>
@@ -34,17 +35,6 @@ using namespace moonmoe::testing;
 namespace {
 
 using TinyK2BF16 = TinyK2::with<Precision<BF16>>;
-
-/// ||a - b|| / ||b||
-double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
-    REQUIRE(a.size() == b.size());
-    double d = 0.0, n = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        n += double(b[i]) * b[i];
-    }
-    return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
-}
 
 struct Run {
     std::vector<float> logits;

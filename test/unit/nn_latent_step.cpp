@@ -7,7 +7,6 @@
 #include "support/nn_testing.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -30,16 +29,6 @@ std::uint64_t host_waits() {
 #endif
     return 0;
 }
-
-#if defined(MOONMOE_CUDA_EMULATED) && !MOONMOE_CUDA_EMULATED
-/// ||a - b|| / ||b||.
-double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0, den = 0;
-    for (std::size_t i = 0; i < a.size(); ++i)
-        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
-    return std::sqrt(num / den);
-}
-#endif
 
 TEST_CASE_TEMPLATE("LatentDecodeStep: the eager absorbed decode's bits, step after step, captured after warm-up", B,
                    MOONMOE_TEST_BACKENDS) {

@@ -389,73 +389,80 @@ struct MLA {
     /// The bf16 absorbed forward (the caches' lengths stay as they are: the caller adds the rows): everything the
     /// device does reads the positions and the caches' lengths from the device, and the host shapes are the
     /// offsets and extents (extents[s] >= length + rows, <= capacity: the keys sequence s's products span). A
-    /// captured decode step (DecodeStep) replays it.
+    /// captured decode step (nn/latent_step.hpp) replays it.
     void absorbed_bf16(View<const float, 2, B> x, View<const index_t, 1, B> positions, std::span<const index_t> offsets,
                        std::span<LatentCache* const> caches, View<const index_t, 1, B> lengths,
                        std::span<const index_t> extents, View<float, 2, B> out) const {
-        const index_t T = x.shape[0], N = index_t(offsets.size()) - 1, H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim,
-                      W = r + R;
-        Mat q, cn, kpe;
-        project_q(x, positions, q, nullptr);
-        project_latent(x, positions, cn, kpe, nullptr);
-        // The new rows of the caches, and the queries [T, heads, kv_rank + rope]: q_lat = q_nope W_UK, then q_pe.
-        Tensor<bf16, 2, B> fresh({T, W}), q16({T * H, W});
-        Ops::template cast<bf16, float>(cn.view(), cols(fresh, 0, T, 0, r));
-        Ops::template cast<bf16, float>(kpe.view(), cols(fresh, 0, T, r, R));
-        const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
-        Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
-        for (index_t s = 0; s < N; ++s)
-            per_head_products(backend::Trans::no, q, offsets[s], offsets[s + 1] - offsets[s], 0, nope, dqk(), 0, nope,
-                              q_lat, r);
-        Ops::template cast<bf16, float>(std::as_const(q_lat).view().template reshape<2>({T * H, r}),
-                                        cols(q16, 0, T * H, 0, r));
-        Ops::template cast<bf16, float>(View<const float, 2, B>(q.data() + nope, {T * H, R}, {dqk(), 1}),
-                                        cols(q16, 0, T * H, r, R));
-        std::vector<backend::LatentRows<B>> rows;
-        for (LatentCache* c : caches) rows.push_back(c->rows.view());
-        Ops::latent_decode(std::as_const(q16).view().template reshape<3>({T, H, W}), std::as_const(fresh).view(), rows,
-                           lengths, offsets, extents, r, softmax_scale, o_lat.view().template reshape<3>({T, H, r}));
-        round_to(compute, o_lat.view());
-        for (index_t s = 0; s < N; ++s)
-            per_head_products(backend::Trans::yes, o_lat, offsets[s], offsets[s + 1] - offsets[s], 0, r, r, nope, vd, o,
-                              vd);
-        round_to(compute, o.view());
-        o_proj.forward(o.view(), out);
+        const index_t T = x.shape[0], H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim, W = r + R;
+        absorbed(x, positions, offsets, out,
+                 [&](const Mat& q, const Mat& cn, const Mat& kpe, const Mat& q_lat, Mat& o_lat) {
+                     // The new rows of the caches, and the queries [T, heads, kv_rank + rope]: q_lat, then q_pe.
+                     Tensor<bf16, 2, B> fresh({T, W}), q16({T * H, W});
+                     Ops::template cast<bf16, float>(cn.view(), cols(fresh, 0, T, 0, r));
+                     Ops::template cast<bf16, float>(kpe.view(), cols(fresh, 0, T, r, R));
+                     Ops::template cast<bf16, float>(q_lat.view().template reshape<2>({T * H, r}),
+                                                     cols(q16, 0, T * H, 0, r));
+                     Ops::template cast<bf16, float>(
+                         View<const float, 2, B>(q.data() + cfg.nope_dim, {T * H, R}, {dqk(), 1}),
+                         cols(q16, 0, T * H, r, R));
+                     std::vector<backend::LatentRows<B>> rows;
+                     for (LatentCache* c : caches) rows.push_back(c->rows.view());
+                     Ops::latent_decode(std::as_const(q16).view().template reshape<3>({T, H, W}),
+                                        std::as_const(fresh).view(), rows, lengths, offsets, extents, r, softmax_scale,
+                                        o_lat.view().template reshape<3>({T, H, r}));
+                 });
     }
 
     /// The f32 absorbed forward (Precision<F32>'s reference): latent and rope key in f32 caches, attention_decode.
     void absorbed_f32(View<const float, 2, B> x, const TokenLayout& layout, std::span<LatentCache* const> caches,
                       View<float, 2, B> out) const {
-        const index_t T = x.shape[0], N = layout.sequences(), H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim;
-        const auto positions = layout.template device_positions<B>();
+        const index_t N = layout.sequences(), H = cfg.heads, r = cfg.kv_rank, R = cfg.rope_dim;
+        absorbed(
+            x, layout.template device_positions<B>()->view(), layout.offsets(), out,
+            [&](const Mat& q, const Mat& cn, const Mat& kpe, const Mat& q_lat, Mat& o_lat) {
+                std::vector<backend::AttentionKeys<B>> keys;
+                for (index_t s = 0; s < N; ++s) {
+                    LatentCache& cache = *caches[std::size_t(s)];
+                    const index_t t0 = layout.begin(s), n = layout.length(s), L = cache.length + n;
+                    Ops::copy(cols(cn, t0, n, 0, r), cols(cache.kv, cache.length, n, 0, r));
+                    Ops::copy(cols(kpe, t0, n, 0, R), cols(cache.pe, cache.length, n, 0, R));
+                    // one latent key / value and one rope key for all heads: head stride 0
+                    const auto latent =
+                        heads_view<const float, B>(cols(std::as_const(cache.kv), 0, L, 0, r), 0, H, 0, r);
+                    keys.push_back(
+                        {{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, L, 0, R), 0, H, 0, R)},
+                         latent});
+                }
+                Ops::attention_decode({2, {heads_view(q_lat, 0, H, r, r), heads_view(q, cfg.nope_dim, H, dqk(), R)}},
+                                      keys, layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
+            });
+    }
+
+    /// The absorbed form around its attention: the projections on all rows, q_lat = q_nope W_UK[h] per head
+    /// (W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]), attend(q, cn, kpe, q_lat, o_lat) writing the
+    /// latent outputs o_lat [T, heads * kv_rank], then o = o_lat W_UV[h]^T (W_UV[h] = kv_b rows [h*(nope+v)+nope,
+    /// +v) : [v, kv_rank]) and o_proj. The per-head products run as one batched GEMM over the heads per sequence, not
+    /// one over every row: a sequence's GEMMs then have the same shapes whether it decodes alone or with others, so
+    /// batched decoding gives the same bits (test/unit/nn_packed.cpp).
+    template <class Attend>
+    void absorbed(View<const float, 2, B> x, View<const index_t, 1, B> positions, std::span<const index_t> offsets,
+                  View<float, 2, B> out, Attend&& attend) const {
+        const index_t T = x.shape[0], N = index_t(offsets.size()) - 1, H = cfg.heads, r = cfg.kv_rank,
+                      nope = cfg.nope_dim, vd = cfg.v_dim;
         Mat q, cn, kpe;
-        project_q(x, positions->view(), q, nullptr);
-        project_latent(x, positions->view(), cn, kpe, nullptr);
-        std::vector<backend::AttentionKeys<B>> keys;
-        for (index_t s = 0; s < N; ++s) {
-            LatentCache& cache = *caches[std::size_t(s)];
-            const index_t t0 = layout.begin(s), n = layout.length(s), L = cache.length + n;
-            Ops::copy(cols(std::as_const(cn), t0, n, 0, r), cols(cache.kv, cache.length, n, 0, r));
-            Ops::copy(cols(std::as_const(kpe), t0, n, 0, R), cols(cache.pe, cache.length, n, 0, R));
-            // one latent key / value and one rope key for all heads: head stride 0
-            const auto latent = heads_view<const float, B>(cols(std::as_const(cache.kv), 0, L, 0, r), 0, H, 0, r);
-            keys.push_back(
-                {{latent, heads_view<const float, B>(cols(std::as_const(cache.pe), 0, L, 0, R), 0, H, 0, R)}, latent});
-        }
-        // q_lat = q_nope W_UK[h] per head, W_UK[h] = kv_b rows [h*(nope+v), +nope) : [nope, kv_rank]; one batched
-        // GEMM over the heads per sequence, not one over every row: a sequence's GEMMs then have the same shapes
-        // whether it decodes alone or with others, so batched decoding gives the same bits (test/unit/nn_packed.cpp)
-        const index_t nope = cfg.nope_dim, vd = cfg.v_dim;
+        project_q(x, positions, q, nullptr);
+        project_latent(x, positions, cn, kpe, nullptr);
         Mat q_lat({T, H * r}), o_lat({T, H * r}), o({T, H * vd});
         for (index_t s = 0; s < N; ++s)
-            per_head_products(backend::Trans::no, q, layout.begin(s), layout.length(s), 0, nope, dqk(), 0, nope, q_lat,
-                              r);
-        Ops::attention_decode(
-            {2, {heads_view(std::as_const(q_lat), 0, H, r, r), heads_view(std::as_const(q), nope, H, dqk(), R)}}, keys,
-            layout.offsets(), softmax_scale, heads_view(o_lat, 0, H, r, r));
-        // o = o_lat W_UV[h]^T, W_UV[h] = kv_b rows [h*(nope+v)+nope, +v) : [v, kv_rank]
+            per_head_products(backend::Trans::no, q, offsets[s], offsets[s + 1] - offsets[s], 0, nope, dqk(), 0, nope,
+                              q_lat, r);
+        round_to(compute, q_lat.view());
+        attend(std::as_const(q), std::as_const(cn), std::as_const(kpe), std::as_const(q_lat), o_lat);
+        round_to(compute, o_lat.view());
         for (index_t s = 0; s < N; ++s)
-            per_head_products(backend::Trans::yes, o_lat, layout.begin(s), layout.length(s), 0, r, r, nope, vd, o, vd);
+            per_head_products(backend::Trans::yes, o_lat, offsets[s], offsets[s + 1] - offsets[s], 0, r, r, nope, vd, o,
+                              vd);
+        round_to(compute, o.view());
         o_proj.forward(o.view(), out);
     }
 

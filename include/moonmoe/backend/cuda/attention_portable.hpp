@@ -9,6 +9,7 @@
 #include <cmath>
 #include <span>
 
+#include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
 #include "../attention.hpp"
 
@@ -51,6 +52,40 @@ struct Span {
     index_t q0, n, k0, L, first;
 };
 
+MOONMOE_HD inline float as_float(float x) { return x; }
+MOONMOE_HD inline float as_float(bf16 x) { return x.to_float(); }
+
+/// One (row, head)'s online softmax (Milakov & Gimelshein, arXiv:1805.02867) accumulating into out[dim_v]: the
+/// running maximum m and sum l (in double, as the CPU sums its exponentials); out holds sum_j exp(s_j - m) v_j.
+struct OnlineSoftmax {
+    float* out;
+    index_t dim_v;
+    float m = -INFINITY;
+    double l = 0.0;
+
+    MOONMOE_HD OnlineSoftmax(float* o, index_t dim) : out(o), dim_v(dim) {
+        for (index_t c = 0; c < dim_v; ++c) out[c] = 0.0f;
+    }
+    /// Adds key j's score s and value row v.
+    template <class V>
+    MOONMOE_HD void add(float s, const V* v) {
+        if (s > m) {  // a new maximum: rescale what was summed under the old one
+            const float rescale = ::expf(m - s);
+            l *= rescale;
+            for (index_t c = 0; c < dim_v; ++c) out[c] *= rescale;
+            m = s;
+        }
+        const float p = ::expf(s - m);
+        l += p;
+        for (index_t c = 0; c < dim_v; ++c) out[c] += p * as_float(v[c]);
+    }
+    /// out /= l: the softmax-weighted values.
+    MOONMOE_HD void finish() const {
+        const float inv = float(1.0 / l);
+        for (index_t c = 0; c < dim_v; ++c) out[c] *= inv;
+    }
+};
+
 /// Forward (and decode) for thread k = i * heads + h: o = softmax(scores) V by an online softmax; lse (of the
 /// sequence, at h * n + i) and row_max (at (q0 + i) * heads + h) are written when given.
 struct ForwardRow {
@@ -63,29 +98,13 @@ struct ForwardRow {
     float* row_max;  // [tokens * heads] scratch, or null
 
     MOONMOE_HD void operator()(index_t k) const {
-        const index_t i = k / heads, h = k % heads, g = h / group, r = seq.q0 + i, dim_v = v.dim;
-        float* out = o.at(r, h);
-        for (index_t c = 0; c < dim_v; ++c) out[c] = 0.0f;
-        float m = -INFINITY;
-        double l = 0.0;
+        const index_t i = k / heads, h = k % heads, g = h / group, r = seq.q0 + i;
+        OnlineSoftmax acc(o.at(r, h), v.dim);
         const index_t last = seq.first + i < seq.L - 1 ? seq.first + i : seq.L - 1;
-        for (index_t j = 0; j <= last; ++j) {
-            const float s = score(r, h, seq.k0 + j, g);
-            if (s > m) {  // a new maximum: rescale what was summed under the old one
-                const float rescale = ::expf(m - s);
-                l *= rescale;
-                for (index_t c = 0; c < dim_v; ++c) out[c] *= rescale;
-                m = s;
-            }
-            const float p = ::expf(s - m);
-            l += p;
-            const float* vj = v.at(seq.k0 + j, g);
-            for (index_t c = 0; c < dim_v; ++c) out[c] += p * vj[c];
-        }
-        const float inv = float(1.0 / l);
-        for (index_t c = 0; c < dim_v; ++c) out[c] *= inv;
-        if (lse) lse[h * seq.n + i] = m + float(::log(l));
-        if (row_max) row_max[r * heads + h] = m;
+        for (index_t j = 0; j <= last; ++j) acc.add(score(r, h, seq.k0 + j, g), v.at(seq.k0 + j, g));
+        acc.finish();
+        if (lse) lse[h * seq.n + i] = acc.m + float(::log(acc.l));
+        if (row_max) row_max[r * heads + h] = acc.m;
     }
 };
 

@@ -7,7 +7,7 @@
 //
 // The portable path (both modes; the oracle, run emulated in CI): per sequence one launch appends its fresh rows at
 // its device length, and one thread per (new row, head) runs the online softmax of cuda/attention_portable.hpp's
-// ForwardRow over the visible rows, every value widened from bf16, the sum of exponentials in double.
+// OnlineSoftmax over the visible rows, every value widened from bf16, the sum of exponentials in double.
 //
 // The tensor-core path (nvcc): for all sequences at once,
 //   append   one launch per sequence (as above)
@@ -34,6 +34,7 @@
 #include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
 #include "../attention.hpp"
+#include "attention_portable.hpp"  // OnlineSoftmax
 #if !MOONMOE_CUDA_EMULATED
 #include "blas.hpp"
 #include "cross_entropy.hpp"  // block_reduce
@@ -67,30 +68,16 @@ struct LatentRow {
     float* o;  // the sequence's first row, [rows, heads, value_dim] contiguous
 
     MOONMOE_HD void operator()(index_t k) const {
-        const index_t i = k / heads;
         const bf16* qr = q + k * width;
-        float* out = o + k * value_dim;
-        for (index_t c = 0; c < value_dim; ++c) out[c] = 0.0f;
-        float m = -INFINITY;
-        double l = 0.0;
-        const index_t visible = *length + i + 1;
+        OnlineSoftmax acc(o + k * value_dim, value_dim);
+        const index_t visible = *length + k / heads + 1;
         for (index_t j = 0; j < visible; ++j) {
             const bf16* kj = cache + j * cache_pitch;
             float dot = 0.0f;
             for (index_t c = 0; c < width; ++c) dot += qr[c].to_float() * kj[c].to_float();
-            const float s = scale * dot;
-            if (s > m) {  // a new maximum: rescale what was summed under the old one
-                const float rescale = ::expf(m - s);
-                l *= rescale;
-                for (index_t c = 0; c < value_dim; ++c) out[c] *= rescale;
-                m = s;
-            }
-            const float p = ::expf(s - m);
-            l += p;
-            for (index_t c = 0; c < value_dim; ++c) out[c] += p * kj[c].to_float();
+            acc.add(scale * dot, kj);  // the values: the first value_dim columns of the row
         }
-        const float inv = float(1.0 / l);
-        for (index_t c = 0; c < value_dim; ++c) out[c] *= inv;
+        acc.finish();
     }
 };
 
