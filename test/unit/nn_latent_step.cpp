@@ -112,6 +112,28 @@ TEST_CASE("StepGraph<cuda> refuses host waits and uploads inside a capture, with
     CHECK(graph.captures() == 1);
     CHECK(to_host(t) == std::vector<float>(4, 2.0f));  // outside the capture: allowed again
 }
+
+TEST_CASE("StepGraph<cuda> runs eagerly where the device cannot capture the work, and says why") {
+    backend::StepGraph<moonmoe::cuda> graph(1);
+    int runs = 0, refused = 0;
+    auto work = [&] {
+        if (backend::cuda_detail::capturing) {  // as a library call the CUDA version cannot capture
+            ++refused;
+            throw backend::cuda_error("moonmoe: cublasExample failed with CUBLAS_STATUS_NOT_SUPPORTED");
+        }
+        ++runs;
+    };
+    const std::int64_t key[1] = {7};
+    for (int i = 0; i < 4; ++i) graph.run(key, work);
+    CHECK(runs == 4);     // every call computed its step: the warm-up, the failed capture's rerun, two more
+    CHECK(refused == 1);  // one capture tried per key
+    CHECK(graph.captures() == 0);
+    CHECK(graph.eager_runs() == 4);
+    CHECK(graph.capture_failure().find("CUBLAS_STATUS_NOT_SUPPORTED") != std::string::npos);
+    const std::int64_t other[1] = {8};  // a new key tries again
+    graph.run(other, work), graph.run(other, work);
+    CHECK(refused == 2);
+}
 #endif
 
 }  // namespace unit_nn_latent_step

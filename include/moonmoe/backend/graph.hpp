@@ -9,10 +9,12 @@
 // so whatever `work` reads on the host must be in the key (shapes, pointers, counts), and what changes between calls
 // must be on the device, written before run(). Inside a capture the backend refuses what a graph cannot hold: a
 // host wait, and a copy from the host (a replay would copy from a staging buffer that holds other bytes by then).
+// Where the device cannot capture the work, it runs eagerly instead (capture_failure() says why).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace moonmoe::backend {
 
@@ -28,11 +30,13 @@ public:
         ++eager_;
     }
     std::uint64_t eager_runs() const { return eager_; }
+    const std::string& capture_failure() const { return none_; }
     std::uint64_t captures() const { return 0; }
     std::uint64_t replays() const { return 0; }
 
 private:
     std::uint64_t eager_ = 0;
+    std::string none_;
 };
 
 }  // namespace moonmoe::backend

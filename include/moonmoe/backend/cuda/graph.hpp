@@ -6,6 +6,9 @@
 // the same key launch the instance (cudaGraphLaunch: one call for the whole step). Memory the work allocates and
 // frees becomes the graph's own allocation nodes (Memory<cuda> allocates stream-ordered), so temporaries are fine;
 // anything the work keeps past its end must have been allocated before the capture.
+// Where the capture fails (a library call the CUDA version cannot capture, or instantiation), the step is not lost:
+// the capture is ended and discarded, the work runs eagerly, and so does every later call with that key;
+// capture_failure() says what failed. A graph is a speed-up, never a condition for the results.
 // Emulated: there is no graph; the captured and replayed calls run `work` again, with the capture's rules in force
 // (host waits and copies from the host throw), so CI holds a step to what a graph can hold. What the emulation cannot
 // check is that the work reads nothing on the host outside its key: on a GPU a replay does not run host code.
@@ -17,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "../graph.hpp"
@@ -38,6 +42,12 @@ public:
             release();
             key_.assign(key.begin(), key.end());
             seen_ = 0;
+            eager_only_ = false;
+        }
+        if (eager_only_) {
+            work();
+            ++eager_;
+            return;
         }
         if (captured_) {
             replay(work);
@@ -49,10 +59,21 @@ public:
             ++seen_, ++eager_;
             return;
         }
-        capture(work);
+        try {
+            capture(work);
+        } catch (const cuda_error& e) {  // not capturable here: eager from now on for this key
+            capture_failure_ = e.what();
+            cuda_detail::failure_record().forget();  // handled: the work runs again below, checked
+            eager_only_ = true;
+            work();
+            ++eager_;
+            return;
+        }
         ++captures_;
     }
     std::uint64_t eager_runs() const { return eager_; }
+    /// Why the last failed capture failed (empty if none has): the calls with its key then ran eagerly.
+    const std::string& capture_failure() const { return capture_failure_; }
     std::uint64_t captures() const { return captures_; }
     std::uint64_t replays() const { return replays_; }
 
@@ -92,10 +113,19 @@ private:
             (void)cudaGetLastError();
             throw;
         }
-        MOONMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+        if (ended != cudaSuccess) {
+            if (graph) cudaGraphDestroy(graph);
+            (void)cudaGetLastError();
+            MOONMOE_CUDA_CHECK(ended);
+        }
         const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
         cudaGraphDestroy(graph);
-        MOONMOE_CUDA_CHECK(made);
+        if (made != cudaSuccess) {
+            exec_ = nullptr;
+            (void)cudaGetLastError();
+            MOONMOE_CUDA_CHECK(made);
+        }
         captured_ = true;
         MOONMOE_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
     }
@@ -115,7 +145,8 @@ private:
     int warmups_;
     std::vector<std::int64_t> key_;
     int seen_ = 0;
-    bool captured_ = false;
+    bool captured_ = false, eager_only_ = false;
+    std::string capture_failure_;
     std::uint64_t eager_ = 0, captures_ = 0, replays_ = 0;
 };
 
