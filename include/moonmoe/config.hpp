@@ -13,4 +13,5 @@
 #include "config/optimizer.hpp"
 #include "config/parallel.hpp"
 #include "config/presets.hpp"
+#include "config/rl.hpp"
 #include "config/rope.hpp"

@@ -6,9 +6,9 @@
 // backward, and the seeded initialiser), optim/ (Muon, AdamW, QK-Clip and their composition), io/ (safetensors,
 // config.json, Hugging Face checkpoints loaded and saved, optimizer state), parallel/ (process groups over a
 // communicator, the pipeline, expert parallelism, ZeRO-1; MPI and NCCL only in parallel/mpi.hpp and nccl.hpp, which
-// this header does not include), and trainer.hpp (moonmoe::Trainer<Model>: a run made from the model type, over
-// all of them). <moonmoe/config.hpp> alone needs
-// nothing but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
+// this header does not include), rl/ (post-training: sampling, rollouts, the K1.5 objective), and trainer.hpp
+// (moonmoe::Trainer<Model>: a run made from the model type, over all of them). <moonmoe/config.hpp> alone needs nothing
+// but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
 #pragma once
 
 #include "config.hpp"
@@ -22,4 +22,5 @@
 #include "io/checkpoint.hpp"
 #include "io/model_io.hpp"
 #include "io/optimizer_state.hpp"
+#include "rl/objective.hpp"
 #include "trainer.hpp"

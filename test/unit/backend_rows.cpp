@@ -119,6 +119,43 @@ TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ign
     CHECK(to_host(loss_only)[0] == to_host(loss)[0]);
 }
 
+TEST_CASE_TEMPLATE("token_cross_entropy: each row's loss, gradient rows scaled by their weights, ignored rows zero", B,
+                   MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family
+    const index_t T = 7, V = 300;    // more columns than a block's threads
+    const Mat z = random_matrix(T, V, 12, 4.0f);
+    const std::vector<index_t> targets = {3, -100, 0, 299, 7, -100, 150};
+    const Tensor<float, 1> w = random_vector(T, 13);
+    Tensor<float, 2, B> dz({T, V});
+    Tensor<float, 1, B> nll({T});
+    const auto zd = on<B>(z);
+    const auto td = on<B>(indices(targets));
+    const auto wd = on<B>(w);
+    Ops::token_cross_entropy(zd.view(), td.view(), -100, wd.view(), nll.view(), dz.view());
+    const Mat dzh = host(dz);
+    const std::vector<float> nllh = to_host(nll);
+    for (index_t t = 0; t < T; ++t) {
+        const index_t y = targets[std::size_t(t)];
+        double m = -INFINITY, sum = 0;
+        for (index_t v = 0; v < V; ++v) m = std::max(m, double(z(t, v)));
+        for (index_t v = 0; v < V; ++v) sum += std::exp(double(z(t, v)) - m);
+        const double lse = m + std::log(sum);
+        CHECK(nllh[std::size_t(t)] == doctest::Approx(y < 0 ? 0.0 : lse - z(t, y)).epsilon(1e-6));
+        for (index_t v = 0; v < V; ++v) {
+            const double expect = y < 0 ? 0.0 : (std::exp(double(z(t, v)) - lse) - (v == y ? 1.0 : 0.0)) * w(t);
+            CHECK(dzh(t, v) == doctest::Approx(expect).epsilon(1e-5).scale(1e-6));
+        }
+    }
+    Tensor<float, 1, B> nll_only({T});  // no gradient asked, no weights needed
+    Ops::token_cross_entropy(zd.view(), td.view(), -100, View<const float, 1, B>{}, nll_only.view(),
+                             View<float, 2, B>{});
+    CHECK(to_host(nll_only) == nllh);
+    Tensor<float, 1, B> short_weights({T - 1});
+    CHECK_THROWS_WITH_AS(Ops::token_cross_entropy(zd.view(), td.view(), -100,
+                                                  View<const float, 1, B>(short_weights.view()), nll.view(), dz.view()),
+                         doctest::Contains("token_cross_entropy: weights is [6], expected [7]"), shape_error);
+}
+
 TEST_CASE_TEMPLATE("embedding_gather and embedding_scatter_add (repeated ids add in token order)", B,
                    MOONMOE_TEST_BACKENDS) {
     using Ops = backend::RowOps<B>;  // the family alone: Ops<cuda> needs every family

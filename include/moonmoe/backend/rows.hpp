@@ -16,6 +16,12 @@
 //                                onehot) / count, zero rows for ignored targets (skipped when dlogits.data is
 //                                null). logits [rows, V], targets [rows] in [0, V) or ignore (checked by the
 //                                caller, who also counts them), loss [1]
+//   token_cross_entropy(logits, targets, ignore, weights, nll, dlogits)
+//                                per row: nll[r] = logsumexp(z_r) - z_r[target] (in double, rounded to f32; 0 for
+//                                ignored rows), i.e. minus the row's log-probability of its target; when dlogits.data
+//                                is set, dlogits[r] = weights[r] (softmax(z_r) - onehot), zero rows for ignored
+//                                targets. weights [rows] (may be empty without dlogits), nll [rows]. The loss of any
+//                                per-token weighting (a policy gradient's log pi is -nll, its gradient weights -g)
 //   embedding_gather(table, ids, out)
 //                                out[t] = table[ids[t]]: table [V, n], ids [rows] in [0, V), out [rows, n]
 //   embedding_scatter_add(dy, ids, dtable)
@@ -89,6 +95,21 @@ void check_cross_entropy(const View<const float, 2, B>& logits, const View<const
         if (dlogits.shape != logits.shape)
             throw_shape_mismatch("cross_entropy: logits against dlogits", logits.shape, dlogits.shape);
         require_unit_columns("cross_entropy", "dlogits", dlogits);
+    }
+}
+
+template <class B>
+void check_token_cross_entropy(const View<const float, 2, B>& logits, const View<const index_t, 1, B>& targets,
+                               const View<const float, 1, B>& weights, const View<float, 1, B>& nll,
+                               const View<float, 2, B>& dlogits) {
+    require_unit_columns("token_cross_entropy", "logits", logits);
+    require_vector("token_cross_entropy", "targets", targets, logits.shape[0]);
+    require_vector("token_cross_entropy", "nll", nll, logits.shape[0]);
+    if (dlogits.data) {
+        if (dlogits.shape != logits.shape)
+            throw_shape_mismatch("token_cross_entropy: logits against dlogits", logits.shape, dlogits.shape);
+        require_unit_columns("token_cross_entropy", "dlogits", dlogits);
+        require_vector("token_cross_entropy", "weights", weights, logits.shape[0]);
     }
 }
 

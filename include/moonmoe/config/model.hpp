@@ -1,8 +1,9 @@
 // moonmoe/config/model.hpp: `Model<Dims<...>, Attention<...>, RoPE<...>, MoE<...>, Optimizer<...>, Parallel<...>,
-// Backend<...>, Precision<...>, Activations<...>>`, a whole model as a type.
+// Backend<...>, Precision<...>, Activations<...>, RL<...>>`, a whole model as a type.
 //
 // Components come in any order and each is optional: a missing one is Kimi K2's (and Parallel<1, 1, 1>,
-// Backend<cpu>, Precision<F32>, Activations<>). The type checks its configuration when it is used (any member access),
+// Backend<cpu>, Precision<F32>, Activations<>, RL<>: config/rl.hpp, the post-training settings, which the model's
+// ModelConfig does not carry: Model::rl::value). The type checks its configuration when it is used (any member access),
 // and answers the accounting questions at compile time when every size is static:
 //
 //   using K2 = moonmoe::KimiK2;
@@ -11,13 +12,15 @@
 
 #include "accounting.hpp"
 #include "model_config.hpp"
+#include "rl.hpp"
 
 namespace moonmoe {
 
 template <class... Components>
 struct Model {
-    using accepted = detail::slot_list<slots::dims, slots::attention, slots::rope, slots::moe, slots::optimizer,
-                                       slots::parallel, slots::backend, slots::precision, slots::activations>;
+    using accepted =
+        detail::slot_list<slots::dims, slots::attention, slots::rope, slots::moe, slots::optimizer, slots::parallel,
+                          slots::backend, slots::precision, slots::activations, slots::rl>;
     MOONMOE_CHECK_ARGUMENTS("Model<...>", accepted, Components);
 
     using dims = detail::pick_t<slots::dims, Dims<>, Components...>;
@@ -31,6 +34,7 @@ struct Model {
     static constexpr KernelChoice kernels = detail::pick_t<slots::backend, Backend<>, Components...>::kernels;
     using precision = detail::pick_t<slots::precision, Precision<>, Components...>;
     using activations = detail::pick_t<slots::activations, Activations<>, Components...>;
+    using rl = detail::pick_t<slots::rl, RL<>, Components...>;
 
     static constexpr ModelConfig config{dims::value,   attention::value, rope::value,
                                         moe::value,    optimizer::value, parallel::value,

@@ -78,14 +78,34 @@ struct RowOps<cpu> {
     /// onehot) / count.
     static void cross_entropy(View<const float, 2> logits, View<const index_t, 1> targets, index_t ignore,
                               index_t count, View<float, 1> loss, View<float, 2> dlogits) {
-        using namespace cpu_detail;
-        const index_t T = logits.shape[0], V = logits.shape[1];
         contract::check_cross_entropy(logits, targets, loss, dlogits);
-        std::vector<double> per_token(static_cast<std::size_t>(T), 0.0);
-        parallel_for(T, [&](index_t t) {
+        std::vector<double> per_token(static_cast<std::size_t>(logits.shape[0]), 0.0);
+        cross_entropy_rows(logits, targets.data, ignore, nullptr, count, per_token.data(), dlogits);
+        double total = 0.0;
+        for (double l : per_token) total += l;  // in token order: repeatable
+        loss.data[0] = count ? float(total / double(count)) : 0.0f;
+    }
+
+    /// nll[t] = logsumexp(z_t) - z_t[target] (double, rounded); dlogits[t] = weights[t] (softmax - onehot).
+    static void token_cross_entropy(View<const float, 2> logits, View<const index_t, 1> targets, index_t ignore,
+                                    View<const float, 1> weights, View<float, 1> nll, View<float, 2> dlogits) {
+        contract::check_token_cross_entropy(logits, targets, weights, nll, dlogits);
+        std::vector<double> per_token(static_cast<std::size_t>(logits.shape[0]), 0.0);
+        cross_entropy_rows(logits, targets.data, ignore, weights.data, 0, per_token.data(), dlogits);
+        for (index_t t = 0; t < logits.shape[0]; ++t) nll.data[t] = float(per_token[std::size_t(t)]);
+    }
+
+private:
+    /// Both cross-entropies' rows: per_token[t] = logsumexp(z_t) - z_t[target] (0 when ignored) and, when
+    /// dlogits.data is set, its gradient row scaled by weights[t], or by 1 / count without weights.
+    static void cross_entropy_rows(View<const float, 2> logits, const index_t* targets, index_t ignore,
+                                   const float* weights, index_t count, double* per_token, View<float, 2> dlogits) {
+        using namespace cpu_detail;
+        const index_t V = logits.shape[1];
+        parallel_for(logits.shape[0], [&](index_t t) {
             const float* z = logits.data + t * logits.strides[0];
             float* dz = dlogits.data ? dlogits.data + t * dlogits.strides[0] : nullptr;
-            const index_t target = targets.data[t];
+            const index_t target = targets[t];
             if (target == ignore) {
                 if (dz) std::fill(dz, dz + V, 0.0f);
                 return;
@@ -95,17 +115,20 @@ struct RowOps<cpu> {
             double sum = 0.0;
             for (index_t v = 0; v < V; ++v) sum += std::exp(double(z[v] - m));
             const double lse = double(m) + std::log(sum);
-            per_token[std::size_t(t)] = lse - double(z[target]);
-            if (dz) {
+            per_token[t] = lse - double(z[target]);
+            if (!dz) return;
+            if (weights) {
+                const double w = weights[t];
+                for (index_t v = 0; v < V; ++v) dz[v] = float(std::exp(double(z[v]) - lse) * w);
+                dz[target] = float((std::exp(double(z[target]) - lse) - 1.0) * w);
+            } else {
                 for (index_t v = 0; v < V; ++v) dz[v] = float(std::exp(double(z[v]) - lse) / double(count));
                 dz[target] -= 1.0f / float(count);
             }
         });
-        double total = 0.0;
-        for (double l : per_token) total += l;  // in token order: repeatable
-        loss.data[0] = count ? float(total / double(count)) : 0.0f;
     }
 
+public:
     /// out[t] = table[ids[t]] (ids checked by the caller).
     static void embedding_gather(View<const float, 2> table, View<const index_t, 1> ids, View<float, 2> out) {
         using namespace cpu_detail;

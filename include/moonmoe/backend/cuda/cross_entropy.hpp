@@ -37,12 +37,13 @@ __device__ T block_reduce(T v) {
     return r;
 }
 
-/// Row blockIdx.x: its loss (0 when ignored) into per_row, and its gradient row when dz is set (Threads =
-/// cross_entropy_threads; a template, as every kernel of a header must be).
+/// Row blockIdx.x: its loss (0 when ignored) into per_row, and its gradient row when dz is set, scaled by
+/// weights[row] or, without weights, by 1 / count (Threads = cross_entropy_threads; a template, as every kernel of
+/// a header must be).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     cross_entropy_rows_kernel(const float* z, index_t z_pitch, const index_t* targets, index_t ignore, index_t count,
-                              index_t V, float* dz, index_t dz_pitch, double* per_row) {
+                              const float* weights, index_t V, float* dz, index_t dz_pitch, double* per_row) {
     const index_t t = blockIdx.x;
     const float* zr = z + t * z_pitch;
     float* dr = dz ? dz + t * dz_pitch : nullptr;
@@ -61,7 +62,13 @@ __global__ void __launch_bounds__(Threads)
     sum = block_reduce<false>(sum);
     const double lse = double(m) + ::log(sum);
     if (threadIdx.x == 0) per_row[t] = lse - double(zr[target]);
-    if (dr) {
+    if (dr && weights) {
+        const double w = weights[t];
+        for (index_t v = threadIdx.x; v < V; v += cross_entropy_threads) {
+            const double p = ::exp(double(zr[v]) - lse);
+            dr[v] = float((v == target ? p - 1.0 : p) * w);
+        }
+    } else if (dr) {
         const float share = 1.0f / float(count);
         for (index_t v = threadIdx.x; v < V; v += cross_entropy_threads) {
             const float g = float(::exp(double(zr[v]) - lse) / double(count));
@@ -72,10 +79,11 @@ __global__ void __launch_bounds__(Threads)
 
 /// Every row of cross_entropy: one block each, on the current stream.
 inline void cross_entropy_rows(const float* z, index_t z_pitch, const index_t* targets, index_t ignore, index_t count,
-                               index_t rows, index_t V, float* dz, index_t dz_pitch, double* per_row) {
+                               const float* weights, index_t rows, index_t V, float* dz, index_t dz_pitch,
+                               double* per_row) {
     if (rows == 0) return;
     cross_entropy_rows_kernel<cross_entropy_threads><<<unsigned(rows), cross_entropy_threads, 0, current_stream()>>>(
-        z, z_pitch, targets, ignore, count, V, dz, dz_pitch, per_row);
+        z, z_pitch, targets, ignore, count, weights, V, dz, dz_pitch, per_row);
     cuda_fast::check_launch("cross_entropy_rows_kernel<<<rows, 256, 0, current_stream()>>>");
 }
 

@@ -121,11 +121,13 @@ struct DweightColumn {
     }
 };
 
-/// Row t of cross_entropy: its loss (0 when ignored) into per_row[t], and its gradient row when dz.data is set.
+/// Row t of both cross-entropies: its loss (0 when ignored) into per_row[t], and its gradient row when dz.data is
+/// set, scaled by weights[t] (token_cross_entropy) or by 1 / count without weights (cross_entropy).
 struct CrossEntropyRow {
     Rows<const float> z;
     const index_t* targets;
     index_t ignore, count, V;
+    const float* weights;
     Rows<float> dz;
     double* per_row;
     MOONMOE_HD void operator()(index_t t) const {
@@ -144,7 +146,12 @@ struct CrossEntropyRow {
         for (index_t v = 0; v < V; ++v) sum += ::exp(double(zr[v] - m));
         const double lse = double(m) + ::log(sum);
         per_row[t] = lse - double(zr[target]);
-        if (dr) {
+        if (!dr) return;
+        if (weights) {
+            const double w = weights[t];
+            for (index_t v = 0; v < V; ++v) dr[v] = float(::exp(double(zr[v]) - lse) * w);
+            dr[target] = float((::exp(double(zr[target]) - lse) - 1.0) * w);
+        } else {
             for (index_t v = 0; v < V; ++v) dr[v] = float(::exp(double(zr[v]) - lse) / double(count));
             dr[target] -= 1.0f / float(count);
         }
@@ -161,6 +168,13 @@ struct CrossEntropyTotal {
         for (index_t t = 0; t < rows; ++t) total += per_row[t];
         loss[0] = count ? float(total / double(count)) : 0.0f;
     }
+};
+
+/// nll[t] = the row's loss, rounded to float.
+struct RoundRows {
+    const double* per_row;
+    float* nll;
+    MOONMOE_HD void operator()(index_t t) const { nll[t] = float(per_row[t]); }
 };
 
 /// out[t, j] = table[ids[t], j] for the flat index of out.
@@ -246,19 +260,42 @@ struct RowOps<cuda> {
     static void cross_entropy(View<const float, 2, cuda> logits, View<const index_t, 1, cuda> targets, index_t ignore,
                               index_t count, View<float, 1, cuda> loss, View<float, 2, cuda> dlogits) {
         using namespace cuda_rows_detail;
-        const index_t T = logits.shape[0], V = logits.shape[1];
         contract::check_cross_entropy(logits, targets, loss, dlogits);
-        const Rows<float> dz = dlogits.data ? rows_of(dlogits) : Rows<float>{nullptr, 0};
-        Tensor<double, 1, cuda> per_row({T});
-#if MOONMOE_CUDA_EMULATED
-        cuda_detail::launch(T, CrossEntropyRow{rows_of(logits), targets.data, ignore, count, V, dz, per_row.data()});
-#else
-        cuda_detail::cross_entropy_rows(logits.data, logits.strides[0], targets.data, ignore, count, T, V, dz.data,
-                                        dz.data ? dz.pitch : 0, per_row.data());
-#endif
-        cuda_detail::launch(1, CrossEntropyTotal{per_row.data(), loss.data, T, count});
+        Tensor<double, 1, cuda> per_row({logits.shape[0]});
+        cross_entropy_rows(logits, targets.data, ignore, count, nullptr, dlogits, per_row.data());
+        cuda_detail::launch(1, CrossEntropyTotal{per_row.data(), loss.data, logits.shape[0], count});
     }
 
+    /// nll[t] = logsumexp(z_t) - z_t[target] (double, rounded); dlogits[t] = weights[t] (softmax - onehot).
+    static void token_cross_entropy(View<const float, 2, cuda> logits, View<const index_t, 1, cuda> targets,
+                                    index_t ignore, View<const float, 1, cuda> weights, View<float, 1, cuda> nll,
+                                    View<float, 2, cuda> dlogits) {
+        using namespace cuda_rows_detail;
+        contract::check_token_cross_entropy(logits, targets, weights, nll, dlogits);
+        const index_t T = logits.shape[0];
+        if (T == 0) return;
+        Tensor<double, 1, cuda> per_row({T});
+        cross_entropy_rows(logits, targets.data, ignore, 0, dlogits.data ? weights.data : nullptr, dlogits,
+                           per_row.data());
+        cuda_detail::launch(T, RoundRows{per_row.data(), nll.data});
+    }
+
+private:
+    /// Both cross-entropies' rows (CrossEntropyRow; a block per row under nvcc).
+    static void cross_entropy_rows(View<const float, 2, cuda> logits, const index_t* targets, index_t ignore,
+                                   index_t count, const float* weights, View<float, 2, cuda> dlogits, double* per_row) {
+        using namespace cuda_rows_detail;
+        const index_t T = logits.shape[0], V = logits.shape[1];
+        const Rows<float> dz = dlogits.data ? rows_of(dlogits) : Rows<float>{nullptr, 0};
+#if MOONMOE_CUDA_EMULATED
+        cuda_detail::launch(T, CrossEntropyRow{rows_of(logits), targets, ignore, count, V, weights, dz, per_row});
+#else
+        cuda_detail::cross_entropy_rows(logits.data, logits.strides[0], targets, ignore, count, weights, T, V, dz.data,
+                                        dz.data ? dz.pitch : 0, per_row);
+#endif
+    }
+
+public:
     /// out[t] = table[ids[t]] (ids checked by the caller); one thread per element of out.
     static void embedding_gather(View<const float, 2, cuda> table, View<const index_t, 1, cuda> ids,
                                  View<float, 2, cuda> out) {
