@@ -7,6 +7,7 @@
 // DeepseekV3ForCausalLM on test/data/tiny_k2), held to 1e-6 on the loss and 2e-5 on gradients (relative to each
 // tensor's largest value).
 #include "support/backends.hpp"
+#include "support/io_testing.hpp"
 #include "support/nn_testing.hpp"
 #include "support/reference.hpp"
 
@@ -36,7 +37,8 @@ std::vector<double> expected_distribution(const std::vector<float>& z, const rl:
     const index_t V = index_t(z.size());
     std::vector<index_t> order(z.size());
     std::iota(order.begin(), order.end(), index_t(0));
-    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return z[std::size_t(a)] > z[std::size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](index_t a, index_t b) { return z[std::size_t(a)] > z[std::size_t(b)]; });
     const index_t k = p.top_k > 0 ? std::min(p.top_k, V) : V;
     std::vector<double> w(z.size(), 0.0);
     double mass = 0.0;
@@ -77,7 +79,8 @@ bool same_rollouts(const std::vector<rl::Rollout>& a, const std::vector<rl::Roll
 
 }  // namespace
 
-TEST_CASE("sample_row: the draws follow the tempered, top-k and top-p distribution, and report both log-probabilities") {
+TEST_CASE(
+    "sample_row: the draws follow the tempered, top-k and top-p distribution, and report both log-probabilities") {
     const index_t V = 12;
     const std::vector<float> z = row(3, V, 2.0f);
     double lse = 0.0;
@@ -111,8 +114,9 @@ TEST_CASE("sample_row: the draws follow the tempered, top-k and top-p distributi
     CHECK(rl::sample_row(tie.data(), 4, {1.0, 1, 1.0}, 1, 0).token == 1);
 }
 
-TEST_CASE("sample_rows: a row's draw depends on its logits, settings, seed and index alone, not on the batch or the "
-          "threads") {
+TEST_CASE(
+    "sample_rows: a row's draw depends on its logits, settings, seed and index alone, not on the batch or the "
+    "threads") {
     const index_t V = 50, rows = 9;
     Mat logits = random_matrix(rows, V, 5, 3.0f);
     std::vector<rl::SamplingParams> params;
@@ -133,7 +137,8 @@ TEST_CASE("sample_rows: a row's draw depends on its logits, settings, seed and i
     std::vector<std::uint64_t> s2 = {1, 2, 3}, i2 = {0, 0, 0};
     for (index_t r = rows; r-- > 0;) {
         std::copy(logits.data() + r * V, logits.data() + (r + 1) * V, other.data() + (3 + rows - 1 - r) * V);
-        p2.push_back(params[std::size_t(r)]), s2.push_back(seeds[std::size_t(r)]), i2.push_back(indices[std::size_t(r)]);
+        p2.push_back(params[std::size_t(r)]), s2.push_back(seeds[std::size_t(r)]),
+            i2.push_back(indices[std::size_t(r)]);
     }
     const std::vector<rl::Draw> mixed = rl::sample_rows(other.data(), rows + 3, V, V, p2, s2, i2);
     moonmoe::set_threads(threads);
@@ -151,9 +156,10 @@ TEST_CASE("sample_rows: a row's draw depends on its logits, settings, seed and i
                          doctest::Contains("row 4): top_p must be in (0, 1]"), std::invalid_argument);
 }
 
-TEST_CASE_TEMPLATE("rollout: budgets truncate, stop tokens end, and isolated decoding gives a sequence the same bits "
-                   "whatever else is requested",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "rollout: budgets truncate, stop tokens end, and isolated decoding gives a sequence the same bits "
+    "whatever else is requested",
+    B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = tiny_model<B>(41);
     const std::vector<rl::RolloutRequest> requests = {
         {{5, 9, 2}, 11, 6, {1.0, 0, 1.0}},
@@ -205,11 +211,12 @@ TEST_CASE_TEMPLATE("rollout: budgets truncate, stop tokens end, and isolated dec
     CHECK(stopped[0].response == std::vector<index_t>(all[0].response.begin(), at + 1));
 
     const std::vector<rl::RolloutRequest> no_budget = {{{5}, 1, 0, {}}};
-    CHECK_THROWS_WITH_AS(rl::rollout(model, std::span(no_budget)), doctest::Contains("request 0 has a token budget of 0"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(rl::rollout(model, std::span(no_budget)),
+                         doctest::Contains("request 0 has a token budget of 0"), std::invalid_argument);
     const std::vector<rl::RolloutRequest> bad_token = {{{5, 256}, 1, 3, {}}};
     CHECK_THROWS_WITH_AS(rl::rollout(model, std::span(bad_token)),
-                         doctest::Contains("prompt token 1 is 256, outside the vocabulary [0, 256)"), std::out_of_range);
+                         doctest::Contains("prompt token 1 is 256, outside the vocabulary [0, 256)"),
+                         std::out_of_range);
 }
 
 TEST_CASE_TEMPLATE("rollouts feed no router load and record no QK-Clip maxima", B, MOONMOE_TEST_BACKENDS) {
@@ -245,7 +252,8 @@ TEST_CASE("k15_objective: the loss and its gradient with respect to each log pi_
             mean /= double(g.samples.size());
             double lx = 0.0;
             for (const rl::Sample& s : g.samples) {
-                const double a = s.reward - (s.truncated ? o.budget_penalty : 0.0) - mean - o.tau * (lp[i++] - s.old_logp);
+                const double a =
+                    s.reward - (s.truncated ? o.budget_penalty : 0.0) - mean - o.tau * (lp[i++] - s.old_logp);
                 lx += a * a;
             }
             total += lx / double(g.samples.size());
@@ -275,9 +283,10 @@ TEST_CASE("k15_objective: the loss and its gradient with respect to each log pi_
                          doctest::Contains("tau must be finite and > 0"), std::invalid_argument);
 }
 
-TEST_CASE_TEMPLATE("the K1.5 objective with budget control and the PTX loss against PyTorch: response log-probs, "
-                   "loss and every gradient",
-                   B, MOONMOE_TEST_BACKENDS) {
+TEST_CASE_TEMPLATE(
+    "the K1.5 objective with budget control and the PTX loss against PyTorch: response log-probs, "
+    "loss and every gradient",
+    B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
     const Reference ref(data_dir("rl") + "/tiny_k2.safetensors");
     const auto f64 = [&](const std::string& name) {
@@ -298,7 +307,8 @@ TEST_CASE_TEMPLATE("the K1.5 objective with budget control and the PTX loss agai
         rl::Group g;
         for (index_t i = 0; i < k; ++i, ++sample) {
             rl::Sample s;
-            s.prompt.assign(prompt_ids.begin() + std::ptrdiff_t(p0), prompt_ids.begin() + std::ptrdiff_t(p0 + std::size_t(prompt_lengths[sample])));
+            s.prompt.assign(prompt_ids.begin() + std::ptrdiff_t(p0),
+                            prompt_ids.begin() + std::ptrdiff_t(p0 + std::size_t(prompt_lengths[sample])));
             s.response.assign(response_ids.begin() + std::ptrdiff_t(r0),
                               response_ids.begin() + std::ptrdiff_t(r0 + std::size_t(response_lengths[sample])));
             p0 += std::size_t(prompt_lengths[sample]), r0 += std::size_t(response_lengths[sample]);
@@ -327,8 +337,8 @@ TEST_CASE_TEMPLATE("the K1.5 objective with budget control and the PTX loss agai
     model.zero_grad();
     const rl::ObjectiveValue v = rl::k15_train_step(model, std::span<const rl::Group>(groups), o, &ptx);
     const double rl_ref = f64("loss.rl")[0], ptx_ref = f64("loss.ptx")[0], total_ref = f64("loss.total")[0];
-    MESSAGE(std::string(B::name) << ": K1.5 loss " << v.rl_loss << " (PyTorch " << rl_ref << "), PTX " << v.ptx_loss << " ("
-                    << ptx_ref << "), total " << v.loss << " (" << total_ref << ")");
+    MESSAGE(std::string(B::name) << ": K1.5 loss " << v.rl_loss << " (PyTorch " << rl_ref << "), PTX " << v.ptx_loss
+                                 << " (" << ptx_ref << "), total " << v.loss << " (" << total_ref << ")");
     CHECK(std::abs(v.loss - total_ref) <= 1e-6 * std::abs(total_ref));
     CHECK(std::abs(v.ptx_loss - ptx_ref) <= 1e-6 * std::abs(ptx_ref));
     // The K1.5 part alone is a small difference of large log-probabilities (sums of -5 to -52 here against a loss of
@@ -336,7 +346,8 @@ TEST_CASE_TEMPLATE("the K1.5 objective with budget control and the PTX loss agai
     // the loss by up to sum_i |dL/dlogp_i| |logp_i| 1e-6 (1.3e-6 of 0.25 measured on the CPU): held to that bound.
     double sensitivity = 0.0;
     for (std::size_t i = 0; i < v.dlogp.size(); ++i) sensitivity += std::abs(v.dlogp[i] * expected_seq[i]);
-    MESSAGE(std::string(B::name) << ": K1.5 loss error " << std::abs(v.rl_loss - rl_ref) << ", bound " << 1e-6 * sensitivity);
+    MESSAGE(std::string(B::name) << ": K1.5 loss error " << std::abs(v.rl_loss - rl_ref) << ", bound "
+                                 << 1e-6 * sensitivity);
     CHECK(std::abs(v.rl_loss - rl_ref) <= 1e-6 * sensitivity);
     double worst = 0.0;
     int compared = 0;
@@ -350,8 +361,8 @@ TEST_CASE_TEMPLATE("the K1.5 objective with budget control and the PTX loss agai
     MESSAGE(std::string(B::name) << ": " << compared << " gradients, worst error " << worst);
     CHECK(compared > 20);
 
-    CHECK_THROWS_WITH_AS(rl::k15_train_step(model, std::span<const rl::Group>(groups), o), doctest::Contains("no PTX batch"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(rl::k15_train_step(model, std::span<const rl::Group>(groups), o),
+                         doctest::Contains("no PTX batch"), std::invalid_argument);
 }
 
 TEST_CASE_TEMPLATE("train, rollout, train equals train, train bit for bit", B, MOONMOE_TEST_BACKENDS) {
@@ -374,12 +385,35 @@ TEST_CASE_TEMPLATE("train, rollout, train equals train, train bit for bit", B, M
         }
         std::map<std::string, std::vector<float>> weights;
         model.visit_params([&](const ParamRef& p) { weights[p.name] = floats_to_host<B>(p.value, p.numel()); });
-        for (auto& layer : model.layers) weights["max." + std::to_string(weights.size())] = to_host(layer.self_attn.max_logit_per_head);
+        for (auto& layer : model.layers)
+            weights["max." + std::to_string(weights.size())] = to_host(layer.self_attn.max_logit_per_head);
         return std::make_pair(losses, weights);
     };
     const auto plain = run(false), with = run(true);
     CHECK(plain.first == with.first);
     CHECK(plain.second == with.second);  // every weight, bit for bit (float ==, no NaN)
+}
+
+TEST_CASE_TEMPLATE(
+    "after an optimizer step, rollouts decode the updated weights, bf16 working copies included, as a "
+    "model loaded from them does",
+    B, MOONMOE_TEST_BACKENDS) {
+    using Tiny = TinyK2::with<Precision<BF16>, Optimizer<Muon<LearningRate<0.05>>, QKClip<30.0>>>;
+    nn::Transformer<B> model = load_transformer<Tiny, B>(data_dir("tiny_k2"));
+    optim::Optimizer<typename Tiny::optimizer, B> opt(model);
+    const std::vector<rl::RolloutRequest> requests = {{{3, 1, 4}, 5, 6, {1.0, 0, 1.0}}, {{2, 7}, 6, 5, {0.0, 0, 1.0}}};
+    const rl::RolloutOptions isolated{.stop_tokens = {}, .isolated = true};
+    const std::vector<rl::Rollout> before = rl::rollout(model, std::span(requests), isolated);
+    std::vector<rl::Group> groups(1);
+    for (const rl::Rollout& r : before) groups[0].samples.push_back(rl::Sample::of(r, r.response[0] % 2 ? 1.0 : 0.0));
+    rl::k15_train_step(model, std::span<const rl::Group>(groups), rl::Objective{.tau = 0.5});
+    opt.step();
+    const std::vector<rl::Rollout> after = rl::rollout(model, std::span(requests), isolated);
+    const std::filesystem::path dir = io_testing::scratch_dir(std::string("rl_refresh_") + B::name);
+    save_transformer(dir.string(), model);
+    nn::Transformer<B> loaded = load_transformer<Tiny, B>(dir.string());
+    CHECK(same_rollouts(after, rl::rollout(loaded, std::span(requests), isolated)));
+    CHECK_FALSE(same_rollouts(before, after));  // the step moved what decoding reads
 }
 
 TEST_CASE("RL<...>: the model type's post-training settings and the temperature schedule") {

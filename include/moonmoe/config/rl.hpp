@@ -85,8 +85,8 @@ struct RLConfig {
 template <class... Args>
 struct RL {
     using slot = slots::rl;
-    using accepted = detail::slot_list<slots::regularization, slots::budget_penalty, slots::ptx_weight,
-                                       slots::temperature_decay>;
+    using accepted =
+        detail::slot_list<slots::regularization, slots::budget_penalty, slots::ptx_weight, slots::temperature_decay>;
     MOONMOE_CHECK_ARGUMENTS("RL<...>", accepted, Args);
     using temperature_decay = detail::pick_t<slots::temperature_decay, TemperatureDecay<>, Args...>;
     static constexpr RLConfig value{

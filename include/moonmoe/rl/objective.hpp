@@ -41,8 +41,8 @@ namespace moonmoe::rl {
 /// One sampled response with what the objective needs of it.
 struct Sample {
     std::vector<index_t> prompt, response;
-    double reward = 0.0;    ///< r(x, y): the caller's
-    double old_logp = 0.0;  ///< log pi_old(y | x): Rollout::sequence_logp()
+    double reward = 0.0;     ///< r(x, y): the caller's
+    double old_logp = 0.0;   ///< log pi_old(y | x): Rollout::sequence_logp()
     bool truncated = false;  ///< reached its token budget (Rollout::truncated())
 
     static Sample of(const Rollout& r, double reward) {
@@ -83,11 +83,11 @@ struct PtxBatch {
 
 /// What one objective evaluation found.
 struct ObjectiveValue {
-    double loss = 0.0;      ///< rl_loss + ptx_weight * ptx_loss
-    double rl_loss = 0.0;   ///< the mean over prompts of L_x
-    double ptx_loss = 0.0;  ///< the PTX batch's mean cross-entropy (0 without one)
-    double mean_reward = 0.0;  ///< over every sample, after budget penalties
-    std::vector<double> logp;  ///< log pi_theta(y | x) per sample, groups in order
+    double loss = 0.0;          ///< rl_loss + ptx_weight * ptx_loss
+    double rl_loss = 0.0;       ///< the mean over prompts of L_x
+    double ptx_loss = 0.0;      ///< the PTX batch's mean cross-entropy (0 without one)
+    double mean_reward = 0.0;   ///< over every sample, after budget penalties
+    std::vector<double> logp;   ///< log pi_theta(y | x) per sample, groups in order
     std::vector<double> dlogp;  ///< dL / d log pi_theta(y | x) per sample
 };
 
@@ -149,8 +149,7 @@ inline PackedResponses pack_responses(std::span<const Group> groups, index_t voc
     for (std::size_t g = 0; g < groups.size(); ++g)
         for (std::size_t k = 0; k < groups[g].samples.size(); ++k) {
             const Sample& s = groups[g].samples[k];
-            const std::string where =
-                "rl: sample " + std::to_string(k) + " of group " + std::to_string(g);
+            const std::string where = "rl: sample " + std::to_string(k) + " of group " + std::to_string(g);
             if (s.prompt.empty() || s.response.empty())
                 throw std::invalid_argument(where + " has an empty " + (s.prompt.empty() ? "prompt" : "response"));
             for (std::size_t t = 0; t < s.prompt.size() + s.response.size(); ++t) {
@@ -199,7 +198,8 @@ ObjectiveValue k15_train_step(nn::Transformer<B>& model, std::span<const Group> 
     ObjectiveValue v = k15_objective(groups, sequence_logps(p, token_logp), o);
     std::vector<float> dlogp(p.targets.size(), 0.0f);
     for (index_t s = 0; s < p.layout.sequences(); ++s)
-        for (index_t t = p.layout.begin(s); t < p.layout.end(s); ++t) dlogp[std::size_t(t)] = float(v.dlogp[std::size_t(s)]);
+        for (index_t t = p.layout.begin(s); t < p.layout.end(s); ++t)
+            dlogp[std::size_t(t)] = float(v.dlogp[std::size_t(s)]);
     Tensor<float, 2, B> dlogits(logits.shape());
     nn::token_log_probs<B>(logits.view(), p.targets.data(), dlogp, dlogits.view());
     model.backward(dlogits.view(), cache);

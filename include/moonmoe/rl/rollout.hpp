@@ -1,8 +1,8 @@
 // moonmoe/rl/rollout.hpp: sampling responses to prompts with the model being trained (the rollout of an RL
 // iteration), in batched decoding with the latent KV cache.
 //
-//   std::vector<rl::RolloutRequest> requests = {{.prompt = ids, .seed = 7, .budget = 64, .sampling = {.temperature = 1}}};
-//   std::vector<rl::Rollout> out = rl::rollout(model, requests, {.stop_tokens = {eos}});
+//   std::vector<rl::RolloutRequest> requests = {{.prompt = ids, .seed = 7, .budget = 64, .sampling = {.temperature =
+//   1}}}; std::vector<rl::Rollout> out = rl::rollout(model, requests, {.stop_tokens = {eos}});
 //
 // Every request is prefilled in one batch, then every unfinished sequence is fed its last token per step. A
 // sequence ends at one of its stop tokens (kept as the response's last token), at its token budget (the response

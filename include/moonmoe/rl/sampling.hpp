@@ -49,7 +49,8 @@ struct SamplingParams {
         if (!(temperature >= 0.0) || !std::isfinite(temperature))
             throw std::invalid_argument(where + ": temperature must be finite and >= 0 (0 is greedy), not " +
                                         std::to_string(temperature));
-        if (top_k < 0) throw std::invalid_argument(where + ": top_k must be >= 0 (0: no cut), not " + std::to_string(top_k));
+        if (top_k < 0)
+            throw std::invalid_argument(where + ": top_k must be >= 0 (0: no cut), not " + std::to_string(top_k));
         if (!(top_p > 0.0 && top_p <= 1.0))
             throw std::invalid_argument(where + ": top_p must be in (0, 1] (1: no cut), not " + std::to_string(top_p));
     }
