@@ -55,6 +55,10 @@ import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import DeepseekV3ForCausalLM  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the tiny checkpoint's loading, gradients under on-disk names and file writing, as the packed oracle does them
+from make_packed_reference import load, on_disk_grads, save_st  # noqa: E402
+
 transformers.utils.logging.disable_progress_bar()
 
 SEED = 20261127
@@ -70,31 +74,6 @@ PTX_LENGTHS = [5, 3]
 
 def log(msg: str = "") -> None:
     print(msg, flush=True)
-
-
-def load(name: str) -> DeepseekV3ForCausalLM:
-    m = DeepseekV3ForCausalLM.from_pretrained(str(REPO / "test" / "data" / name), attn_implementation="eager",
-                                              experts_implementation="eager")
-    return m.to(torch.float32)
-
-
-def on_disk_grads(model: DeepseekV3ForCausalLM) -> dict[str, torch.Tensor]:
-    """Every parameter gradient under its on-disk checkpoint name (transformers 5 keeps experts fused in memory)."""
-    out = {}
-    for pname, p in model.named_parameters():
-        g = p.grad.detach().to(torch.float32)
-        if pname.endswith("mlp.experts.gate_up_proj"):
-            prefix, inter = pname[: -len("gate_up_proj")], g.shape[1] // 2
-            for e in range(g.shape[0]):
-                out[f"{prefix}{e}.gate_proj.weight"] = g[e, :inter].contiguous().clone()
-                out[f"{prefix}{e}.up_proj.weight"] = g[e, inter:].contiguous().clone()
-        elif pname.endswith("mlp.experts.down_proj"):
-            prefix = pname[: -len("down_proj")]
-            for e in range(g.shape[0]):
-                out[f"{prefix}{e}.down_proj.weight"] = g[e].contiguous().clone()
-        else:
-            out[pname] = g.contiguous().clone()
-    return out
 
 
 def response_logp(model, prompt: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
@@ -193,10 +172,6 @@ def run(model: DeepseekV3ForCausalLM, gen: torch.Generator) -> dict:
     for n, g in on_disk_grads(model).items():
         ref[f"grad.{n}"] = g
     return ref
-
-
-def save_st(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, str(path), metadata={"format": "pt"})
 
 
 def write_versions(d: Path) -> None:

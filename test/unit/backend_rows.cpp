@@ -18,6 +18,13 @@ Tensor<float, 1> random_vector(index_t n, std::uint64_t seed, float offset = 0.0
     for (index_t i = 0; i < n; ++i) v(i) = m(0, i) + offset;
     return v;
 }
+/// log sum_v exp(z(t, v)), in double.
+double row_logsumexp(const Mat& z, index_t t) {
+    double m = -INFINITY, sum = 0;
+    for (index_t v = 0; v < z.size(1); ++v) m = std::max(m, double(z(t, v)));
+    for (index_t v = 0; v < z.size(1); ++v) sum += std::exp(double(z(t, v)) - m);
+    return m + std::log(sum);
+}
 Tensor<index_t, 1> indices(std::vector<index_t> values) {
     Tensor<index_t, 1> t({index_t(values.size())});
     for (std::size_t i = 0; i < values.size(); ++i) t(index_t(i)) = values[i];
@@ -102,10 +109,7 @@ TEST_CASE_TEMPLATE("cross_entropy: mean over counted targets, gradient rows, ign
     double total = 0;
     for (index_t t = 0; t < T; ++t) {
         const index_t y = targets[std::size_t(t)];
-        double m = -INFINITY, sum = 0;
-        for (index_t v = 0; v < V; ++v) m = std::max(m, double(z(t, v)));
-        for (index_t v = 0; v < V; ++v) sum += std::exp(double(z(t, v)) - m);
-        const double lse = m + std::log(sum);
+        const double lse = row_logsumexp(z, t);
         if (y >= 0) total += lse - z(t, y);
         for (index_t v = 0; v < V; ++v) {
             const double expect =
@@ -136,10 +140,7 @@ TEST_CASE_TEMPLATE("token_cross_entropy: each row's loss, gradient rows scaled b
     const std::vector<float> nllh = to_host(nll);
     for (index_t t = 0; t < T; ++t) {
         const index_t y = targets[std::size_t(t)];
-        double m = -INFINITY, sum = 0;
-        for (index_t v = 0; v < V; ++v) m = std::max(m, double(z(t, v)));
-        for (index_t v = 0; v < V; ++v) sum += std::exp(double(z(t, v)) - m);
-        const double lse = m + std::log(sum);
+        const double lse = row_logsumexp(z, t);
         CHECK(nllh[std::size_t(t)] == doctest::Approx(y < 0 ? 0.0 : lse - z(t, y)).epsilon(1e-6));
         for (index_t v = 0; v < V; ++v) {
             const double expect = y < 0 ? 0.0 : (std::exp(double(z(t, v)) - lse) - (v == y ? 1.0 : 0.0)) * w(t);
