@@ -54,6 +54,7 @@
 #include "parallel/optimizer_state.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/zero.hpp"
+#include "rl/objective.hpp"
 
 namespace moonmoe {
 
@@ -142,6 +143,35 @@ public:
     float step(const std::vector<index_t>& ids, const nn::TokenLayout& layout) {
         return step(std::span<const std::vector<index_t>>(&ids, 1), layout);
     }
+
+    /// One RL iteration's optimizer step (rl/objective.hpp): the K1.5 objective of this rank's token stream's
+    /// prompt groups, with the model type's RL<...> settings (budget penalty, and the PTX loss on `ptx` when its
+    /// weight is set), then the optimizer as step() runs it (ZeRO-1 over the replicas, which averages their
+    /// gradients: give every stream the same number of prompts and the objective is the mean over all of them).
+    /// Layouts without pipeline parallelism (EP and DP) run the part as a whole model; PP > 1 is refused (the
+    /// objective's two passes through the pipeline are not built). Returns the objective (loss and per-sample
+    /// log-probabilities of this stream; the loss averaged over the streams on every rank).
+    rl::ObjectiveValue rl_step(std::span<const rl::Group> groups, const rl::PtxBatch* ptx = nullptr) {
+        if (config_.parallel.pp > 1)
+            throw std::invalid_argument(where() + "rl_step: the K1.5 objective through a pipeline (PP = " +
+                                        std::to_string(config_.parallel.pp) +
+                                        ") is not built; layouts with PP = 1 (expert and data parallelism) run it");
+        rl::ObjectiveValue v = rl::k15_train_step(*part_, groups, rl::Objective::of(Model::rl::value), ptx);
+        ++rl_iterations_;
+        if (!groups_) {
+            report_ = optimizer_->step();
+            return v;
+        }
+        report_ = distributed_->step();
+        std::vector<double> sum = {v.loss};
+        groups_->dense_dp->all_reduce(std::span<double>(sum), parallel::ReduceOp::sum);
+        v.loss = sum[0] / double(groups_->replicas());
+        return v;
+    }
+    /// The sampling temperature of the next RL iteration: the model type's TemperatureDecay at rl_iterations().
+    double sampling_temperature() const { return Model::rl::value.temperature.at(rl_iterations_); }
+    /// RL iterations (rl_step calls) so far.
+    long long rl_iterations() const { return rl_iterations_; }
 
     /// The resolved configuration (Dynamic sizes from the checkpoint, DP from the world).
     const ModelConfig& config() const { return config_; }
@@ -233,6 +263,7 @@ private:
     std::unique_ptr<parallel::DistributedOptimizer<OptimizerConfig, backend>> distributed_;  // parallel
     std::unique_ptr<parallel::Pipeline<backend>> pipeline_;
     index_t pipeline_micro_batches_ = 0;
+    long long rl_iterations_ = 0;
     optim::StepReport report_{};
     typename parallel::Pipeline<backend>::Timing timing_{};
 };

@@ -21,7 +21,9 @@
 #include <moonmoe/config.hpp>
 #include <moonmoe/io/model_io.hpp>
 #include <moonmoe/optim/optimizer.hpp>
+#include <moonmoe/nn/init.hpp>
 #include <moonmoe/rl/objective.hpp>
+#include <moonmoe/trainer.hpp>
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
 namespace unit_rl {
@@ -414,6 +416,40 @@ TEST_CASE_TEMPLATE(
     nn::Transformer<B> loaded = load_transformer<Tiny, B>(dir.string());
     CHECK(same_rollouts(after, rl::rollout(loaded, std::span(requests), isolated)));
     CHECK_FALSE(same_rollouts(before, after));  // the step moved what decoding reads
+}
+
+TEST_CASE(
+    "Trainer::rl_step: the K1.5 objective with the type's RL<...> settings, then the optimizer step; the "
+    "temperature follows the type's TemperatureDecay") {
+    using Tiny = TinyK2::with<Optimizer<Muon<LearningRate<0.02>>, QKClip<30.0>>,
+                              RL<Regularization<0.5>, BudgetPenalty<0.2>, PTXWeight<0.3>,
+                                 TemperatureDecay<StartTemperature<1.5>, FinalTemperature<0.5>, DecayIterations<2>>>>;
+    Trainer<Tiny> run({.seed = 3});
+    nn::Transformer<cpu> model(Tiny::config);
+    nn::init_weights(model, {.seed = 3});
+    optim::Optimizer<Tiny::optimizer, cpu> opt(model);
+    std::vector<rl::Group> groups(2);
+    groups[0].samples = {{{3, 1, 4}, {1, 5, 9}, 1.0, -20.0, false}, {{3, 1, 4}, {2, 6}, 0.0, -14.0, true}};
+    groups[1].samples = {{{2, 7}, {1}, 0.5, -5.0, false}, {{2, 7}, {8, 2, 8}, 0.0, -16.0, false}};
+    const rl::PtxBatch ptx{{10, 20, 30, 40, 50, 60}, nn::TokenLayout::sequences(2, 3)};
+    CHECK(run.sampling_temperature() == 1.5);
+    for (int it = 0; it < 2; ++it) {
+        const rl::ObjectiveValue a = run.rl_step(groups, &ptx);
+        const rl::ObjectiveValue b =
+            rl::k15_train_step(model, std::span<const rl::Group>(groups),
+                               rl::Objective{.tau = 0.5, .budget_penalty = 0.2, .ptx_weight = 0.3}, &ptx);
+        opt.step();
+        CHECK(a.loss == b.loss);
+        CHECK(a.ptx_loss == b.ptx_loss);
+    }
+    CHECK(run.rl_iterations() == 2);
+    CHECK(run.sampling_temperature() == 0.5);
+    std::map<std::string, std::vector<float>> want;
+    model.visit_params([&](const ParamRef& p) { want[p.name].assign(p.value, p.value + p.numel()); });
+    run.model().visit_params([&](const ParamRef& p) {
+        CAPTURE(p.name);
+        CHECK(std::equal(p.value, p.value + p.numel(), want.at(p.name).begin()));
+    });
 }
 
 TEST_CASE("RL<...>: the model type's post-training settings and the temperature schedule") {

@@ -1,0 +1,180 @@
+// The K1.5 objective (rl/objective.hpp) in a parallel layout: Trainer::rl_step at the world's layout without
+// pipeline parallelism (2 ranks: (1,2,1) and (1,1,2); 4: (1,2,2); 8: (1,4,2)) against the one-process Trainer on the
+// same prompt groups, split over the layout's token streams (each stream the same number of prompts, so the mean of
+// the streams' objectives is the objective of all of them). Checked: the objective's gradient after ZeRO-1's
+// reduce-scatter on each parameter's owner within the parallel tolerance (relative 1e-5: expert rows and replicas
+// sum in other orders, test/mpi/model.cpp); then two Trainer::rl_step iterations with the PTX loss: the objective
+// and the per-sample log-probabilities within 1e-5, every weight the parallel run holds within 5e-5 (Muon
+// orthogonalises a policy gradient of low rank, whose many near-zero singular directions turn the layouts' rounding
+// into update differences: 1.04e-5 measured at (1,2,1), 7.9e-6 at (1,4,2)). A layout with a pipeline is refused
+// with the reason.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <moonmoe/backend/cpu.hpp>
+#include <moonmoe/config.hpp>
+#include <moonmoe/nn/init.hpp>
+#include <moonmoe/parallel/zero.hpp>
+#include <moonmoe/trainer.hpp>
+
+#include "mpi_support.hpp"
+
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace mpi_rl {
+
+using namespace moonmoe;
+using moonmoe::testing::random_ids;
+using moonmoe::testing::scaled_error;
+using moonmoe::testing::world;
+
+namespace {
+
+// AdamW's eps raised from 1e-8 to 1: a policy gradient leaves many lm_head and embedding entries small, where AdamW's
+// first steps move by +-lr whatever their size (m / sqrt(v) = sign(g) for |g| >> eps), so the layouts' float rounding
+// of a gradient entry near zero became whole steps of difference (1.1e-5 of lm_head's scale with eps 1e-8, 1.5e-5 of
+// the embedding's with 1e-4). With eps 1 AdamW moves them by about lr g, continuous in g, and rounding stays rounding.
+using Clipped = moonmoe::Optimizer<Muon<LearningRate<0.02>>, AdamW<LearningRate<0.003>, Eps<1.0>>, QKClip<5>,
+                                   WSD<Warmup<1>, Stable<1000>, Decay<0>>>;
+template <index_t PP, index_t EP, index_t DP>
+using Tiny = TinyK2::with<Clipped, Parallel<PP, EP, DP>, RL<Regularization<0.5>, BudgetPenalty<0.2>, PTXWeight<0.3>>>;
+
+constexpr index_t global_groups = 8;  ///< prompts per iteration, split over a layout's token streams
+
+/// Prompt group g of iteration `it`: a prompt and K = 2 + g % 2 responses of different lengths, rewards, old
+/// log-probabilities and one truncated response in every other group; the same on every rank.
+rl::Group group_of(index_t vocab, index_t g, int it) {
+    std::mt19937_64 gen(std::uint64_t(500 + 37 * g + 1000 * it));
+    const auto ids = [&](std::size_t n) {
+        std::vector<index_t> v(n);
+        for (index_t& t : v) t = index_t(gen() % std::uint64_t(vocab));
+        return v;
+    };
+    rl::Group group;
+    const std::vector<index_t> prompt = ids(3 + std::size_t(g % 3));
+    for (index_t k = 0; k < 2 + g % 2; ++k)
+        group.samples.push_back({prompt, ids(1 + std::size_t((g + k) % 4)), double((g + k) % 3) * 0.5,
+                                 -8.0 - double(k), g % 2 == 1 && k == 0});
+    return group;
+}
+
+rl::PtxBatch ptx_of(index_t vocab, index_t stream, int it) {
+    return {random_ids(vocab, 7700 + std::uint64_t(stream) * 13 + std::uint64_t(it)), nn::TokenLayout::sequences(2, 8)};
+}
+
+/// The objective's mean gradient over the layout's streams, reduce-scattered by ZeRO-1 onto each parameter's owner,
+/// against the one-process gradient of all the groups: float rounding only (the sums run in other orders).
+template <class Model>
+void check_gradient(const std::vector<rl::Group>& all, index_t per) {
+    parallel::Communicator& w = world();
+    const ModelConfig c = Model::config;
+    parallel::ProcessGroups g(w, c.parallel);
+    nn::Transformer<cpu> part(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<cpu>(g));
+    nn::init_weights(part, {.seed = 5});
+    parallel::DistributedOptimizer<Clipped, cpu> opt(part, g);
+    rl::Objective o = rl::Objective::of(Model::rl::value);
+    o.ptx_weight = 0.0;  // the RL objective's gradient alone (the PTX loss is train_step's, tested with the pipeline)
+    const std::vector<rl::Group> mine(all.begin() + std::ptrdiff_t(g.replica() * per),
+                                      all.begin() + std::ptrdiff_t((g.replica() + 1) * per));
+    rl::k15_train_step(part, std::span<const rl::Group>(mine), o);
+    REQUIRE_FALSE(opt.reduce_gradients());
+    nn::Transformer<cpu> whole(Tiny<1, 1, 1>::config);
+    nn::init_weights(whole, {.seed = 5});
+    rl::k15_train_step(whole, std::span<const rl::Group>(all), o);
+    std::map<std::string, const float*> want;
+    whole.visit_params([&](const ParamRef& p) { want[p.name] = p.grad; });
+    const std::vector<int>& owners = opt.owners();
+    std::size_t i = 0;
+    double worst = 0;
+    part.visit_params([&](const ParamRef& p) {
+        const int owner = owners[i++];
+        if (!p.grad || owner < 0) return;
+        const parallel::Communicator& group = p.kind == ParamKind::expert_matrix ? *g.expert_dp : *g.dense_dp;
+        if (owner != group.rank()) return;
+        INFO(p.name);
+        const double e = scaled_error(p.grad, want.at(p.name), p.numel());
+        worst = std::max(worst, e);
+        CHECK(e <= 1e-5);
+    });
+    MESSAGE("rank " << w.rank() << ": the objective's gradient on each owner, worst error " << worst);
+}
+
+template <class Model>
+void check_against_one_process() {
+    parallel::Communicator& w = world();
+    INFO("layout (" << Model::config.parallel.pp << ", " << Model::config.parallel.ep << ", "
+                    << Model::config.parallel.dp << "), rank " << w.rank());
+    Trainer<Model> parallel(w, {.seed = 5});
+    Trainer<Tiny<1, 1, 1>> one({.seed = 5});
+    const index_t R = parallel.replicas(), vocab = parallel.config().dims.vocab, per = global_groups / R;
+    REQUIRE(global_groups % R == 0);
+    {
+        std::vector<rl::Group> all;
+        for (index_t g = 0; g < global_groups; ++g) all.push_back(group_of(vocab, g, 0));
+        check_gradient<Model>(all, per);
+    }
+    for (int it = 0; it < 2; ++it) {
+        std::vector<rl::Group> all, mine;
+        for (index_t g = 0; g < global_groups; ++g) {
+            all.push_back(group_of(vocab, g, it));
+            if (g / per == parallel.replica()) mine.push_back(all.back());
+        }
+        // one process: the streams' PTX batches as one (equal sizes, so its mean loss is the mean of theirs)
+        std::vector<index_t> ptx_ids;
+        std::vector<index_t> lengths;
+        for (index_t q = 0; q < R; ++q) {
+            const rl::PtxBatch b = ptx_of(vocab, q, it);
+            ptx_ids.insert(ptx_ids.end(), b.ids.begin(), b.ids.end());
+            lengths.push_back(8), lengths.push_back(8);
+        }
+        const rl::PtxBatch mine_ptx = ptx_of(vocab, parallel.replica(), it);
+        const rl::PtxBatch all_ptx{ptx_ids, nn::TokenLayout::packed(lengths)};
+        const rl::ObjectiveValue p = parallel.rl_step(mine, &mine_ptx);
+        const rl::ObjectiveValue o = one.rl_step(all, &all_ptx);
+        CHECK(p.loss == doctest::Approx(o.loss).epsilon(1e-5));
+        std::size_t before = 0;  // this stream's samples come after those of the streams before it
+        for (index_t g = 0; g < parallel.replica() * per; ++g) before += all[std::size_t(g)].samples.size();
+        REQUIRE(p.logp.size() + before <= o.logp.size());
+        for (std::size_t i = 0; i < p.logp.size(); ++i) CHECK(p.logp[i] == doctest::Approx(o.logp[before + i]).epsilon(1e-5));
+    }
+    CHECK(parallel.rl_iterations() == 2);
+    std::map<std::string, std::vector<float>> want;
+    one.model().visit_params([&](const ParamRef& p) { want[p.name].assign(p.value, p.value + p.numel()); });
+    double worst = 0;
+    std::string worst_name;
+    parallel.model().visit_params([&](const ParamRef& p) {
+        INFO(p.name);
+        const double e = scaled_error(p.value, want.at(p.name).data(), p.numel());
+        if (e > worst) worst = e, worst_name = p.name;
+        CHECK(e < 5e-5);
+    });
+    MESSAGE("rank " << w.rank() << ": two RL iterations, worst weight error " << worst << " (" << worst_name << ")");
+}
+
+}  // namespace
+
+TEST_CASE("Trainer::rl_step in the world's layout (expert and data parallelism) steps as the one-process Trainer") {
+    switch (world().size()) {
+    case 2:
+        check_against_one_process<Tiny<1, 2, 1>>();
+        check_against_one_process<Tiny<1, 1, 2>>();
+        break;
+    case 4: check_against_one_process<Tiny<1, 2, 2>>(); break;
+    case 8: check_against_one_process<Tiny<1, 4, 2>>(); break;
+    default: MESSAGE("no RL layout for " << world().size() << " ranks");
+    }
+}
+
+TEST_CASE("Trainer::rl_step refuses a layout with pipeline parallelism, saying which layouts run it") {
+    if (world().size() != 2) return;
+    Trainer<Tiny<2, 1, 1>> run(world(), {.seed = 5});
+    const std::vector<rl::Group> groups = {group_of(run.config().dims.vocab, 0, 0)};
+    CHECK_THROWS_WITH_AS(run.rl_step(groups), doctest::Contains("layouts with PP = 1 (expert and data parallelism)"),
+                         std::invalid_argument);
+}
+
+}  // namespace mpi_rl
