@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -19,7 +20,9 @@
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config.hpp>
 #include <moonmoe/nn/init.hpp>
+#include <moonmoe/parallel/weight_refresh.hpp>
 #include <moonmoe/parallel/zero.hpp>
+#include <moonmoe/io/model_io.hpp>
 #include <moonmoe/trainer.hpp>
 
 #include "mpi_support.hpp"
@@ -57,8 +60,8 @@ rl::Group group_of(index_t vocab, index_t g, int it) {
     rl::Group group;
     const std::vector<index_t> prompt = ids(3 + std::size_t(g % 3));
     for (index_t k = 0; k < 2 + g % 2; ++k)
-        group.samples.push_back({prompt, ids(1 + std::size_t((g + k) % 4)), double((g + k) % 3) * 0.5,
-                                 -8.0 - double(k), g % 2 == 1 && k == 0});
+        group.samples.push_back({prompt, ids(1 + std::size_t((g + k) % 4)), double((g + k) % 3) * 0.5, -8.0 - double(k),
+                                 g % 2 == 1 && k == 0});
     return group;
 }
 
@@ -139,7 +142,8 @@ void check_against_one_process() {
         std::size_t before = 0;  // this stream's samples come after those of the streams before it
         for (index_t g = 0; g < parallel.replica() * per; ++g) before += all[std::size_t(g)].samples.size();
         REQUIRE(p.logp.size() + before <= o.logp.size());
-        for (std::size_t i = 0; i < p.logp.size(); ++i) CHECK(p.logp[i] == doctest::Approx(o.logp[before + i]).epsilon(1e-5));
+        for (std::size_t i = 0; i < p.logp.size(); ++i)
+            CHECK(p.logp[i] == doctest::Approx(o.logp[before + i]).epsilon(1e-5));
     }
     CHECK(parallel.rl_iterations() == 2);
     std::map<std::string, std::vector<float>> want;
@@ -166,6 +170,77 @@ TEST_CASE("Trainer::rl_step in the world's layout (expert and data parallelism) 
     case 4: check_against_one_process<Tiny<1, 2, 2>>(); break;
     case 8: check_against_one_process<Tiny<1, 4, 2>>(); break;
     default: MESSAGE("no RL layout for " << world().size() << " ranks");
+    }
+}
+
+/// After a training step at layout `Model`, the refresh gives every rank's whole decoding model the weights the run
+/// saves, bit for bit; the bytes add up; rollouts then decode on each rank alone and agree across ranks.
+template <class Model>
+void check_refresh() {
+    parallel::Communicator& w = world();
+    INFO("layout (" << Model::config.parallel.pp << ", " << Model::config.parallel.ep << ", "
+                    << Model::config.parallel.dp << "), rank " << w.rank());
+    Trainer<Model> run(w, {.seed = 5});
+    const auto layout = nn::TokenLayout::sequences(2, 8);
+    std::vector<std::vector<index_t>> batches;
+    for (index_t m = 0; m < std::max<index_t>(2, Model::config.parallel.pp); ++m)
+        batches.push_back(random_ids(run.config().dims.vocab, 8800 + std::uint64_t(m + 7 * run.replica())));
+    run.step(batches, layout);
+
+    ModelConfig decoding_config = run.config();
+    decoding_config.parallel = Tiny<1, 1, 1>::config.parallel;
+    nn::Transformer<cpu> decoding(decoding_config);
+    parallel::WeightRefresh<cpu> refresh(run.model(), w);
+    const parallel::RefreshReport r = refresh.into(decoding);
+
+    const std::filesystem::path dir =
+        std::filesystem::path(MOONMOE_TEST_BINARY_DIR) / ("mpi_rl_refresh_" + std::to_string(w.size()));
+    run.save(dir);
+    const nn::Transformer<cpu> saved = load_transformer<Tiny<1, 1, 1>, cpu>(dir.string());
+    std::map<std::string, std::vector<float>> want;
+    const_cast<nn::Transformer<cpu>&>(saved).visit_params(
+        [&](const ParamRef& p) { want[p.name].assign(p.value, p.value + p.numel()); });
+    std::uint64_t bytes = 0, owned = 0;
+    decoding.visit_params([&](const ParamRef& p) {
+        INFO(p.name);
+        CHECK(std::equal(p.value, p.value + p.numel(), want.at(p.name).begin()));
+        bytes += std::uint64_t(p.numel()) * sizeof(float);
+    });
+    for (const auto& e : refresh.entries())
+        if (e.owner == w.rank()) owned += std::uint64_t(e.numel) * sizeof(float);
+    CHECK(r.parameters == index_t(want.size()));
+    CHECK(r.bytes_kept == bytes);
+    CHECK(r.bytes_received == bytes - owned);
+    CHECK(r.bytes_sent == owned * std::uint64_t(w.size() - 1));
+    std::vector<index_t> sent = {index_t(r.bytes_sent)};
+    w.all_reduce(std::span<index_t>(sent), parallel::ReduceOp::sum);
+    CHECK(std::uint64_t(sent[0]) ==
+          bytes * std::uint64_t(w.size() - 1));  // every parameter from one owner to every other rank
+    MESSAGE("rank " << w.rank() << ": refreshed " << r.parameters << " tensors, sent " << r.bytes_sent
+                    << " B, received " << r.bytes_received << " B, kept " << r.bytes_kept << " B in " << r.seconds
+                    << " s");
+
+    const std::vector<rl::RolloutRequest> requests = {{{3, 1, 4}, 9, 5, {1.0, 0, 1.0}},
+                                                      {{2, 7, 1}, 10, 4, {0.8, 4, 0.9}}};
+    const std::vector<rl::Rollout> out = rl::rollout(decoding, std::span(requests));
+    std::vector<index_t> sum = {0, 0};
+    for (const rl::Rollout& o : out)
+        for (index_t t : o.response) sum[0] += t, sum[1] -= t;
+    w.all_reduce(std::span<index_t>(sum), parallel::ReduceOp::max);  // max of the sums, minus the min
+    CHECK(sum[0] == -sum[1]);
+}
+
+TEST_CASE(
+    "WeightRefresh: after a step in the world's layout, every rank's decoding model holds the saved weights "
+    "bit for bit") {
+    switch (world().size()) {
+    case 2:
+        check_refresh<Tiny<2, 1, 1>>();
+        check_refresh<Tiny<1, 2, 1>>();
+        break;
+    case 4: check_refresh<Tiny<2, 2, 1>>(); break;
+    case 8: check_refresh<Tiny<2, 2, 2>>(); break;
+    default: MESSAGE("no refresh layout for " << world().size() << " ranks");
     }
 }
 
