@@ -220,6 +220,16 @@ void check_refresh() {
                     << " B, received " << r.bytes_received << " B, kept " << r.bytes_kept << " B in " << r.seconds
                     << " s");
 
+    if (w.size() == 2) {  // one rank's decoding model does not fit: both ranks refuse, neither is left waiting
+        ModelConfig other = decoding_config;
+        if (w.rank() == 1) other.dims.vocab += 1;
+        nn::Transformer<cpu> wrong(other);
+        CHECK_THROWS_WITH_AS(refresh.into(wrong),
+                             doctest::Contains(w.rank() == 1 ? "the decoding model's 'lm_head.weight' has"
+                                                             : "rank 1's decoding model does not fit"),
+                             std::invalid_argument);
+    }
+
     const std::vector<rl::RolloutRequest> requests = {{{3, 1, 4}, 9, 5, {1.0, 0, 1.0}},
                                                       {{2, 7, 1}, 10, 4, {0.8, 4, 0.9}}};
     const std::vector<rl::Rollout> out = rl::rollout(decoding, std::span(requests));

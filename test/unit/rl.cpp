@@ -419,7 +419,7 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE(
-    "Trainer::rl_step: the K1.5 objective with the type's RL<...> settings, then the optimizer step; the "
+    "Trainer::rl_step: the K1.5 objective with the type's RL<...> settings, then the optimizer step, and the "
     "temperature follows the type's TemperatureDecay") {
     using Tiny = TinyK2::with<Optimizer<Muon<LearningRate<0.02>>, QKClip<30.0>>,
                               RL<Regularization<0.5>, BudgetPenalty<0.2>, PTXWeight<0.3>,

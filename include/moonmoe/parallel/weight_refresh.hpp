@@ -62,7 +62,7 @@ public:
             mine += p.name + "\t" + std::to_string(p.numel()) + "\t" + (p.stored_bf16 ? "1" : "0") + "\n";
         });
         const int n = world.size();
-        std::vector<index_t> sizes(std::size_t(n), 0), one = {index_t(mine.size())};
+        std::vector<index_t> sizes(std::size_t(n), 0), one = { index_t(mine.size()) };
         world.all_gather(std::span<const index_t>(one), std::span<index_t>(sizes));
         index_t total = 0;
         for (index_t s : sizes) total += s;
@@ -76,18 +76,16 @@ public:
             at += std::size_t(sizes[std::size_t(r)]);
             std::size_t line = 0;
             while (line < text.size()) {
-                const std::size_t end = text.find('\n', line), t1 = text.find('\t', line),
-                                  t2 = text.find('\t', t1 + 1);
-                Entry e{text.substr(line, t1 - line), std::stoll(text.substr(t1 + 1, t2 - t1 - 1)),
-                        text[t2 + 1] == '1', r};
+                const std::size_t end = text.find('\n', line), t1 = text.find('\t', line), t2 = text.find('\t', t1 + 1);
+                Entry e{text.substr(line, t1 - line), std::stoll(text.substr(t1 + 1, t2 - t1 - 1)), text[t2 + 1] == '1',
+                        r};
                 line = end + 1;
                 const auto [it, fresh] = seen.emplace(e.name, entries_.size());
                 if (fresh) entries_.push_back(std::move(e));
                 else if (entries_[it->second].numel != e.numel || entries_[it->second].bf16 != e.bf16)
-                    throw std::invalid_argument(world.where("WeightRefresh") + ": parameter '" + e.name +
-                                                "' has " + std::to_string(e.numel) + " elements on rank " +
-                                                std::to_string(r) + " and " +
-                                                std::to_string(entries_[it->second].numel) + " on rank " +
+                    throw std::invalid_argument(world.where("WeightRefresh") + ": parameter '" + e.name + "' has " +
+                                                std::to_string(e.numel) + " elements on rank " + std::to_string(r) +
+                                                " and " + std::to_string(entries_[it->second].numel) + " on rank " +
                                                 std::to_string(entries_[it->second].owner));
             }
         }
@@ -112,17 +110,27 @@ public:
         decoding.visit_params([&](const ParamRef& p) { wanted.emplace(p.name, p); });
         std::map<std::string, const Entry*> by_name;
         for (const Entry& e : entries_) by_name.emplace(e.name, &e);
-        for (const auto& [name, p] : wanted) {  // checked before any byte moves: refused on every rank alike
+        // checked before any byte moves, and agreed: a rank whose decoding model does not fit refuses, and so does
+        // every other rank (none is left waiting in a broadcast)
+        std::string problem;
+        for (const auto& [name, p] : wanted) {
             const auto it = by_name.find(name);
             if (it == by_name.end())
-                throw std::invalid_argument(world_.where("WeightRefresh::into") + ": the decoding model's parameter '" +
-                                            name + "' is not one of the training model's");
-            if (it->second->numel != p.numel() || it->second->bf16 != p.stored_bf16)
-                throw std::invalid_argument(world_.where("WeightRefresh::into") + ": the decoding model's '" + name +
-                                            "' has " + std::to_string(p.numel()) + (p.stored_bf16 ? " bf16" : " f32") +
-                                            " values, the training model's " + std::to_string(it->second->numel) +
-                                            (it->second->bf16 ? " bf16" : " f32"));
+                problem = "the decoding model's parameter '" + name + "' is not one of the training model's";
+            else if (it->second->numel != p.numel() || it->second->bf16 != p.stored_bf16)
+                problem = "the decoding model's '" + name + "' has " + std::to_string(p.numel()) +
+                          (p.stored_bf16 ? " bf16" : " f32") + " values, the training model's " +
+                          std::to_string(it->second->numel) + (it->second->bf16 ? " bf16" : " f32");
+            if (!problem.empty()) break;
         }
+        std::vector<index_t> refused = {problem.empty() ? index_t(-1) : index_t(world_.rank())};
+        world_.all_reduce(std::span<index_t>(refused), ReduceOp::max);
+        if (refused[0] >= 0)
+            throw std::invalid_argument(world_.where("WeightRefresh::into") + ": " +
+                                        (problem.empty() ? "rank " + std::to_string(refused[0]) +
+                                                               "'s decoding model does not fit the training model "
+                                                               "(its message names the parameter)"
+                                                         : problem));
         RefreshReport r;
         const int me = world_.rank(), n = world_.size();
         std::vector<float> out, in;

@@ -4,7 +4,7 @@
 // its response, and on nothing else: not on the other rows of the batch, their order, or the number of threads.
 // Its uniform number is rng::uniform01(seed, index) (backend/random.hpp, counter-based); the candidates are ordered
 // by (scaled logit descending, token id ascending), so ties break the same way everywhere; every sum is in double in
-// that order. Rows are drawn in parallel, each by one thread.
+// that order. Rows are drawn in parallel on the host's thread pool (moonmoe::set_threads), each by one thread.
 //
 // What a draw returns besides the token:
 //   logp           log softmax(z)[token]: the MODEL's log-probability of the token (temperature 1, no top-k or
@@ -28,13 +28,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <exception>
 #include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../backend/cpu/threads.hpp"  // the host thread pool (moonmoe::set_threads)
 #include "../backend/random.hpp"
 #include "../tensor/tensor.hpp"
 
@@ -136,18 +136,10 @@ inline std::vector<Draw> sample_rows(const float* logits, index_t rows, index_t 
                                     " seeds and " + std::to_string(indices.size()) + " indices");
     for (std::size_t r = 0; r < n; ++r) params[r].validate("rl::sample_rows (row " + std::to_string(r) + ")");
     std::vector<Draw> draws(n);
-    std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (index_t r = 0; r < rows; ++r) {
-        try {
-            draws[std::size_t(r)] = sample_row(logits + r * pitch, V, params[std::size_t(r)], seeds[std::size_t(r)],
-                                               indices[std::size_t(r)]);
-        } catch (...) {
-#pragma omp critical(moonmoe_rl_sample_rows)
-            if (!failure) failure = std::current_exception();
-        }
-    }
-    if (failure) std::rethrow_exception(failure);
+    backend::cpu_detail::parallel_for(rows, [&](index_t r) {
+        draws[std::size_t(r)] =
+            sample_row(logits + r * pitch, V, params[std::size_t(r)], seeds[std::size_t(r)], indices[std::size_t(r)]);
+    });
     return draws;
 }
 
