@@ -6,11 +6,13 @@
 // sum in other orders, test/mpi/model.cpp); then two Trainer::rl_step iterations with the PTX loss: the objective
 // and the per-sample log-probabilities within 1e-5, every weight the parallel run holds within 5e-5 (Muon
 // orthogonalises a policy gradient of low rank, whose many near-zero singular directions turn the layouts' rounding
-// into update differences: 1.04e-5 measured at (1,2,1), 7.9e-6 at (1,4,2)). A layout with a pipeline is refused
-// with the reason.
+// into update differences: 1.04e-5 measured at (1,2,1), 7.9e-6 at (1,4,2)). The PyTorch oracle of test/unit/rl.cpp
+// at (1,2,1) and (1,1,2): every gradient on its ZeRO-1 owner against transformers'. WeightRefresh after a step at
+// (2,1,1), (1,2,1), (2,2,1), (2,2,2). A layout with a pipeline is refused with the reason.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -20,12 +22,14 @@
 #include <moonmoe/backend/cpu.hpp>
 #include <moonmoe/config.hpp>
 #include <moonmoe/nn/init.hpp>
+#include <moonmoe/parallel/checkpoint.hpp>
 #include <moonmoe/parallel/weight_refresh.hpp>
 #include <moonmoe/parallel/zero.hpp>
 #include <moonmoe/io/model_io.hpp>
 #include <moonmoe/trainer.hpp>
 
 #include "mpi_support.hpp"
+#include "support/reference.hpp"
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
 namespace mpi_rl {
@@ -252,6 +256,83 @@ TEST_CASE(
     case 8: check_refresh<Tiny<2, 2, 2>>(); break;
     default: MESSAGE("no refresh layout for " << world().size() << " ranks");
     }
+}
+
+/// The PyTorch oracle (tools/make_rl_reference.py, test/data/rl/) at layout `Model` of 2 ranks: each token stream
+/// takes one of the oracle's two prompt groups and the whole PTX batch (so the mean over the streams is the oracle's
+/// objective), the tiny K2 checkpoint loaded into each part; ZeRO-1's reduce-scattered gradient on each owner
+/// against transformers' within 2e-5 of each tensor's largest value (the oracle test's limit).
+template <class Model>
+void check_oracle() {
+    parallel::Communicator& w = world();
+    INFO("layout (" << Model::config.parallel.pp << ", " << Model::config.parallel.ep << ", "
+                    << Model::config.parallel.dp << "), rank " << w.rank());
+    const ModelConfig c = Model::config;
+    parallel::ProcessGroups g(w, c.parallel);
+    REQUIRE(g.replicas() == 2);
+    nn::Transformer<cpu> part(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<cpu>(g));
+    parallel::load_checkpoint(moonmoe::testing::data_dir("tiny_k2"), part);
+    parallel::DistributedOptimizer<Clipped, cpu> opt(part, g);
+
+    const moonmoe::testing::Reference ref(moonmoe::testing::data_dir("rl") + "/tiny_k2.safetensors");
+    const auto f64 = [&](const std::string& name) {
+        const TensorRecord& r = ref.file.at(name);
+        std::vector<double> out(std::size_t(r.numel()));
+        std::memcpy(out.data(), r.bytes.data(), out.size() * sizeof(double));
+        return out;
+    };
+    const std::vector<index_t> prompt_ids = ref.i64("prompt_ids"), response_ids = ref.i64("response_ids"),
+                               prompt_lengths = ref.i64("prompt_lengths"),
+                               response_lengths = ref.i64("response_lengths"), group_sizes = ref.i64("group_sizes"),
+                               truncated = ref.i64("truncated");
+    const std::vector<float> reward = ref.f32("reward");
+    const std::vector<double> old_logp = f64("old_logp"), settings = f64("settings");
+    REQUIRE(group_sizes.size() == 2);
+    std::vector<rl::Group> groups;
+    std::size_t sample = 0, p0 = 0, r0 = 0;
+    for (index_t k : group_sizes) {
+        rl::Group group;
+        for (index_t i = 0; i < k; ++i, ++sample) {
+            const auto pn = std::size_t(prompt_lengths[sample]), rn = std::size_t(response_lengths[sample]);
+            group.samples.push_back(
+                {{prompt_ids.begin() + std::ptrdiff_t(p0), prompt_ids.begin() + std::ptrdiff_t(p0 + pn)},
+                 {response_ids.begin() + std::ptrdiff_t(r0), response_ids.begin() + std::ptrdiff_t(r0 + rn)},
+                 reward[sample],
+                 old_logp[sample],
+                 truncated[sample] != 0});
+            p0 += pn, r0 += rn;
+        }
+        groups.push_back(std::move(group));
+    }
+    const rl::PtxBatch ptx{ref.i64("ptx_ids"), nn::TokenLayout::packed(ref.i64("ptx_lengths"))};
+    const rl::Objective o{.tau = settings[0], .budget_penalty = settings[1], .ptx_weight = settings[2]};
+    const std::vector<rl::Group> mine = {groups[std::size_t(g.replica())]};
+    rl::k15_train_step(part, std::span<const rl::Group>(mine), o, &ptx);
+    REQUIRE_FALSE(opt.reduce_gradients());
+    const std::vector<int>& owners = opt.owners();
+    std::size_t i = 0;
+    double worst = 0;
+    int compared = 0;
+    part.visit_params([&](const ParamRef& p) {
+        const int owner = owners[i++];
+        if (!p.grad || owner < 0) return;
+        const parallel::Communicator& group = p.kind == ParamKind::expert_matrix ? *g.expert_dp : *g.dense_dp;
+        if (owner != group.rank()) return;
+        INFO(p.name);
+        const double e = scaled_error(p.grad, ref.f32("grad." + p.name));
+        worst = std::max(worst, e), ++compared;
+        CHECK(e < 2e-5);
+    });
+    std::vector<index_t> count = {compared};
+    w.all_reduce(std::span<index_t>(count), parallel::ReduceOp::sum);
+    CHECK(count[0] > 20);  // the owners together compared every parameter with a gradient
+    MESSAGE("rank " << w.rank() << ": " << compared << " gradients against PyTorch, worst error " << worst);
+}
+
+TEST_CASE("the K1.5 objective against PyTorch in a parallel layout: every gradient on its ZeRO-1 owner") {
+    if (world().size() != 2) return;
+    check_oracle<TinyK2::with<Clipped, Parallel<1, 2, 1>>>();
+    check_oracle<TinyK2::with<Clipped, Parallel<1, 1, 2>>>();
 }
 
 TEST_CASE("Trainer::rl_step refuses a layout with pipeline parallelism, saying which layouts run it") {
