@@ -84,7 +84,13 @@ void weight_refresh(benchmark::State& state) {
     state.counters["received_GB/s"] = double(r.bytes_received) * double(refreshes) / seconds / 1e9;
     state.counters["max_abs_diff"] = sent[1];
 }
-BENCHMARK(weight_refresh)->ArgName("set")->Arg(0)->Arg(1)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(weight_refresh)
+    ->ArgName("set")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
