@@ -30,6 +30,7 @@
 
 #include "mpi_support.hpp"
 #include "support/reference.hpp"
+#include "support/rl_oracle.hpp"
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
 namespace mpi_rl {
@@ -274,38 +275,12 @@ void check_oracle() {
     parallel::load_checkpoint(moonmoe::testing::data_dir("tiny_k2"), part);
     parallel::DistributedOptimizer<Clipped, cpu> opt(part, g);
 
-    const moonmoe::testing::Reference ref(moonmoe::testing::data_dir("rl") + "/tiny_k2.safetensors");
-    const auto f64 = [&](const std::string& name) {
-        const TensorRecord& r = ref.file.at(name);
-        std::vector<double> out(std::size_t(r.numel()));
-        std::memcpy(out.data(), r.bytes.data(), out.size() * sizeof(double));
-        return out;
-    };
-    const std::vector<index_t> prompt_ids = ref.i64("prompt_ids"), response_ids = ref.i64("response_ids"),
-                               prompt_lengths = ref.i64("prompt_lengths"),
-                               response_lengths = ref.i64("response_lengths"), group_sizes = ref.i64("group_sizes"),
-                               truncated = ref.i64("truncated");
-    const std::vector<float> reward = ref.f32("reward");
-    const std::vector<double> old_logp = f64("old_logp"), settings = f64("settings");
-    REQUIRE(group_sizes.size() == 2);
-    std::vector<rl::Group> groups;
-    std::size_t sample = 0, p0 = 0, r0 = 0;
-    for (index_t k : group_sizes) {
-        rl::Group group;
-        for (index_t i = 0; i < k; ++i, ++sample) {
-            const auto pn = std::size_t(prompt_lengths[sample]), rn = std::size_t(response_lengths[sample]);
-            group.samples.push_back(
-                {{prompt_ids.begin() + std::ptrdiff_t(p0), prompt_ids.begin() + std::ptrdiff_t(p0 + pn)},
-                 {response_ids.begin() + std::ptrdiff_t(r0), response_ids.begin() + std::ptrdiff_t(r0 + rn)},
-                 reward[sample],
-                 old_logp[sample],
-                 truncated[sample] != 0});
-            p0 += pn, r0 += rn;
-        }
-        groups.push_back(std::move(group));
-    }
-    const rl::PtxBatch ptx{ref.i64("ptx_ids"), nn::TokenLayout::packed(ref.i64("ptx_lengths"))};
-    const rl::Objective o{.tau = settings[0], .budget_penalty = settings[1], .ptx_weight = settings[2]};
+    const moonmoe::testing::RlOracle oracle;
+    const std::vector<rl::Group>& groups = oracle.groups;
+    REQUIRE(groups.size() == 2);
+    const rl::PtxBatch& ptx = oracle.ptx;
+    const rl::Objective& o = oracle.objective;
+    const moonmoe::testing::Reference& ref = oracle.ref;
     const std::vector<rl::Group> mine = {groups[std::size_t(g.replica())]};
     rl::k15_train_step(part, std::span<const rl::Group>(mine), o, &ptx);
     REQUIRE_FALSE(opt.reduce_gradients());

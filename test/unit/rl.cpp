@@ -10,6 +10,7 @@
 #include "support/io_testing.hpp"
 #include "support/nn_testing.hpp"
 #include "support/reference.hpp"
+#include "support/rl_oracle.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -290,37 +291,12 @@ TEST_CASE_TEMPLATE(
     "loss and every gradient",
     B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
-    const Reference ref(data_dir("rl") + "/tiny_k2.safetensors");
-    const auto f64 = [&](const std::string& name) {
-        const TensorRecord& r = ref.file.at(name);
-        std::vector<double> out(std::size_t(r.numel()));
-        std::memcpy(out.data(), r.bytes.data(), out.size() * sizeof(double));
-        return out;
-    };
-    const std::vector<index_t> prompt_ids = ref.i64("prompt_ids"), response_ids = ref.i64("response_ids"),
-                               prompt_lengths = ref.i64("prompt_lengths"),
-                               response_lengths = ref.i64("response_lengths"), group_sizes = ref.i64("group_sizes"),
-                               truncated = ref.i64("truncated");
-    const std::vector<float> reward = ref.f32("reward");
-    const std::vector<double> old_logp = f64("old_logp"), settings = f64("settings");
-    std::vector<rl::Group> groups;
-    std::size_t sample = 0, p0 = 0, r0 = 0;
-    for (index_t k : group_sizes) {
-        rl::Group g;
-        for (index_t i = 0; i < k; ++i, ++sample) {
-            rl::Sample s;
-            s.prompt.assign(prompt_ids.begin() + std::ptrdiff_t(p0),
-                            prompt_ids.begin() + std::ptrdiff_t(p0 + std::size_t(prompt_lengths[sample])));
-            s.response.assign(response_ids.begin() + std::ptrdiff_t(r0),
-                              response_ids.begin() + std::ptrdiff_t(r0 + std::size_t(response_lengths[sample])));
-            p0 += std::size_t(prompt_lengths[sample]), r0 += std::size_t(response_lengths[sample]);
-            s.reward = reward[sample], s.old_logp = old_logp[sample], s.truncated = truncated[sample] != 0;
-            g.samples.push_back(std::move(s));
-        }
-        groups.push_back(std::move(g));
-    }
-    rl::PtxBatch ptx{ref.i64("ptx_ids"), nn::TokenLayout::packed(ref.i64("ptx_lengths"))};
-    const rl::Objective o{.tau = settings[0], .budget_penalty = settings[1], .ptx_weight = settings[2]};
+    const RlOracle oracle;
+    const std::vector<rl::Group>& groups = oracle.groups;
+    const rl::PtxBatch& ptx = oracle.ptx;
+    const rl::Objective& o = oracle.objective;
+    const auto f64 = [&](const std::string& name) { return oracle.f64(name); };
+    const Reference& ref = oracle.ref;
 
     // the response tokens' log-probabilities (prompt tokens masked)
     const rl::PackedResponses packed = rl::pack_responses(groups, model.config.dims.vocab);
