@@ -22,8 +22,8 @@ struct RlOracle {
     RlOracle() {
         const std::vector<index_t> prompt_ids = ref.i64("prompt_ids"), response_ids = ref.i64("response_ids"),
                                    prompt_lengths = ref.i64("prompt_lengths"),
-                                   response_lengths = ref.i64("response_lengths"),
-                                   group_sizes = ref.i64("group_sizes"), truncated = ref.i64("truncated");
+                                   response_lengths = ref.i64("response_lengths"), group_sizes = ref.i64("group_sizes"),
+                                   truncated = ref.i64("truncated");
         const std::vector<float> reward = ref.f32("reward");
         const std::vector<double> old_logp = f64("old_logp"), settings = f64("settings");
         std::size_t sample = 0, p0 = 0, r0 = 0;
