@@ -6,9 +6,10 @@
 // backward, and the seeded initialiser), optim/ (Muon, AdamW, QK-Clip and their composition), io/ (safetensors,
 // config.json, Hugging Face checkpoints loaded and saved, optimizer state), parallel/ (process groups over a
 // communicator, the pipeline, expert parallelism, ZeRO-1; MPI and NCCL only in parallel/mpi.hpp and nccl.hpp, which
-// this header does not include), rl/ (post-training: sampling, rollouts, the K1.5 objective), and trainer.hpp
-// (moonmoe::Trainer<Model>: a run made from the model type, over all of them). <moonmoe/config.hpp> alone needs nothing
-// but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake target moonmoe::cpu).
+// this header does not include), rl/ (post-training: sampling, rollouts, the K1.5 objective, also through a
+// pipeline), and trainer.hpp (moonmoe::Trainer<Model>: a run made from the model type, over all of them).
+// <moonmoe/config.hpp> alone needs nothing but a C++20 compiler; this header needs Eigen and nlohmann_json (the CMake
+// target moonmoe::cpu).
 #pragma once
 
 #include "config.hpp"
@@ -23,4 +24,5 @@
 #include "io/model_io.hpp"
 #include "io/optimizer_state.hpp"
 #include "rl/objective.hpp"
+#include "rl/pipeline.hpp"
 #include "trainer.hpp"

@@ -55,6 +55,7 @@
 #include "parallel/pipeline.hpp"
 #include "parallel/zero.hpp"
 #include "rl/objective.hpp"
+#include "rl/pipeline.hpp"
 
 namespace moonmoe {
 
@@ -148,15 +149,24 @@ public:
     /// prompt groups, with the model type's RL<...> settings (budget penalty, and the PTX loss on `ptx` when its
     /// weight is set), then the optimizer as step() runs it (ZeRO-1 over the replicas, which averages their
     /// gradients: give every stream the same number of prompts and the objective is the mean over all of them).
-    /// Layouts without pipeline parallelism (EP and DP) run the part as a whole model; PP > 1 is refused (the
-    /// objective's two passes through the pipeline are not built). Returns the objective (loss and per-sample
-    /// log-probabilities of this stream; the loss averaged over the streams on every rank).
+    /// Layouts without pipeline parallelism run the part as a whole model (one forward and backward); with PP > 1
+    /// the objective takes two passes through the pipeline (rl/pipeline.hpp) over M micro-batches of whole samples,
+    /// M the type's MicroBatches<M> (Dynamic: PP), so each stream needs at least M samples. Returns the objective
+    /// (loss and per-sample log-probabilities of this stream; the loss averaged over the streams on every rank).
     rl::ObjectiveValue rl_step(std::span<const rl::Group> groups, const rl::PtxBatch* ptx = nullptr) {
-        if (config_.parallel.pp > 1)
-            throw std::invalid_argument(where() + "rl_step: the K1.5 objective through a pipeline (PP = " +
-                                        std::to_string(config_.parallel.pp) +
-                                        ") is not built; layouts with PP = 1 (expert and data parallelism) run it");
-        rl::ObjectiveValue v = rl::k15_train_step(*part_, groups, rl::Objective::of(Model::rl::value), ptx);
+        const rl::Objective objective = rl::Objective::of(Model::rl::value);
+        rl::ObjectiveValue v;
+        if (config_.parallel.pp > 1) {
+            const index_t m =
+                config_.parallel.micro_batches != Dynamic ? config_.parallel.micro_batches : config_.parallel.pp;
+            if (!pipeline_ || pipeline_micro_batches_ != m) {
+                pipeline_ = std::make_unique<parallel::Pipeline<backend>>(*part_, *groups_, m);
+                pipeline_micro_batches_ = m;
+            }
+            v = rl::k15_train_step(*pipeline_, *groups_, groups, objective, ptx, &timing_);
+        } else {
+            v = rl::k15_train_step(*part_, groups, objective, ptx);
+        }
         ++rl_iterations_;
         if (!groups_) {
             report_ = optimizer_->step();

@@ -1,14 +1,16 @@
-// The K1.5 objective (rl/objective.hpp) in a parallel layout: Trainer::rl_step at the world's layout without
-// pipeline parallelism (2 ranks: (1,2,1) and (1,1,2); 4: (1,2,2); 8: (1,4,2)) against the one-process Trainer on the
-// same prompt groups, split over the layout's token streams (each stream the same number of prompts, so the mean of
-// the streams' objectives is the objective of all of them). Checked: the objective's gradient after ZeRO-1's
-// reduce-scatter on each parameter's owner within the parallel tolerance (relative 1e-5: expert rows and replicas
-// sum in other orders, test/mpi/model.cpp); then two Trainer::rl_step iterations with the PTX loss: the objective
-// and the per-sample log-probabilities within 1e-5, every weight the parallel run holds within 5e-5 (Muon
+// The K1.5 objective (rl/objective.hpp) in a parallel layout: Trainer::rl_step at the world's layouts, with and
+// without a pipeline (rl/pipeline.hpp: two passes; 2 ranks: (1,2,1), (1,1,2), (2,1,1) and (2,1,1) interleaved with 2
+// chunks per rank; 4: (1,2,2), (2,2,1), (2,1,2) with 4 micro-batches; 8: (1,4,2), (2,2,2)) against the one-process
+// Trainer on the same prompt groups, split over the layout's token streams (each stream the same number of prompts,
+// so the mean of the streams' objectives is the objective of all of them). Checked: the objective's gradient after
+// ZeRO-1's reduce-scatter on each parameter's owner within the parallel tolerance (relative 1e-5: expert rows and
+// replicas sum in other orders, test/mpi/model.cpp); then two Trainer::rl_step iterations with the PTX loss: the
+// objective and the per-sample log-probabilities within 1e-5, every weight the parallel run holds within 5e-5 (Muon
 // orthogonalises a policy gradient of low rank, whose many near-zero singular directions turn the layouts' rounding
 // into update differences: 1.04e-5 measured at (1,2,1), 7.9e-6 at (1,4,2)). The PyTorch oracle of test/unit/rl.cpp
-// at (1,2,1) and (1,1,2): every gradient on its ZeRO-1 owner against transformers'. WeightRefresh after a step at
-// (2,1,1), (1,2,1), (2,2,1), (2,2,2). A layout with a pipeline is refused with the reason.
+// at (1,2,1), (1,1,2) and (2,1,1): every gradient on its ZeRO-1 owner against transformers' (the PTX loss through
+// the pipeline too). WeightRefresh after a step at (2,1,1), (1,2,1), (2,2,1), (2,2,2). A stream with fewer samples
+// than the pipeline's micro-batches is refused with the reason.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -48,8 +50,28 @@ namespace {
 // the embedding's with 1e-4). With eps 1 AdamW moves them by about lr g, continuous in g, and rounding stays rounding.
 using Clipped = moonmoe::Optimizer<Muon<LearningRate<0.02>>, AdamW<LearningRate<0.003>, Eps<1.0>>, QKClip<5>,
                                    WSD<Warmup<1>, Stable<1000>, Decay<0>>>;
-template <index_t PP, index_t EP, index_t DP>
-using Tiny = TinyK2::with<Clipped, Parallel<PP, EP, DP>, RL<Regularization<0.5>, BudgetPenalty<0.2>, PTXWeight<0.3>>>;
+using Settings = RL<Regularization<0.5>, BudgetPenalty<0.2>, PTXWeight<0.3>>;
+template <index_t PP, index_t EP, index_t DP, class... More>
+using Tiny = TinyK2::with<Clipped, Parallel<PP, EP, DP, More...>, Settings>;
+/// Four layers (two chunks of one layer on each of two pipeline ranks).
+template <index_t PP, index_t EP, index_t DP, class... More>
+using Tiny4 = TinyV3::with<Clipped, Parallel<PP, EP, DP, More...>, Settings>;
+/// The one-process model of a layout's type.
+template <class Model>
+using One = typename Model::template with<Parallel<1, 1, 1>>;
+
+/// The objective's forward and backward of this replica's groups on its part: through a pipeline of the type's
+/// micro-batches (Dynamic: PP) when the layout has one, else on the part as a whole model.
+template <class Model>
+rl::ObjectiveValue objective_step(nn::Transformer<cpu>& part, parallel::ProcessGroups& g,
+                                  std::span<const rl::Group> groups, const rl::Objective& o,
+                                  const rl::PtxBatch* ptx = nullptr) {
+    const ModelConfig& c = Model::config;
+    if (c.parallel.pp == 1) return rl::k15_train_step(part, groups, o, ptx);
+    parallel::Pipeline<cpu> pipeline(part, g,
+                                     c.parallel.micro_batches != Dynamic ? c.parallel.micro_batches : c.parallel.pp);
+    return rl::k15_train_step(pipeline, g, groups, o, ptx);
+}
 
 constexpr index_t global_groups = 8;  ///< prompts per iteration, split over a layout's token streams
 
@@ -88,9 +110,9 @@ void check_gradient(const std::vector<rl::Group>& all, index_t per) {
     o.ptx_weight = 0.0;  // the RL objective's gradient alone (the PTX loss is train_step's, tested with the pipeline)
     const std::vector<rl::Group> mine(all.begin() + std::ptrdiff_t(g.replica() * per),
                                       all.begin() + std::ptrdiff_t((g.replica() + 1) * per));
-    rl::k15_train_step(part, std::span<const rl::Group>(mine), o);
+    objective_step<Model>(part, g, std::span<const rl::Group>(mine), o);
     REQUIRE_FALSE(opt.reduce_gradients());
-    nn::Transformer<cpu> whole(Tiny<1, 1, 1>::config);
+    nn::Transformer<cpu> whole(One<Model>::config);
     nn::init_weights(whole, {.seed = 5});
     rl::k15_train_step(whole, std::span<const rl::Group>(all), o);
     std::map<std::string, const float*> want;
@@ -115,9 +137,10 @@ template <class Model>
 void check_against_one_process() {
     parallel::Communicator& w = world();
     INFO("layout (" << Model::config.parallel.pp << ", " << Model::config.parallel.ep << ", "
-                    << Model::config.parallel.dp << "), rank " << w.rank());
+                    << Model::config.parallel.dp << ") with " << Model::config.parallel.virtual_stages
+                    << " chunks per rank, rank " << w.rank());
     Trainer<Model> parallel(w, {.seed = 5});
-    Trainer<Tiny<1, 1, 1>> one({.seed = 5});
+    Trainer<One<Model>> one({.seed = 5});
     const index_t R = parallel.replicas(), vocab = parallel.config().dims.vocab, per = global_groups / R;
     REQUIRE(global_groups % R == 0);
     {
@@ -166,14 +189,23 @@ void check_against_one_process() {
 
 }  // namespace
 
-TEST_CASE("Trainer::rl_step in the world's layout (expert and data parallelism) steps as the one-process Trainer") {
+TEST_CASE("Trainer::rl_step in the world's layouts (pipeline, expert and data parallelism) steps as one process") {
     switch (world().size()) {
     case 2:
         check_against_one_process<Tiny<1, 2, 1>>();
         check_against_one_process<Tiny<1, 1, 2>>();
+        check_against_one_process<Tiny<2, 1, 1>>();
+        check_against_one_process<Tiny4<2, 1, 1, VirtualStages<2>>>();
         break;
-    case 4: check_against_one_process<Tiny<1, 2, 2>>(); break;
-    case 8: check_against_one_process<Tiny<1, 4, 2>>(); break;
+    case 4:
+        check_against_one_process<Tiny<1, 2, 2>>();
+        check_against_one_process<Tiny<2, 2, 1>>();
+        check_against_one_process<Tiny<2, 1, 2, MicroBatches<4>>>();
+        break;
+    case 8:
+        check_against_one_process<Tiny<1, 4, 2>>();
+        check_against_one_process<Tiny<2, 2, 2>>();
+        break;
     default: MESSAGE("no RL layout for " << world().size() << " ranks");
     }
 }
@@ -259,9 +291,10 @@ TEST_CASE(
     }
 }
 
-/// The PyTorch oracle (tools/make_rl_reference.py, test/data/rl/) at layout `Model` of 2 ranks: each token stream
-/// takes one of the oracle's two prompt groups and the whole PTX batch (so the mean over the streams is the oracle's
-/// objective), the tiny K2 checkpoint loaded into each part; ZeRO-1's reduce-scattered gradient on each owner
+/// The PyTorch oracle (tools/make_rl_reference.py, test/data/rl/) at layout `Model` of 2 ranks: with two token
+/// streams each takes one of the oracle's two prompt groups and the whole PTX batch (so the mean over the streams is
+/// the oracle's objective), with one (a pipeline) it takes all of them; the tiny K2 checkpoint loaded into each
+/// part; ZeRO-1's reduce-scattered gradient on each owner
 /// against transformers' within 2e-5 of each tensor's largest value (the oracle test's limit).
 template <class Model>
 void check_oracle() {
@@ -270,7 +303,7 @@ void check_oracle() {
                     << Model::config.parallel.dp << "), rank " << w.rank());
     const ModelConfig c = Model::config;
     parallel::ProcessGroups g(w, c.parallel);
-    REQUIRE(g.replicas() == 2);
+    REQUIRE((g.replicas() == 2 || g.replicas() == 1));
     nn::Transformer<cpu> part(c, parallel::model_part(c, g.at), parallel::expert_dispatcher<cpu>(g));
     parallel::load_checkpoint(moonmoe::testing::data_dir("tiny_k2"), part);
     parallel::DistributedOptimizer<Clipped, cpu> opt(part, g);
@@ -281,8 +314,10 @@ void check_oracle() {
     const rl::PtxBatch& ptx = oracle.ptx;
     const rl::Objective& o = oracle.objective;
     const moonmoe::testing::Reference& ref = oracle.ref;
-    const std::vector<rl::Group> mine = {groups[std::size_t(g.replica())]};
-    rl::k15_train_step(part, std::span<const rl::Group>(mine), o, &ptx);
+    // two streams: one prompt group each, the whole PTX batch each; one stream: all of it
+    const std::vector<rl::Group> mine =
+        g.replicas() == 2 ? std::vector<rl::Group>{groups[std::size_t(g.replica())]} : groups;
+    objective_step<Model>(part, g, std::span<const rl::Group>(mine), o, &ptx);
     REQUIRE_FALSE(opt.reduce_gradients());
     const std::vector<int>& owners = opt.owners();
     std::size_t i = 0;
@@ -308,13 +343,15 @@ TEST_CASE("the K1.5 objective against PyTorch in a parallel layout: every gradie
     if (world().size() != 2) return;
     check_oracle<TinyK2::with<Clipped, Parallel<1, 2, 1>>>();
     check_oracle<TinyK2::with<Clipped, Parallel<1, 1, 2>>>();
+    check_oracle<TinyK2::with<Clipped, Parallel<2, 1, 1>>>();
 }
 
-TEST_CASE("Trainer::rl_step refuses a layout with pipeline parallelism, saying which layouts run it") {
+TEST_CASE("Trainer::rl_step through a pipeline refuses a stream with fewer samples than micro-batches") {
     if (world().size() != 2) return;
-    Trainer<Tiny<2, 1, 1>> run(world(), {.seed = 5});
-    const std::vector<rl::Group> groups = {group_of(run.config().dims.vocab, 0, 0)};
-    CHECK_THROWS_WITH_AS(run.rl_step(groups), doctest::Contains("layouts with PP = 1 (expert and data parallelism)"),
+    Trainer<Tiny<2, 1, 1, MicroBatches<4>>> run(world(), {.seed = 5});
+    const std::vector<rl::Group> groups = {group_of(run.config().dims.vocab, 0, 0)};  // 2 samples
+    const rl::PtxBatch ptx = ptx_of(run.config().dims.vocab, 0, 0);
+    CHECK_THROWS_WITH_AS(run.rl_step(groups, &ptx), doctest::Contains("2 samples for 4 pipeline micro-batches"),
                          std::invalid_argument);
 }
 

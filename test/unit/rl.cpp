@@ -11,6 +11,7 @@
 #include "support/nn_testing.hpp"
 #include "support/reference.hpp"
 #include "support/rl_oracle.hpp"
+#include "support/self_world.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include <moonmoe/optim/optimizer.hpp>
 #include <moonmoe/nn/init.hpp>
 #include <moonmoe/rl/objective.hpp>
+#include <moonmoe/rl/pipeline.hpp>
 #include <moonmoe/trainer.hpp>
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
@@ -341,6 +343,72 @@ TEST_CASE_TEMPLATE(
 
     CHECK_THROWS_WITH_AS(rl::k15_train_step(model, std::span<const rl::Group>(groups), o),
                          doctest::Contains("no PTX batch"), std::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE(
+    "the K1.5 objective through a pipeline (rl/pipeline.hpp) of 2 and 3 micro-batches against PyTorch: loss, "
+    "gradients, and the forward-only pass feeds no router load and records no QK-Clip maxima",
+    B, MOONMOE_TEST_BACKENDS) {
+    const RlOracle oracle;
+    const Reference& ref = oracle.ref;
+    SelfWorld world = self_world<B>();
+    for (const index_t micro_batches : {index_t(2), index_t(3)}) {
+        CAPTURE(micro_batches);
+        // a one-stage pipeline over the whole model: the two passes, the samples and the PTX batch's sequences cut
+        // into micro-batches, the loss hook at the last stage
+        nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
+        parallel::ProcessGroups g(world, model.config.parallel);
+        parallel::Pipeline<B> pipeline(model, g, micro_batches);
+        const auto statistics = [&] {
+            std::vector<std::vector<float>> m;
+            std::vector<std::vector<index_t>> l;
+            for (auto& layer : model.layers) {
+                m.push_back(to_host(layer.self_attn.max_logit_per_head));
+                if (!layer.dense) l.push_back(to_host(layer.moe.gate.load));
+            }
+            return std::make_pair(m, l);
+        };
+        typename parallel::Pipeline<B>::Timing timing;
+        const rl::ObjectiveValue v = rl::k15_train_step(pipeline, g, std::span<const rl::Group>(oracle.groups),
+                                                        oracle.objective, &oracle.ptx, &timing);
+        const double total_ref = oracle.f64("loss.total")[0], ptx_ref = oracle.f64("loss.ptx")[0];
+        CHECK(std::abs(v.loss - total_ref) <= 1e-6 * std::abs(total_ref));
+        CHECK(std::abs(v.ptx_loss - ptx_ref) <= 1e-6 * std::abs(ptx_ref));
+        const std::vector<double> expected_seq = oracle.f64("seq_logp");
+        REQUIRE(v.logp.size() == expected_seq.size());
+        for (std::size_t i = 0; i < v.logp.size(); ++i)
+            CHECK(v.logp[i] == doctest::Approx(expected_seq[i]).epsilon(1e-6));
+        double worst = 0.0;
+        model.visit_params([&](const ParamRef& p) {
+            if (!p.grad) return;
+            const double e = scaled_error(floats_to_host<B>(p.grad, p.numel()).data(), ref.f32("grad." + p.name));
+            CAPTURE(p.name);
+            CHECK(e < 2e-5);
+            worst = std::max(worst, e);
+        });
+        MESSAGE(std::string(B::name) << ", " << micro_batches << " micro-batches: loss " << v.loss << " (PyTorch "
+                                     << total_ref << "), worst gradient error " << worst << ", " << timing.total
+                                     << " s");
+        CHECK(timing.total > 0.0);
+
+        // the statistics: those of the one training pass, as the whole model's k15_train_step leaves them
+        nn::Transformer<B> whole = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
+        rl::k15_train_step(whole, std::span<const rl::Group>(oracle.groups), oracle.objective, &oracle.ptx);
+        const auto got = statistics();
+        for (std::size_t l = 0, moe = 0; l < whole.layers.size(); ++l) {
+            CAPTURE(l);
+            const std::vector<float> m = to_host(whole.layers[l].self_attn.max_logit_per_head);
+            for (std::size_t h = 0; h < m.size(); ++h) CHECK(got.first[l][h] == doctest::Approx(m[h]).epsilon(1e-5));
+            if (!whole.layers[l].dense) CHECK(got.second[moe++] == to_host(whole.layers[l].moe.gate.load));
+        }
+    }
+    // too few samples for the micro-batches, named
+    nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
+    parallel::ProcessGroups g(world, model.config.parallel);
+    parallel::Pipeline<B> pipeline(model, g, 64);
+    CHECK_THROWS_WITH_AS(
+        rl::k15_train_step(pipeline, g, std::span<const rl::Group>(oracle.groups), oracle.objective, &oracle.ptx),
+        doctest::Contains("samples for 64 pipeline micro-batches"), std::invalid_argument);
 }
 
 TEST_CASE_TEMPLATE("train, rollout, train equals train, train bit for bit", B, MOONMOE_TEST_BACKENDS) {

@@ -49,31 +49,43 @@ float cross_entropy(View<const float, 2, B> logits, const index_t* targets, View
     return to_host(loss)[0];
 }
 
-/// log softmax(z_t)[targets[t]] of every row t (0 where targets[t] is ignore_index), on the host. With dlogits, also
-/// writes the gradient of sum_t dlogp[t] * logp[t] with respect to the logits: dlogp[t] (onehot - softmax(z_t)) (a
-/// policy gradient's backward). targets are host values, checked against the vocabulary.
+/// -log softmax(z_t)[targets[t]] of every row t (0 where targets[t] is ignore_index), on the host. With dlogits,
+/// also writes the gradient of sum_t weights[t] * nll[t] with respect to the logits: weights[t] (softmax(z_t) -
+/// onehot). targets are host values, checked against the vocabulary.
 template <class B = cpu>
-std::vector<float> token_log_probs(View<const float, 2, B> logits, const index_t* targets,
-                                   std::span<const float> dlogp = {}, View<float, 2, B> dlogits = {}) {
+std::vector<float> token_nll(View<const float, 2, B> logits, const index_t* targets,
+                             std::span<const float> weights = {}, View<float, 2, B> dlogits = {}) {
     const index_t T = logits.shape[0], V = logits.shape[1];
     for (index_t t = 0; t < T; ++t)
         if (targets[t] != ignore_index && (targets[t] < 0 || targets[t] >= V))
-            throw std::out_of_range("token_log_probs: target " + std::to_string(targets[t]) + " of token " +
+            throw std::out_of_range("token_nll: target " + std::to_string(targets[t]) + " of token " +
                                     std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
     const Tensor<index_t, 1, B> on_device = to_device<B>(std::span<const index_t>(targets, std::size_t(T)));
-    Tensor<float, 1, B> weights;
+    Tensor<float, 1, B> on_device_weights;
     if (dlogits.data) {
-        if (index_t(dlogp.size()) != T)
-            throw shape_error("token_log_probs: " + std::to_string(dlogp.size()) + " gradients for " +
-                              std::to_string(T) + " rows of logits");
-        std::vector<float> w(dlogp.size());
-        for (std::size_t t = 0; t < w.size(); ++t) w[t] = -dlogp[t];  // the rows' nll gradient scale
-        weights = to_device<B>(std::span<const float>(w));
+        if (index_t(weights.size()) != T)
+            throw shape_error("token_nll: " + std::to_string(weights.size()) + " weights for " + std::to_string(T) +
+                              " rows of logits");
+        on_device_weights = to_device<B>(weights);
     }
     Tensor<float, 1, B> nll({T});
-    backend::Ops<B>::token_cross_entropy(logits, on_device.view(), ignore_index, std::as_const(weights).view(),
-                                         nll.view(), dlogits);
-    std::vector<float> logp = to_host(nll);  // named host sync: the caller sums them per sequence
+    backend::Ops<B>::token_cross_entropy(logits, on_device.view(), ignore_index,
+                                         std::as_const(on_device_weights).view(), nll.view(), dlogits);
+    return to_host(nll);  // named host sync: the caller sums them per sequence
+}
+
+/// log softmax(z_t)[targets[t]] of every row t (0 where targets[t] is ignore_index), on the host. With dlogits, also
+/// writes the gradient of sum_t dlogp[t] * logp[t] with respect to the logits: dlogp[t] (onehot - softmax(z_t)) (a
+/// policy gradient's backward).
+template <class B = cpu>
+std::vector<float> token_log_probs(View<const float, 2, B> logits, const index_t* targets,
+                                   std::span<const float> dlogp = {}, View<float, 2, B> dlogits = {}) {
+    std::vector<float> weights(dlogp.size());
+    for (std::size_t t = 0; t < weights.size(); ++t) weights[t] = -dlogp[t];  // the rows' nll gradient scale
+    if (dlogits.data && index_t(dlogp.size()) != logits.shape[0])
+        throw shape_error("token_log_probs: " + std::to_string(dlogp.size()) + " gradients for " +
+                          std::to_string(logits.shape[0]) + " rows of logits");
+    std::vector<float> logp = token_nll<B>(logits, targets, weights, dlogits);
     for (float& l : logp) l = -l;
     return logp;
 }

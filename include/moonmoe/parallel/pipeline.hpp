@@ -35,17 +35,22 @@
 // Loss and gradient: each micro-batch's loss is the mean over its targets; the step's loss is the mean over the
 // micro-batches, so the last stage scales each loss gradient by 1 / M; the optimizer then averages over the
 // replicas. Together: the gradient of the mean loss of every micro-batch of every replica, as one process
-// accumulating them gets.
+// accumulating them gets. That is run(micro_batches, layout); run(micro_batches, layouts, loss) takes a layout per
+// micro-batch and the caller's loss at the last stage (a Loss: the logits in, the loss and the logits' gradient
+// out), and evaluate(micro_batches, layouts, loss) runs the forwards alone (the RL objective's two passes,
+// rl/pipeline.hpp).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <type_traits>
 #include <variant>
 #include <vector>
 
+#include "../nn/cross_entropy.hpp"
 #include "../nn/offload.hpp"
 #include "../nn/transformer.hpp"
 #include "groups.hpp"
@@ -65,6 +70,12 @@ public:
     struct Timing {
         double total = 0, compute = 0, communication = 0, bubble = 0;
         std::uint64_t bytes_sent = 0;
+
+        friend Timing operator+(Timing a, const Timing& b) {
+            a.total += b.total, a.compute += b.compute, a.communication += b.communication, a.bubble += b.bubble;
+            a.bytes_sent += b.bytes_sent;
+            return a;
+        }
     };
     struct StepResult {
         std::vector<float> losses;  ///< each micro-batch's mean loss (on every rank of the pipeline group)
@@ -115,40 +126,83 @@ public:
         return offloader_.get();
     }
     const PipelineShape& shape() const { return shape_; }
+    /// The model part the pipeline runs.
+    const nn::Transformer<B>& model() const { return part_; }
+
+    /// What the last stage makes of micro-batch m's logits [tokens, vocab]: returns the micro-batch's loss (what
+    /// the step reports) and, in a training pass, writes into dlogits the gradient of what the step minimises with
+    /// respect to those logits (empty in a forward-only pass). Runs on the last pipeline rank only.
+    using Loss = std::function<float(index_t micro_batch, View<const float, 2, B> logits, View<float, 2, B> dlogits)>;
 
     /// Forward and backward of the M micro-batches of this rank's replica (each ids of layout.tokens() tokens;
-    /// every rank of the pipeline group passes the same ones), accumulating (+=) the gradients of its part.
+    /// every rank of the pipeline group passes the same ones), accumulating (+=) the gradients of its part: the
+    /// causal-LM loss of each, its gradient scaled by 1 / M.
     StepResult run(std::span<const std::vector<index_t>> micro_batches, const nn::TokenLayout& layout) {
+        const std::vector<nn::TokenLayout> layouts(micro_batches.size(), layout);
+        const float scale = 1.0f / float(shape_.micro_batches);
+        return run(micro_batches, layouts, [&](index_t m, View<const float, 2, B> logits, View<float, 2, B> dlogits) {
+            return nn::causal_lm_loss<B>(logits, micro_batches[std::size_t(m)].data(), layouts[std::size_t(m)], dlogits,
+                                         scale);
+        });
+    }
+
+    /// The same with a layout per micro-batch and the caller's loss (the RL objective's, rl/pipeline.hpp).
+    StepResult run(std::span<const std::vector<index_t>> micro_batches, std::span<const nn::TokenLayout> layouts,
+                   const Loss& loss) {
+        return execute(micro_batches, layouts, loss, schedule_, nn::Pass::training);
+    }
+
+    /// Forward only, an inference pass (no router load, no QK-Clip maxima; nothing kept): micro-batch by
+    /// micro-batch, each rank its chunks in order, the last stage calling `loss` with empty dlogits. Deadlock-free
+    /// as the 1F1B schedule is: a rank's forwards run in the order of (micro-batch, virtual stage) and each waits
+    /// only on the one before it. Returns the losses on every rank of the pipeline group.
+    StepResult evaluate(std::span<const std::vector<index_t>> micro_batches, std::span<const nn::TokenLayout> layouts,
+                        const Loss& loss) {
+        std::vector<Step> order;
+        for (index_t m = 0; m < shape_.micro_batches; ++m)
+            for (index_t v = 0; v < shape_.v; ++v) order.push_back({Pass::forward, m, v});
+        return execute(micro_batches, layouts, loss, order, nn::Pass::inference);
+    }
+
+private:
+    /// Runs `steps` (the 1F1B schedule, or evaluate's forwards) over the micro-batches: the body of run and
+    /// evaluate. `pass` is the forwards' (Pass::training keeps what the backwards need).
+    StepResult execute(std::span<const std::vector<index_t>> micro_batches, std::span<const nn::TokenLayout> layouts,
+                       const Loss& loss, const std::vector<Step>& steps, nn::Pass pass) {
         using clock = std::chrono::steady_clock;
-        if (index_t(micro_batches.size()) != shape_.micro_batches)
-            throw std::invalid_argument(groups_.pipeline->where("Pipeline::run") + ": " +
-                                        std::to_string(micro_batches.size()) + " micro-batches, the schedule has " +
-                                        std::to_string(shape_.micro_batches));
+        const std::string where =
+            groups_.pipeline->where(pass == nn::Pass::training ? "Pipeline::run" : "Pipeline::evaluate");
+        if (index_t(micro_batches.size()) != shape_.micro_batches || layouts.size() != micro_batches.size())
+            throw std::invalid_argument(where + ": " + std::to_string(micro_batches.size()) + " micro-batches and " +
+                                        std::to_string(layouts.size()) + " layouts, the schedule has " +
+                                        std::to_string(shape_.micro_batches) + " micro-batches");
         for (std::size_t m = 0; m < micro_batches.size(); ++m)
-            if (index_t(micro_batches[m].size()) != layout.tokens())
-                throw std::invalid_argument(groups_.pipeline->where("Pipeline::run") + ": micro-batch " +
-                                            std::to_string(m) + " has " + std::to_string(micro_batches[m].size()) +
-                                            " ids, the layout " + std::to_string(layout.tokens()) + " tokens");
+            if (index_t(micro_batches[m].size()) != layouts[m].tokens())
+                throw std::invalid_argument(where + ": micro-batch " + std::to_string(m) + " has " +
+                                            std::to_string(micro_batches[m].size()) + " ids, its layout " +
+                                            std::to_string(layouts[m].tokens()) + " tokens");
         const auto start = clock::now();
         const Traffic before = groups_.traffic();
         batches_ = micro_batches;
-        layout_ = layout;
+        layouts_ = layouts;
+        loss_ = &loss;
+        pass_ = pass;
         if constexpr (backend::offloads<B>)
             if (offloader_) offloader_->drop_all();  // a step that threw may have left some in host memory
         slots_.clear();
         slots_.resize(std::size_t(shape_.micro_batches * shape_.v));
         losses_.assign(std::size_t(shape_.micro_batches), 0.0f);
         bubble_ = 0;
-        for (std::size_t i = 0; i < schedule_.size(); ++i) {
-            const Step& s = schedule_[i];
-            const Step* next = i + 1 < schedule_.size() ? &schedule_[i + 1] : nullptr;
+        for (std::size_t i = 0; i < steps.size(); ++i) {
+            const Step& s = steps[i];
+            const Step* next = i + 1 < steps.size() ? &steps[i + 1] : nullptr;
             offload_before(s, next);
             if (s.pass == Pass::forward) forward(s.micro_batch, s.chunk);
             else
                 backward(s.micro_batch, s.chunk);
             offload_after(s, next);
             // a send waits to be grouped with the next step's receive, if it has one (the header comment)
-            if (i + 1 == schedule_.size() || !receives(schedule_[i + 1])) post_sends();
+            if (i + 1 == steps.size() || !receives(steps[i + 1])) post_sends();
         }
         const auto sends = clock::now();
         for (Pending& p : pending_) p.request->wait();
@@ -167,10 +221,11 @@ public:
         r.timing.bytes_sent = after.bytes - before.bytes;
         slots_.clear();
         batches_ = {};
+        layouts_ = {};
+        loss_ = nullptr;
         return r;
     }
 
-private:
     /// What the backward of one (micro-batch, chunk) needs from its forward.
     struct Slot {
         std::vector<typename nn::DecoderLayer<B>::Cache> layers;
@@ -196,7 +251,7 @@ private:
     /// matrices leave for host memory unless its backward comes next.
     void offload_before(const Step& s, const Step* next) {
         if constexpr (backend::offloads<B>) {
-            if (!offloader_) return;
+            if (!offloader_ || pass_ != nn::Pass::training) return;  // a forward-only pass keeps nothing
             if (next && next->pass == Pass::backward) offloader_->prefetch(slot(next->micro_batch, next->chunk));
             if (s.pass == Pass::backward) offloader_->restore(slot(s.micro_batch, s.chunk));
         }
@@ -205,7 +260,7 @@ private:
         if constexpr (backend::offloads<B>) {
             const bool own_backward_next =
                 next && next->pass == Pass::backward && next->micro_batch == s.micro_batch && next->chunk == s.chunk;
-            if (offloader_ && s.pass == Pass::forward && !own_backward_next)
+            if (offloader_ && pass_ == nn::Pass::training && s.pass == Pass::forward && !own_backward_next)
                 offloader_->offload(slot(s.micro_batch, s.chunk));
         }
     }
@@ -258,8 +313,8 @@ private:
     }
 
     void forward(index_t mb, index_t chunk) {
-        const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
-                      H = part_.config.dims.hidden;
+        const nn::TokenLayout& layout = layouts_[std::size_t(mb)];
+        const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout.tokens(), H = part_.config.dims.hidden;
         const std::vector<index_t>& ids = batches_[std::size_t(mb)];
         Slot& c = slot(mb, chunk);
         Mat h({T, H});
@@ -268,21 +323,27 @@ private:
             receive(h, s - 1, Pass::forward, tag(mb, s - 1, Pass::forward));
         const index_t first = chunk_begin_[std::size_t(chunk)], last = chunk_begin_[std::size_t(chunk) + 1];
         c.layers.resize(std::size_t(last - first));
-        part_.forward_layers(std::size_t(first), std::size_t(last), h, layout_, c.layers, nn::Pass::training);
+        part_.forward_layers(std::size_t(first), std::size_t(last), h, layout, c.layers, pass_);
+        const bool training = pass_ == nn::Pass::training;
+        if (!training) c.layers.clear();  // a forward-only pass keeps nothing
         if (s + 1 < stages()) {
             send(std::move(h), s + 1, Pass::forward, tag(mb, s, Pass::forward));
             return;
         }
-        // the last stage: the head, the loss and its gradient (each micro-batch's scaled by 1 / M)
+        // the last stage: the head, then the caller's loss (and, training, its gradient)
         const Mat logits = part_.head_forward(std::move(h), c.head);
+        if (!training) {
+            losses_[std::size_t(mb)] = (*loss_)(mb, logits.view(), {});
+            c = Slot{};
+            return;
+        }
         Mat dlogits(logits.shape());
-        losses_[std::size_t(mb)] = nn::causal_lm_loss<B>(logits.view(), ids.data(), layout_, dlogits.view(),
-                                                         1.0f / float(shape_.micro_batches));
+        losses_[std::size_t(mb)] = (*loss_)(mb, logits.view(), dlogits.view());
         c.dlogits = nn::KeptMatrix<B>(std::move(dlogits), nn::KeptFormat::f32);
     }
 
     void backward(index_t mb, index_t chunk) {
-        const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layout_.tokens(),
+        const index_t s = shape_.virtual_stage(groups_.at.pp, chunk), T = layouts_[std::size_t(mb)].tokens(),
                       H = part_.config.dims.hidden;
         Slot& c = slot(mb, chunk);
         Mat dh({T, H});
@@ -303,7 +364,9 @@ private:
     std::vector<Step> schedule_;
     std::vector<index_t> chunk_begin_;  ///< chunk v's layers are part_.layers[chunk_begin_[v], chunk_begin_[v + 1])
     std::span<const std::vector<index_t>> batches_;
-    nn::TokenLayout layout_;
+    std::span<const nn::TokenLayout> layouts_;
+    const Loss* loss_ = nullptr;
+    nn::Pass pass_ = nn::Pass::training;
     std::vector<Slot> slots_;
     std::vector<float> losses_;
     std::vector<Pending> waiting_;  ///< sends not yet posted
