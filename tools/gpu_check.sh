@@ -30,7 +30,8 @@
 #                                that ran passed.
 #   tools/gpu_check.sh bench     on the GPU machine: the whole benchmark suite from the prepared moonmoe_cuda_bench
 #                                (one process per family), PyTorch beside it when importable, then bench/gpu_targets.py.
-#                                Writes $OUT (else build-gpu/results/bench/).
+#                                Writes $OUT (else build-gpu/results/bench/). FILTER=<regex> runs only the rows it
+#                                matches (ours in one process, PyTorch's the same), MIN_TIME each row's seconds.
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), ARCH (sm_90), JOBS (the core count), GPU_BUILD (build-gpu),
 # BUDGET_S (330), ONLY, and per step kind the timeouts TIMEOUT_KERNELS, TIMEOUT_TESTS, TIMEOUT_SANITIZE, TIMEOUT_PROGRAM,
@@ -627,11 +628,14 @@ bench() {
     find_libraries
     local min_time=${MIN_TIME:-0.5} f prefix families=()
     for f in $(grep -l 'support/suite.hpp' "$root"/bench/*.cpp | sort); do families+=("$(basename "$f" .cpp)"); done
+    # FILTER=<regex>: just the rows it matches, ours in one process and PyTorch's (a targeted rerun)
+    [ -n "${FILTER:-}" ] && families=(selected)
     for f in "${families[@]}"; do
         prefix=$f
         [ "$f" = gemm ] && prefix='(gemm|syrk)'
         local filter="^$prefix/"
         [ "${QUICK:-0}" = 1 ] && filter="^$prefix/.*$(smoke_filter "$root/bench/$f.cpp")"
+        [ "$f" = selected ] && filter=$FILTER
         echo "==== [$(date '+%T')] moonmoe_cuda_bench --benchmark_filter='$filter'" >&2
         # a family that fails (out of memory, a CUDA error) is reported and left out; the others still run
         "$x/bin/moonmoe_cuda_bench" --benchmark_filter="$filter" \
@@ -659,7 +663,8 @@ PY
     local torch_json=()
     if python3 -c 'import torch, transformers; assert torch.cuda.is_available()' >/dev/null 2>&1; then
         python3 "$root/bench/torch_suite.py" --device cuda --dtypes f32,bf16 --min-time "$min_time" \
-            --out "$out/torch_cuda.json" || echo "gpu_check: bench/torch_suite.py failed (exit $?)" >&2
+            ${FILTER:+--filter "$FILTER"} --out "$out/torch_cuda.json" ||
+            echo "gpu_check: bench/torch_suite.py failed (exit $?)" >&2
         [ -f "$out/torch_cuda.json" ] && torch_json=(--torch "$out/torch_cuda.json")
     fi
     python3 "$root/bench/gpu_targets.py" --ours "$out/moonmoe_cuda.json" "${torch_json[@]}" \

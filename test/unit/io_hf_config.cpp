@@ -324,6 +324,15 @@ TEST_CASE("io: config.json errors name the file, the field, and what was expecte
         j["model_type"] = "llama";
         check_refused(j, {"model_type 'llama'"});
     }
+    // a model type of another model beside DeepSeek's architecture (issue 29: it loaded, the model type ignored)
+    check_refused(with("model_type", "llama"), {"model_type is 'llama', but architectures names DeepseekV3ForCausalLM",
+                                                "'deepseek_v3' and 'kimi_k2'"});
+    check_refused(with("model_type", "deepseek_v2"), {"model_type is 'deepseek_v2'"});
+    {  // valid JSON, a NUL byte and garbage (issue 29: nlohmann's lexer ends at the NUL, and the garbage passed)
+        const std::string text = k2.dump() + std::string(1, '\0') + "garbage";
+        check_error([&] { parse_hf_config(text, "some/dir/config.json"); },
+                    {"some/dir/config.json: has a NUL byte at offset " + std::to_string(k2.dump().size())});
+    }
     check_refused(with("moe_layer_freq", 2), {"moe_layer_freq is 2"});
     check_refused(with("hidden_act", "gelu"), {"hidden_act is 'gelu'", "silu"});
     check_refused(with("tie_word_embeddings", true), {"tie_word_embeddings is true"});

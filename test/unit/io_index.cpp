@@ -138,6 +138,9 @@ TEST_CASE("io index: malformed index texts are refused with what is wrong named"
          {"\"weight_map\" appears twice"}},
         {R"({"weight_map": {"line\nbreak": 1}})", {R"(tensor 'line\x0abreak' is number)"}},
         {nested(129), {"nests deeper than 128 levels (at byte 128)"}},
+        // valid JSON, a NUL byte and garbage (issue 29: nlohmann's lexer ended the input at the NUL)
+        {std::string(R"({"weight_map": {"a": "m.safetensors"}})") + std::string(1, '\0') + "garbage",
+         {"has a NUL byte at offset 38"}},
         {std::string(100'000, '{'), {"nests deeper than 128 levels"}},
     };
     for (const Case& c : cases) {

@@ -160,8 +160,17 @@ inline void read_architecture(const ConfigFields& f, const nlohmann::json& j, HF
         }
         for (const auto& name : out.architectures) {
             if (name == "DeepseekV3ForCausalLM" || name == "DeepseekV2ForCausalLM") {
-                out.architecture =
-                    name == "DeepseekV3ForCausalLM" ? HFArchitecture::deepseek_v3 : HFArchitecture::deepseek_v2;
+                const bool v3 = name == "DeepseekV3ForCausalLM";
+                out.architecture = v3 ? HFArchitecture::deepseek_v3 : HFArchitecture::deepseek_v2;
+                // transformers builds the config class model_type names: a llama model type beside a DeepSeek
+                // architecture is a file of another model, or an edited one
+                const bool fits =
+                    out.model_type.empty() || (v3 ? out.model_type == "deepseek_v3" || out.model_type == "kimi_k2"
+                                                  : out.model_type == "deepseek_v2");
+                if (!fits)
+                    f.fail("model_type", "is " + detail::quoted(out.model_type) + ", but architectures names " + name +
+                                             ", whose model types are " +
+                                             (v3 ? "'deepseek_v3' and 'kimi_k2'" : "'deepseek_v2'"));
                 return;
             }
         }
@@ -373,6 +382,9 @@ inline HFConfig parse_hf_config(std::string_view text, std::string source = "con
     if (const auto at = detail::json_too_deep(text))
         throw io_error(out.source + ": nests deeper than " + std::to_string(detail::max_json_depth) +
                        " levels (at byte " + std::to_string(*at) + "); a config.json is a flat object");
+    if (const auto nul = detail::json_nul_byte(text))
+        throw io_error(out.source + ": has a NUL byte at offset " + std::to_string(*nul) + " of " +
+                       std::to_string(text.size()) + "; a JSON config holds none (is the file truncated or padded?)");
     try {
         out.json = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {

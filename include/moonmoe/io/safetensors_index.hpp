@@ -62,6 +62,9 @@ inline WeightMap parse_safetensors_index(std::string_view text, const std::strin
     if (const auto at = detail::json_too_deep(text))
         throw io_error(where + ": nests deeper than " + std::to_string(detail::max_json_depth) + " levels (at byte " +
                        std::to_string(*at) + ")");
+    if (const auto nul = detail::json_nul_byte(text))
+        throw io_error(where + ": has a NUL byte at offset " + std::to_string(*nul) + " of " +
+                       std::to_string(text.size()) + "; a JSON index holds none (is the file truncated or padded?)");
 
     // nlohmann keeps the last of duplicate keys; the parser callback sees each of them, so a twice-listed tensor
     // (which shard would be meant?) is refused here.

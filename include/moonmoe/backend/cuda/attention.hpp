@@ -94,7 +94,7 @@ struct AttentionOps<cuda> {
                                   View<float, 1, cuda> lse, View<float, 1, cuda> max_logit) {
         using namespace cuda_detail;
         const index_t G = contract::check_forward(q, kv, offsets, o, lse, max_logit);
-        if (sdpa_takes(q, kv) && sdpa_forward(q, kv, offsets, scale, o, lse, max_logit)) return;
+        if (sdpa_takes(q, kv)) return sdpa_forward(q, kv, offsets, scale, o, lse, max_logit);
 #if !MOONMOE_CUDA_EMULATED
         if (cuda_fast_kernels().attention && cuda_fast::attention_supported(q, kv))
             return cuda_fast::attention_forward(q, kv, offsets, scale, o, lse, max_logit);
@@ -109,7 +109,7 @@ struct AttentionOps<cuda> {
                                    const AttentionGrads<cuda>& grads) {
         using namespace cuda_detail;
         const index_t KV = contract::check_backward(q, kv, offsets, o, lse, d_o, grads);
-        if (sdpa_takes(q, kv) && sdpa_backward(q, kv, offsets, scale, o, lse, d_o, grads)) return;
+        if (sdpa_takes(q, kv)) return sdpa_backward(q, kv, offsets, scale, o, lse, d_o, grads);
 #if !MOONMOE_CUDA_EMULATED
         if (cuda_fast_kernels().attention && cuda_fast::attention_supported(q, kv))
             return cuda_fast::attention_backward(q, kv, offsets, scale, o, lse, d_o, grads);

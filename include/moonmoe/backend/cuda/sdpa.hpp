@@ -5,9 +5,14 @@
 // AttentionQueries::values), every query head has its own key / value head (MLA), and an engine is registered:
 //   nvcc        cuDNN's fused SDPA, registered by including <moonmoe/backend/cuda/cudnn.hpp> in one translation
 //               unit of the program (cudnn-frontend's headers take about 90 s of nvcc per translation unit, so the
-//               CUDA backend does not include them itself); without it the portable f32 path runs
-//   emulation   HostSdpa below, always: the same packing, statistics and gradient splits around a host engine that
-//               runs the portable functors on the bf16 values, so CI checks everything but cuDNN's kernels
+//               CUDA backend does not include them itself)
+//   otherwise   PortableSdpa below: the same packing, statistics and gradient splits around the portable functors
+//               run on the bf16 values, outputs and gradients rounded to bf16. It is the emulation's engine (so CI
+//               checks everything but cuDNN's kernels), the engine of an nvcc program without cuDNN's, and the one a
+//               call falls back to where cuDNN declines its shape (cuDNN wants head sizes that are multiples of 8:
+//               K2's 192 and 128 are, the tiny test models' 12 and 8 are not). Every path keeps the bf16 contract:
+//               the f32 attention of the bf16 operands, its outputs and gradients rounded to bf16 (first seen on an
+//               H100, 2026-11-27: the declined calls ran the f32 path and returned o unrounded)
 // The glue, in the order it runs:
 //   forward    Q [T, H, dq] and K [T, H, dq] packed in bf16 from the query and key parts (the key's rope part,
 //              one head shared by all, is copied to every head: cuDNN takes one K tensor with one head stride;
@@ -185,12 +190,12 @@ inline void exact_max_logits(const bf16* q, const bf16* k, const SdpaProblem& p,
     }
 }
 
-#if MOONMOE_CUDA_EMULATED
-/// The emulation's engine: the portable functors (cuda/attention.hpp) on the bf16 values widened to f32, outputs
-/// and gradients rounded to bf16, statistics token-major, as the engine contract says.
-class HostSdpa final : public SdpaEngine {
+/// The portable engine (the file comment): the portable functors (cuda/attention_portable.hpp) on the bf16 values
+/// widened to f32, outputs and gradients rounded to bf16, statistics token-major, as the engine contract says. It
+/// takes every problem.
+class PortableSdpa final : public SdpaEngine {
 public:
-    const char* name() const override { return "host (emulated)"; }
+    const char* name() const override { return MOONMOE_CUDA_EMULATED ? "portable (emulated)" : "portable"; }
 
     bool forward(const SdpaProblem& p, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* stats) override {
         const index_t T = p.tokens, H = p.heads;
@@ -232,19 +237,20 @@ private:
     }
 };
 
+inline SdpaEngine* portable_sdpa() {
+    static PortableSdpa engine;
+    return &engine;
+}
+
+/// The registered engine (cuDNN's), else the portable one.
 inline SdpaEngine* sdpa_engine() {
     if (SdpaEngine* e = registered_sdpa().load(std::memory_order_acquire)) return e;
-    static HostSdpa host;
-    return &host;
+    return portable_sdpa();
 }
-#else
-inline SdpaEngine* sdpa_engine() { return registered_sdpa().load(std::memory_order_acquire); }
-#endif
 
-/// Whether the bf16 path takes this call: bf16 values, as many key / value heads as query heads, and an engine.
+/// Whether the bf16 path takes this call: bf16 values and as many key / value heads as query heads.
 inline bool sdpa_takes(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv) {
-    return q.values == NumberFormat::bf16 && kv.k[0].shape[1] == q.q[0].shape[1] && kv.v.shape[1] == q.q[0].shape[1] &&
-           sdpa_engine() != nullptr;
+    return q.values == NumberFormat::bf16 && kv.k[0].shape[1] == q.q[0].shape[1] && kv.v.shape[1] == q.q[0].shape[1];
 }
 
 /// The packed bf16 operands of a call.
@@ -274,8 +280,8 @@ inline SdpaOperands pack_operands(const AttentionQueries<cuda>& q, const Attenti
     return ops;
 }
 
-/// attention_forward on the engine (the file comment); false, with nothing written, where the engine declines.
-inline bool sdpa_forward(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
+/// attention_forward on the engine, or the portable engine where it declines (the file comment).
+inline void sdpa_forward(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
                          std::span<const index_t> offsets, float scale, View<float, 3, cuda> o,
                          View<float, 1, cuda> lse, View<float, 1, cuda> max_logit) {
     SdpaOperands ops = pack_operands(q, kv, offsets, scale);
@@ -283,15 +289,15 @@ inline bool sdpa_forward(const AttentionQueries<cuda>& q, const AttentionKeys<cu
     const index_t T = p.tokens, H = p.heads, dv = p.dim_v;
     Tensor<bf16, 1, cuda> O({T * H * dv});
     Tensor<float, 1, cuda> stats({T * H});
-    if (!sdpa_engine()->forward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), stats.data())) return false;
+    if (!sdpa_engine()->forward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), stats.data()))
+        portable_sdpa()->forward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), stats.data());
     launch(T * H * dv, UnpackHeads{O.data(), o.data, o.strides[0], o.strides[1], dv, nullptr, 0, 0, H, dv});
     reorder_stats(lse.data, stats.data(), p, false);
     if (max_logit.numel() != 0) exact_max_logits(ops.q.data(), ops.k.data(), p, max_logit.data);
-    return true;
 }
 
-/// attention_backward on the engine (the file comment); false, with nothing written, where the engine declines.
-inline bool sdpa_backward(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
+/// attention_backward on the engine, or the portable engine where it declines (the file comment).
+inline void sdpa_backward(const AttentionQueries<cuda>& q, const AttentionKeys<cuda>& kv,
                           std::span<const index_t> offsets, float scale, View<const float, 3, cuda> o,
                           View<const float, 1, cuda> lse, View<const float, 3, cuda> d_o,
                           const AttentionGrads<cuda>& grads) {
@@ -305,7 +311,8 @@ inline bool sdpa_backward(const AttentionQueries<cuda>& q, const AttentionKeys<c
     reorder_stats(const_cast<float*>(lse.data), stats.data(), p, true);
     if (!sdpa_engine()->backward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), dO.data(), stats.data(),
                                  dQ.data(), dK.data(), dV.data()))
-        return false;
+        portable_sdpa()->backward(p, ops.q.data(), ops.k.data(), ops.v.data(), O.data(), dO.data(), stats.data(),
+                                  dQ.data(), dK.data(), dV.data());
     const bool two = q.parts == 2;
     const View<float, 3, cuda>& q1 = grads.dq[two ? 1 : 0];
     const View<float, 3, cuda>& k1 = grads.dk[two ? 1 : 0];
@@ -315,17 +322,13 @@ inline bool sdpa_backward(const AttentionQueries<cuda>& q, const AttentionKeys<c
                                    two ? k1.data : nullptr, k1.strides[0], k1.strides[1], H, dq});
     launch(T * H * dv,
            UnpackHeads{dV.data(), grads.dv.data, grads.dv.strides[0], grads.dv.strides[1], dv, nullptr, 0, 0, H, dv});
-    return true;
 }
 
 }  // namespace cuda_detail
 
-/// The engine of the CUDA backend's bf16 attention path: "cuDNN", "host (emulated)", or "none" (nvcc without
-/// <moonmoe/backend/cuda/cudnn.hpp>: the portable f32 path runs).
-inline const char* cuda_attention_engine() {
-    const cuda_detail::SdpaEngine* e = cuda_detail::sdpa_engine();
-    return e ? e->name() : "none";
-}
+/// The engine of the CUDA backend's bf16 attention path: "cuDNN" (with <moonmoe/backend/cuda/cudnn.hpp>; a shape it
+/// declines runs the portable one), "portable" or "portable (emulated)".
+inline const char* cuda_attention_engine() { return cuda_detail::sdpa_engine()->name(); }
 
 }  // namespace moonmoe::backend
 

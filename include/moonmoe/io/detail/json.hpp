@@ -41,6 +41,13 @@ inline std::optional<std::size_t> json_too_deep(std::string_view text, std::size
     return std::nullopt;
 }
 
+/// The offset of the first NUL byte in `text`, or nullopt. JSON text holds none (a string writes one as \u0000), and
+/// nlohmann's lexer ends the input at one: valid JSON, a NUL and then anything at all would parse as the JSON alone.
+inline std::optional<std::size_t> json_nul_byte(std::string_view text) {
+    const std::size_t at = text.find('\0');
+    return at == std::string_view::npos ? std::nullopt : std::optional<std::size_t>(at);
+}
+
 /// A short rendering of a JSON value for an error message: at most `limit` characters of its compact dump.
 /// Only for values of a document that passed json_too_deep (dump() recurses).
 inline std::string json_excerpt(const nlohmann::json& v, std::size_t limit = 60) {
