@@ -11,6 +11,7 @@
 // Writes DIR/train_tiny.csv (step, loss, max logit per layer, heads clipped, for both runs) and DIR/train_tiny.png
 // (drawn with cairo: support/plot.hpp), with the plotted points beside it in DIR/train_tiny.plot.csv.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -91,6 +92,14 @@ int main(int argc, char** argv) try {
                 "[--threads N] [--out DIR] (--help explains each)");
     }
     if (o.steps < 1) throw std::invalid_argument("--steps must be positive");
+    // the optimizer refuses such settings too, by field; the command line names its own flags
+    if (!std::isfinite(o.lr) || !(o.lr > 0.0) || o.lr > moonmoe::optim::max_learning_rate)
+        throw std::invalid_argument("--lr is " + std::to_string(o.lr) +
+                                    "; the learning rate must be finite and in (0, " +
+                                    std::to_string(int(moonmoe::optim::max_learning_rate)) + "]");
+    if (!std::isfinite(o.tau) || !(o.tau > 0.0))
+        throw std::invalid_argument("--tau is " + std::to_string(o.tau) +
+                                    "; QK-Clip's threshold must be finite and > 0");
     if (threads > 0) moonmoe::set_threads(threads);
     std::printf("threads: %s\n", threads > 0 ? (std::to_string(threads) + " (--threads)").c_str()
                                              : moonmoe::default_threads().describe().c_str());

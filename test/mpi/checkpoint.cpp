@@ -427,6 +427,20 @@ TEST_CASE("A failure on one rank fails the save on every rank and leaves the dir
     w.barrier();
     CHECK(read_file(dir / "config.json") == before);
     CHECK(entries(root) == std::vector<std::string>{"checkpoint"});  // no temporary directory left
+
+    // A NaN in a weight the last rank writes (issue 29: non-finite weights reached saved checkpoints): every rank
+    // refuses, naming the tensor, and nothing changes.
+    std::string bad_name;
+    part.visit_params([&](const ParamRef& p) {
+        if (bad_name.empty() && writes_tensor(g.at, p.name) && w.rank() == last) bad_name = p.name, p.value[0] = NAN;
+    });
+    message = message_of([&] { parallel::save_checkpoint(dir, part, g); });
+    CHECK(message.find("cannot save the parallel checkpoint; nothing changed") != std::string::npos);
+    CHECK(message.find("holds NaN at element 0") != std::string::npos);
+    CHECK(message.find("allow_non_finite") != std::string::npos);
+    w.barrier();
+    CHECK(read_file(dir / "config.json") == before);
+    CHECK(entries(root) == std::vector<std::string>{"checkpoint"});
 }
 
 }  // namespace mpi_checkpoint

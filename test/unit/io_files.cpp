@@ -3,8 +3,11 @@
 // Everything is built in the binary dir from a copy of test/data/tiny_k2.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <fstream>
 #include <future>
 #include <map>
 #include <set>
@@ -404,6 +407,86 @@ TEST_CASE("io files: read_small_file reads a whole file up to its limit") {
     CHECK(detail::read_small_file(dir / "empty", 10).empty());
     check_error([&] { detail::read_small_file(dir / "none", 10); },
                 {(dir / "none").string(), "cannot open", "No such file"});
+}
+
+}  // namespace unit_io_files
+
+namespace unit_io_files {
+
+TEST_CASE("loads beside a concurrent save read one save, never two (config.json of one, shards of another)") {
+    // issue 29: 783 of 11,064 loads beside a writer paired one save's config.json with another's weights. Save k
+    // holds rms_norm_eps = k * 1e-6 and eight tensors of value k, each in a shard of its own; a load must find one
+    // k everywhere.
+    namespace fs = std::filesystem;
+    const fs::path dir = scratch_dir("concurrent_save") / "ck";
+    nlohmann::json base =
+        nlohmann::json::parse(read_file(fs::path(MOONMOE_TEST_SOURCE_DIR) / "data/tiny_k2/config.json"));
+    constexpr int tensors = 8, saves = 120;
+    const auto save = [&](int k) {
+        nlohmann::json config = base;
+        config["rms_norm_eps"] = k * 1e-6;
+        std::vector<std::vector<float>> values(tensors, std::vector<float>(256, float(k)));
+        std::vector<NamedTensor> named;
+        for (int t = 0; t < tensors; ++t) named.push_back({"t" + std::to_string(t), {256}, values[std::size_t(t)]});
+        write_sharded_checkpoint(dir, parse_hf_config(config.dump()), named, DType::f32, 1024);
+    };
+    save(1);
+    std::atomic<bool> done{false};
+    auto writer = std::async(std::launch::async, [&] {
+        for (int k = 2; k <= saves; ++k) save(k);
+        done = true;
+    });
+    int loads = 0, mixed = 0, failed = 0;
+    std::string first_failure;
+    while (!done || loads < 10) {
+        try {
+            Checkpoint ck(dir);
+            const int k = int(std::lround(ck.config().model.dims.norm_eps / 1e-6));
+            bool same = true;
+            for (int t = 0; t < tensors; ++t)
+                for (float v : ck.read_f32("t" + std::to_string(t), {256})) same = same && v == float(k);
+            ++loads, mixed += !same;
+        } catch (const io_error& e) {
+            if (failed++ == 0) first_failure = e.what();
+        }
+    }
+    writer.get();
+    MESSAGE(loads << " loads beside " << saves - 1 << " saves: " << mixed << " mixed two saves, " << failed << " failed"
+                  << (failed ? " (first: " + first_failure + ")" : std::string()));
+    CHECK(mixed == 0);
+    CHECK(failed == 0);
+    CHECK(loads >= 10);
+}
+
+}  // namespace unit_io_files
+
+namespace unit_io_files {
+
+TEST_CASE("a save removes the temporary directories of saves killed mid-write, never a live save's") {
+    // issue 29: a save killed mid-write left a hidden .<dir>.tmp-* directory that no later save removed
+    namespace fs = std::filesystem;
+    const fs::path root = scratch_dir("stale_temporaries");
+    const fs::path stale = root / ".ck.tmp-0123456789abcdef", live = root / ".ck.tmp-fedcba9876543210";
+    const fs::path other = root / ".other.tmp-0123456789abcdef", unlike = root / ".ck.tmp-notmine";
+    for (const fs::path& d : {stale, live, other, unlike}) {
+        fs::create_directories(d);
+        std::ofstream(d / "model.safetensors") << "half";
+    }
+    const detail::FileDescriptor parent = detail::open_directory(root, "test");
+    const detail::FileDescriptor held = detail::lock_directory(parent.get(), live.filename().c_str(), true);
+    REQUIRE(held.get() >= 0);  // a save still writing there holds this lock
+    const std::vector<float> v(4, 1.0f);
+    const std::vector<NamedTensor> tensors = {{"t", {4}, v}};
+    write_sharded_checkpoint(root / "ck",
+                             parse_hf_config(read_file(fs::path(MOONMOE_TEST_SOURCE_DIR) / "data/tiny_k2/config.json")),
+                             tensors);
+    CHECK_FALSE(fs::exists(stale));
+    CHECK(fs::exists(live / "model.safetensors"));  // locked: a live save's
+    CHECK(fs::exists(other));                       // another checkpoint's name
+    CHECK(fs::exists(unlike));                      // not a name our saves make
+    CHECK(detail::is_temporary_name(".ck.tmp-0123456789abcdef", "ck"));
+    CHECK_FALSE(detail::is_temporary_name(".ck.tmp-0123456789ABCDEF", "ck"));
+    CHECK_FALSE(detail::is_temporary_name(".ck.tmp-0123456789abcde", "ck"));
 }
 
 }  // namespace unit_io_files

@@ -180,6 +180,21 @@ TEST_CASE("FP8 block sizes near INT64_MAX cannot make an empty scale pass") {
     check_error([&] { dequantize_fp8(weight, empty_scale, {2, 2}); }, {"'w_scale_inv'", "needs F32 [2, 2]"});
 }
 
+TEST_CASE("a non-finite FP8 block scale is named as the scale, whatever check_finite says") {
+    // issue 29: a NaN in weight_scale_inv was reported (with check_finite) as a NaN in the weight
+    const std::vector<std::byte> codes(16, std::byte{0x38});  // E4M3 1.0
+    const TensorRecord weight{"w", DType::f8_e4m3, {4, 4}, codes};
+    for (const float bad : {NAN, INFINITY}) {
+        const std::vector<float> scales = {1.0f, 2.0f, bad, 0.5f};
+        const TensorRecord scale{"w_scale_inv", DType::f32, {2, 2}, std::as_bytes(std::span(scales))};
+        check_error([&] { dequantize_fp8(weight, scale, {2, 2}); },
+                    {"tensor 'w_scale_inv' holds", "at [1, 0]", "block of FP8 weight 'w'", "must be finite"});
+    }
+    const std::vector<float> good = {1.0f, 2.0f, 4.0f, 0.5f};
+    const TensorRecord scale{"w_scale_inv", DType::f32, {2, 2}, std::as_bytes(std::span(good))};
+    CHECK(dequantize_fp8(weight, scale, {2, 2})[15] == 0.5f);
+}
+
 TEST_CASE("to_f32 of an empty tensor does not touch memory") {
     const TensorRecord empty{"e", DType::f32, {0, 3}, {}};
     CHECK(to_f32(empty).empty());
@@ -221,6 +236,13 @@ TEST_CASE("malformed safetensors headers: a table of inputs and the messages the
          {"tensor 'a\\x00b'", "needs 12"}},
         {"an empty name", R"({"":{"dtype":"X","shape":[2],"data_offsets":[0,8]}})", {"tensor ''", "unknown dtype 'X'"}},
         {"a quote in a name", R"({"it's":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", {"tensor 'it\\'s'"}},
+        // issue 29: metadata is not a tensor; a shape of no elements that overflows on the way (numel() threw later)
+        {"__metadata__ twice",
+         R"({"__metadata__":{"a":"1"},"__metadata__":{"b":"2"},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+         {"the __metadata__ object appears twice"}},
+        {"[2^62, 2, 0]",
+         R"({"t":{"dtype":"F32","shape":[4611686018427387904,2,0],"data_offsets":[0,0]},"u":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+         {"tensor 't'", "shape [4611686018427387904,2,0] overflows"}},
     };
     for (const Case& c : cases) {
         CAPTURE(c.what);

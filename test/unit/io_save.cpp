@@ -277,6 +277,33 @@ TEST_CASE("save_transformer refuses a part of the model, naming what it holds an
     CHECK_FALSE(fs::exists(root / "ck"));
 }
 
+TEST_CASE(
+    "save_transformer refuses weights holding a NaN or an infinity, naming the tensor; allow_non_finite keeps them") {
+    // issue 29: a NaN step, or weights loaded with check_finite = false, were saved back as they were
+    const fs::path root = scratch_dir("save_non_finite");
+    nn::Transformer<> model(TinyK2::config);
+    nn::init_weights(model, {.seed = 1});
+    save_transformer(root / "ck", model);  // a good checkpoint is there first, and stays
+    const std::string before = read_file(root / "ck" / "model.safetensors");
+    float* w = nullptr;
+    model.visit_params([&](const ParamRef& p) {
+        if (p.name == "model.layers.1.self_attn.o_proj.weight") w = p.value;
+    });
+    REQUIRE(w != nullptr);
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+        w[5] = bad;
+        io_testing::check_error([&] { save_transformer(root / "ck", model); },
+                                {(root / "ck").string() + ": tensor 'model.layers.1.self_attn.o_proj.weight' holds",
+                                 "at element 5 of", "allow_non_finite", "nothing was written"});
+        io_testing::check_error([&] { save_transformer(root / "ck", model, {.store = DType::bf16}); },
+                                {"'model.layers.1.self_attn.o_proj.weight' holds"});
+        CHECK(read_file(root / "ck" / "model.safetensors") == before);
+    }
+    w[5] = NAN;
+    save_transformer(root / "kept", model, {.allow_non_finite = true});
+    CHECK(std::isnan(Checkpoint(root / "kept").read_f32("model.layers.1.self_attn.o_proj.weight", {64, 32})[5]));
+}
+
 TEST_CASE("bos_token_id and eos_token_id survive loading and saving, whole or through load_weights") {
     const fs::path root = scratch_dir("save_token_ids");
     const auto original = nlohmann::json::parse(read_file(io_testing::test_data("tiny_k2/config.json")));

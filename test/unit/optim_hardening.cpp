@@ -89,6 +89,43 @@ struct Bench {
 
 }  // namespace
 
+TEST_CASE_TEMPLATE("run-time settings out of range are refused by name before anything changes", B,
+                   MOONMOE_TEST_BACKENDS) {
+    // issue 29: a learning rate of 1e38 or infinity passed, and the step made weights non-finite
+    const auto refused = [](const std::function<void(Bench<B>&)>& set, std::initializer_list<std::string> parts) {
+        Bench<B> b(3);
+        b.forward_backward(0);
+        const std::vector<float> before = snapshot(b.model, b.opt);
+        set(b);
+        try {
+            b.step();
+            FAIL("the step was taken");
+        } catch (const std::invalid_argument& e) {
+            for (const std::string& part : parts)
+                CHECK_MESSAGE(std::string(e.what()).find(part) != std::string::npos, std::string(e.what())
+                                                                                         << " lacks " << part);
+        }
+        CHECK(bitwise_equal(snapshot(b.model, b.opt), before));
+        CHECK(b.opt.steps() == 0);
+    };
+    refused([](Bench<B>& b) { b.opt.config.muon.learning_rate = INFINITY; },
+            {"Optimizer::step: config.muon.learning_rate is inf", "finite and in [0, 10]"});
+    refused([](Bench<B>& b) { b.opt.config.muon.learning_rate = 1e38; }, {"config.muon.learning_rate is 1e+38"});
+    refused([](Bench<B>& b) { b.opt.config.adamw.learning_rate = NAN; }, {"config.adamw.learning_rate is nan"});
+    refused([](Bench<B>& b) { b.opt.config.adamw.learning_rate = -1e-3; }, {"config.adamw.learning_rate is -0.001"});
+    refused([](Bench<B>& b) { b.opt.config.muon.momentum = 1.0; }, {"config.muon.momentum is 1", "in [0, 1)"});
+    refused([](Bench<B>& b) { b.opt.config.adamw.eps = 0.0; }, {"config.adamw.eps is 0", "> 0"});
+    refused([](Bench<B>& b) { b.opt.config.adamw.beta2 = NAN; }, {"config.adamw.beta2 is nan"});
+    refused([](Bench<B>& b) { b.opt.config.qk_clip.tau = INFINITY; }, {"config.qk_clip.tau is inf"});
+    refused([](Bench<B>& b) { b.opt.config.schedule.final_fraction = 2.0; }, {"config.schedule.final_fraction is 2"});
+    refused([](Bench<B>& b) { b.opt.bias_update_rate = NAN; }, {"bias_update_rate is nan"});
+    // in range: taken
+    Bench<B> ok(3);
+    ok.forward_backward(0);
+    ok.opt.config.muon.learning_rate = 10.0;
+    CHECK(ok.step().step == 1);
+}
+
 TEST_CASE_TEMPLATE(
     "non-finite scan: a NaN or an infinity anywhere in a block is found, huge, tiny and zero values are finite", B,
     MOONMOE_TEST_BACKENDS) {

@@ -233,15 +233,21 @@ constexpr index_t mul_sat(index_t a, index_t b) {
     X(micro_batches_fill_pipeline, "Parallel: MicroBatches must be at least PP, or the pipeline never fills",          \
       (F::micro_batches, F::pp),                                                                                       \
       detail::open(c.parallel.micro_batches, c.parallel.pp) || c.parallel.micro_batches >= c.parallel.pp)              \
-    X(muon_valid, "Muon: Momentum must be in [0, 1), NSSteps >= 1, WeightDecay >= 0, LearningRate > 0",                \
+    X(muon_valid,                                                                                                      \
+      "Muon: Momentum must be in [0, 1), NSSteps in [1, 100], WeightDecay finite and >= 0, LearningRate in (0, 10]",   \
       (F::muon_momentum, F::muon_ns_steps, F::muon_weight_decay, F::muon_learning_rate),                               \
       c.optimizer.muon.momentum >= 0.0 && c.optimizer.muon.momentum < 1.0 && c.optimizer.muon.ns_steps >= 1 &&         \
-          c.optimizer.muon.weight_decay >= 0.0 && c.optimizer.muon.learning_rate > 0.0)                                \
-    X(adamw_valid, "AdamW: Beta1 and Beta2 must be in [0, 1), Eps > 0, WeightDecay >= 0, LearningRate > 0",            \
+          c.optimizer.muon.ns_steps <= 100 && c.optimizer.muon.weight_decay >= 0.0 &&                                  \
+          c.optimizer.muon.weight_decay <= 1.7e308 && c.optimizer.muon.learning_rate > 0.0 &&                          \
+          c.optimizer.muon.learning_rate <= 10.0)                                                                      \
+    X(adamw_valid,                                                                                                     \
+      "AdamW: Beta1 and Beta2 must be in [0, 1), Eps finite and > 0, WeightDecay finite and >= 0, LearningRate in "    \
+      "(0, 10]",                                                                                                       \
       (F::adamw_beta1, F::adamw_beta2, F::adamw_eps, F::adamw_weight_decay, F::adamw_learning_rate),                   \
       c.optimizer.adamw.beta1 >= 0.0 && c.optimizer.adamw.beta1 < 1.0 && c.optimizer.adamw.beta2 >= 0.0 &&             \
-          c.optimizer.adamw.beta2 < 1.0 && c.optimizer.adamw.eps > 0.0 && c.optimizer.adamw.weight_decay >= 0.0 &&     \
-          c.optimizer.adamw.learning_rate > 0.0)                                                                       \
+          c.optimizer.adamw.beta2 < 1.0 && c.optimizer.adamw.eps > 0.0 && c.optimizer.adamw.eps <= 1.7e308 &&          \
+          c.optimizer.adamw.weight_decay >= 0.0 && c.optimizer.adamw.weight_decay <= 1.7e308 &&                        \
+          c.optimizer.adamw.learning_rate > 0.0 && c.optimizer.adamw.learning_rate <= 10.0)                            \
     X(qk_clip_valid, "QKClip: tau must be positive and ClipAlpha in [0, 1]", (F::qk_clip_tau, F::qk_clip_alpha),       \
       !c.optimizer.qk_clip.enabled ||                                                                                  \
           (c.optimizer.qk_clip.tau > 0.0 && c.optimizer.qk_clip.alpha >= 0.0 && c.optimizer.qk_clip.alpha <= 1.0))     \

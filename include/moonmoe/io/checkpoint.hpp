@@ -9,6 +9,14 @@
 // `<name>_scale_inv` companions (io/convert.hpp). Every tensor read is remembered, so that a loader can ask for
 // unused() afterwards and refuse a checkpoint that holds tensors its model does not know.
 // Not thread-safe: read from one thread, or give each thread its own Checkpoint.
+//
+// One save, never two: the directory is opened once and config.json, the index and every shard are opened through
+// that handle (openat), so a load beside a concurrent save_transformer (which swaps a whole new directory in,
+// io/checkpoint_writer.hpp) reads the checkpoint that was there when it began, or, where that save removed it before
+// every file was opened, starts again on the new one; a shard opened as needed after the checkpoint was replaced is
+// refused by name rather than read from the other save. What no reader can guard against: a file overwritten in
+// place by someone else (`cp` over a shard) while it is mapped; a page of it read after it was truncated ends the
+// process with SIGBUS (README.md, "Loading checkpoints").
 #pragma once
 
 #include <algorithm>
@@ -31,6 +39,7 @@
 #include "../tensor/dtype.hpp"
 #include "checkpoint_writer.hpp"
 #include "convert.hpp"
+#include "detail/atomic_file.hpp"
 #include "detail/read_file.hpp"
 #include "error.hpp"
 #include "hf_config.hpp"
@@ -48,17 +57,17 @@ public:
     enum class Shards { all, as_needed };
 
     explicit Checkpoint(const std::filesystem::path& dir, Shards opening = Shards::all) : dir_(dir) {
-        namespace fs = std::filesystem;
-        if (!fs::is_directory(dir_)) throw io_error(dir_.string() + ": not a checkpoint directory");
-        config_ = read_hf_config(dir_ / "config.json");
-        if (fs::exists(dir_ / "model.safetensors")) {
-            shards_.emplace_back(Shard{"model.safetensors", {}});
-            open(0, "");
-            for (const auto& r : shards_[0].file->records()) shard_of_.emplace(r.name, 0);
-        } else if (fs::exists(dir_ / "model.safetensors.index.json")) {
-            open_index(dir_ / "model.safetensors.index.json", opening);
-        } else {
-            throw io_error(dir_.string() + ": no model.safetensors or model.safetensors.index.json");
+        if (!std::filesystem::is_directory(dir_)) throw io_error(dir_.string() + ": not a checkpoint directory");
+        // One save's files, never two saves' (the top of this file): a save that removed the directory opened here
+        // while it was read makes the load start again on the checkpoint now at `dir`.
+        for (int attempt = 1;; ++attempt) {
+            try {
+                open_directory_files(opening);
+                return;
+            } catch (const io_error&) {
+                if (attempt >= max_attempts || !replaced()) throw;
+                shards_.clear(), opened_.clear(), shard_of_.clear(), index_path_.clear();
+            }
         }
     }
 
@@ -180,6 +189,41 @@ public:
     }
 
 private:
+    /// Loads that find their directory replaced by a concurrent save before they opened every file start again,
+    /// at most this many times in all.
+    static constexpr int max_attempts = 8;
+
+    /// The directory opened once, config.json read and the weights' files opened through that handle.
+    void open_directory_files(Shards opening) {
+        dir_fd_ = detail::open_directory(dir_, dir_.string(), "cannot open the checkpoint directory");
+        constexpr std::size_t max_config_bytes = std::size_t(64) << 20;  // a config.json is a few kB
+        config_ = parse_hf_config(
+            detail::read_small_file(dir_ / "config.json", max_config_bytes, dir_fd_.get(), "config.json"),
+            (dir_ / "config.json").string());
+        if (exists("model.safetensors")) {
+            shards_.emplace_back(Shard{"model.safetensors", {}});
+            open(0, "");
+            for (const auto& r : shards_[0].file->records()) shard_of_.emplace(r.name, 0);
+        } else if (exists("model.safetensors.index.json")) {
+            open_index(dir_ / "model.safetensors.index.json", opening);
+        } else {
+            throw io_error(dir_.string() + ": no model.safetensors or model.safetensors.index.json");
+        }
+    }
+
+    /// Whether `name` is an entry of the directory opened.
+    bool exists(const std::string& name) const {
+        struct stat st{};
+        return ::fstatat(dir_fd_.get(), name.c_str(), &st, 0) == 0;
+    }
+
+    /// Whether `dir` now names another directory than the one opened (a save swapped a new checkpoint in).
+    bool replaced() const {
+        struct stat now{}, opened{};
+        if (::fstat(dir_fd_.get(), &opened) != 0) return false;
+        return ::stat(dir_.c_str(), &now) != 0 || now.st_dev != opened.st_dev || now.st_ino != opened.st_ino;
+    }
+
     struct Shard {
         std::string name;                     ///< the file name in the directory
         std::optional<SafetensorsFile> file;  ///< once opened
@@ -197,10 +241,16 @@ private:
     /// Maps shard i; `tensor` (one of its tensors, if known) names it when the file is missing.
     void open(std::size_t i, std::string_view tensor) const {
         Shard& s = shards_[i];
-        if (!index_path_.empty() && !std::filesystem::exists(dir_ / s.name))
+        if (!index_path_.empty() && !exists(s.name)) {
+            if (replaced())  // opened as needed, after another save replaced the checkpoint this load began with
+                throw io_error(dir_.string() + ": shard " + detail::quoted(s.name) + " (of tensor " +
+                               detail::quoted(tensor) +
+                               ") is gone: another save replaced the checkpoint while it was being read; its "
+                               "tensors would mix two saves, so none is read: load it again");
             throw io_error(index_path_ + ": shard " + detail::quoted(s.name) + " (of tensor " + detail::quoted(tensor) +
                            " and maybe others) is missing");
-        s.file.emplace(dir_ / s.name);
+        }
+        s.file.emplace(dir_ / s.name, dir_fd_.get(), s.name.c_str());
         opened_.push_back(i);
     }
 
@@ -239,8 +289,9 @@ private:
     void open_index(const std::filesystem::path& index_path, Shards opening) {
         index_path_ = index_path.string();
         constexpr std::size_t max_index_bytes = std::size_t(256) << 20;  // K2's and DeepSeek-V3's are a few MB
-        const WeightMap weight_map =
-            parse_safetensors_index(detail::read_small_file(index_path, max_index_bytes), index_path_);
+        const WeightMap weight_map = parse_safetensors_index(
+            detail::read_small_file(index_path, max_index_bytes, dir_fd_.get(), "model.safetensors.index.json"),
+            index_path_);
 
         std::map<std::string, std::size_t, std::less<>> shard_index;  // shard file name -> position in shards_
         for (const auto& [name, file] : weight_map) {
@@ -258,7 +309,8 @@ private:
     }
 
     std::filesystem::path dir_;
-    std::string index_path_;  // "" for a single model.safetensors
+    detail::FileDescriptor dir_fd_;  // the directory as opened: every file is read through it
+    std::string index_path_;         // "" for a single model.safetensors
     HFConfig config_;
     // Opened on first use (a const read may open one); the vector is filled once, so the files never move.
     mutable std::vector<Shard> shards_;

@@ -6,7 +6,9 @@
 // puts it in place: renameat2(RENAME_EXCHANGE) swaps it with an existing checkpoint atomically (where the kernel
 // or filesystem cannot, the old one is renamed aside first, and back on failure). The parent is fsync'ed, then
 // the old tree removed. Any failure before the swap removes the temporary directory and leaves the old checkpoint
-// as it was; a reader that already mapped the old files keeps them.
+// as it was; a reader that already mapped the old files keeps them. A writer holds an advisory lock (flock) on its
+// temporary directory; the next save in the same parent removes the temporary directories of its name that nobody
+// holds locked: what a save killed mid-write left behind.
 //
 // Replacing deletes the old directory, so an existing `dir` is replaced only if it holds nothing but checkpoint
 // files, all regular files (no subdirectories, no symlinks):
@@ -22,6 +24,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -61,6 +64,25 @@ struct NamedTensor {
 };
 
 namespace detail {
+
+/// Throws io_error naming the first tensor of `tensors` that holds a NaN or an infinity (the element and its
+/// value): a checkpoint of such weights loads into a model that computes NaN. `where` starts the message.
+inline void refuse_non_finite(std::span<const NamedTensor> tensors, const std::string& where) {
+    for (const NamedTensor& t : tensors) {
+        const std::size_t n = t.numel();
+        for (std::size_t i = 0; i < n; ++i) {
+            const float v = t.values.empty() ? t.values16[i].to_float() : t.values[i];
+            if (std::isfinite(v)) continue;
+            throw io_error(where + ": tensor " + detail::quoted(t.name) + " holds " +
+                           (std::isnan(v) ? "NaN"
+                            : v > 0       ? "+inf"
+                                          : "-inf") +
+                           " at element " + std::to_string(i) + " of " + std::to_string(n) +
+                           "; a checkpoint of non-finite weights is refused (SaveOptions::allow_non_finite keeps "
+                           "them); nothing was written");
+        }
+    }
+}
 
 inline std::string_view torch_dtype_name(DType t) {
     switch (t) {
@@ -329,7 +351,9 @@ public:
         companions_ = replaceable_checkpoint(target_, where);
         name_ = target_.filename().string();
         parent_ = open_directory(target_.parent_path(), where);
+        remove_stale_temporaries(target_.parent_path(), parent_.get(), name_);  // left by saves killed mid-write
         temp_ = create_temporary_directory(parent_.get(), name_, where);
+        temp_lock_ = lock_directory(parent_.get(), temp_.c_str(), true);  // live: no other save removes it
         temp_path_ = target_.parent_path() / temp_;
     }
     StagedCheckpoint(const StagedCheckpoint&) = delete;
@@ -359,6 +383,8 @@ public:
     /// Puts the new checkpoint in place of `dir` with one rename, makes that durable, then removes the old tree.
     void commit() {
         namespace fs = std::filesystem;
+        // the old checkpoint takes the temporary name: locked, no other save takes it for a stale one
+        const FileDescriptor old_lock = lock_directory(parent_.get(), name_.c_str(), false);
         const std::string old = swap_in_directory(parent_.get(), temp_, name_, companions_.has_value(), where_);
         swapped_ = true;  // the temporary name now holds the old checkpoint, or nothing
         std::error_code ec;
@@ -382,7 +408,7 @@ private:
     std::filesystem::path target_, temp_path_;
     std::optional<std::vector<std::string>> companions_;
     std::string name_, temp_;
-    FileDescriptor parent_;
+    FileDescriptor parent_, temp_lock_;
     bool swapped_ = false;
 };
 

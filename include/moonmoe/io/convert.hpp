@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -117,6 +118,14 @@ inline void dequantize_fp8(const TensorRecord& weight, const TensorRecord& scale
     // want[0] * want[1] <= rows * cols, which the header check bounded; the record's own size is checked anyway.
     std::vector<float> scale(std::size_t(scale_inv.numel()));
     detail::decode_to_f32(DType::f32, scale_inv.bytes, scale);
+    // a non-finite scale would make its whole block non-finite: name the scale, not the weight
+    for (std::size_t k = 0; k < scale.size(); ++k)
+        if (!std::isfinite(scale[k]))
+            throw io_error("tensor " + detail::quoted(scale_inv.name) + " holds " +
+                           (std::isnan(scale[k]) ? "NaN" : "an infinity") + " at [" +
+                           std::to_string(index_t(k) / scale_cols) + ", " + std::to_string(index_t(k) % scale_cols) +
+                           "], the inverse scale of a " + std::to_string(block[0]) + " x " + std::to_string(block[1]) +
+                           " block of FP8 weight " + detail::quoted(weight.name) + "; a block scale must be finite");
     for (index_t i = 0; i < rows; ++i) {
         const float* scale_row = scale.data() + (i / block[0]) * scale_cols;
         float* row = out.data() + i * cols;

@@ -238,6 +238,8 @@ struct SaveOptions {
     std::uint64_t max_shard_bytes = default_max_shard_bytes;
     /// config.json's initializer_range for a model built from a type (a loaded file's own value is kept).
     double initializer_range = 0.02;
+    /// A parameter holding a NaN or an infinity makes the save refuse, naming it; true writes it as it is.
+    bool allow_non_finite = false;
 };
 
 /// The config.json a saved `model` gets: the file it was loaded from (after checking that its sizes are the
@@ -272,6 +274,7 @@ void save_transformer(const std::filesystem::path& dir, nn::Transformer<B>& mode
     std::deque<std::vector<float>> copies;  // host copies of a device backend's parameters
     std::deque<std::vector<bf16>> copies16;
     model.visit_params([&](const ParamRef& p) { tensors.push_back(detail::stored_values<B>(p, copies, copies16)); });
+    if (!options.allow_non_finite) detail::refuse_non_finite(tensors, dir.string());
     write_sharded_checkpoint(dir, config, tensors, options.store, options.max_shard_bytes);
 }
 

@@ -91,6 +91,9 @@ inline TensorRecord parse_tensor_entry(const std::string& where, const std::stri
         if (__builtin_mul_overflow(numel, *v, &numel)) throw io_error(at + "shape " + shape_text() + " overflows");
         shape.push_back(index_t(*v));
     }
+    // the element count as every reader of the record computes it (TensorRecord::numel, signed, left to right):
+    // [2^62, 2, 0] holds no element but overflows on the way there
+    if (!checked_product(shape)) throw io_error(at + "shape " + shape_text() + " overflows");
     std::uint64_t expected_bytes = 0;
     if (__builtin_mul_overflow(numel, std::uint64_t(dtype_size(*dtype)), &expected_bytes))
         throw io_error(at + "shape " + shape_text() + " overflows");
@@ -172,7 +175,10 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
     if (!header.is_object()) throw io_error(where + ": safetensors header is not a JSON object");
     std::sort(keys.begin(), keys.end());
     if (auto dup = std::adjacent_find(keys.begin(), keys.end()); dup != keys.end())
-        throw io_error(where + ": tensor " + detail::quoted(*dup) + " appears twice in the header");
+        throw io_error(
+            where + ": " +
+            (*dup == "__metadata__" ? std::string("the __metadata__ object") : "tensor " + detail::quoted(*dup)) +
+            " appears twice in the header");
 
     SafetensorsHeader out;
     out.header_bytes = std::size_t(n);
@@ -221,8 +227,9 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file, cons
 /// it keeps them valid). Not copyable.
 class SafetensorsFile {
 public:
-    explicit SafetensorsFile(const std::filesystem::path& path)
-        : path_(path.string()), map_(path_), header_(detail::parse_safetensors(map_.bytes(), path_)) {}
+    /// With a directory descriptor `dir`, the file `name` in that directory (`path` names it in messages).
+    explicit SafetensorsFile(const std::filesystem::path& path, int dir = AT_FDCWD, const char* name = nullptr)
+        : path_(path.string()), map_(path_, dir, name), header_(detail::parse_safetensors(map_.bytes(), path_)) {}
 
     const std::string& path() const { return path_; }
 

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -51,6 +52,45 @@ inline Route route_by_kind(const ParamRef& p, bool muon_enabled) {
     case ParamKind::router_bias: return Route::none;
     }
     return Route::adamw;
+}
+
+/// The largest learning rate a step accepts: no Muon or AdamW recipe comes near it, and 1e38 or an infinity, which
+/// would step every weight to a non-finite value, is refused by name.
+inline constexpr double max_learning_rate = 10.0;
+
+/// Throws std::invalid_argument naming the first run-time setting out of its range (a type's values are checked
+/// at compile time by the same rules, config/model_config.hpp; a program may change them afterwards).
+inline void check_settings(const OptimizerConfig& c, double bias_update_rate, const std::string& where) {
+    const auto fail = [&](const char* field, double value, const char* range) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%g", value);
+        throw std::invalid_argument(where + ": " + field + " is " + text + "; it must be " + range);
+    };
+    const auto in = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+    if (!in(c.muon.learning_rate, 0.0, max_learning_rate))
+        fail("config.muon.learning_rate", c.muon.learning_rate, "finite and in [0, 10]");
+    if (!in(c.adamw.learning_rate, 0.0, max_learning_rate))
+        fail("config.adamw.learning_rate", c.adamw.learning_rate, "finite and in [0, 10]");
+    if (!in(c.muon.momentum, 0.0, 1.0) || c.muon.momentum == 1.0)
+        fail("config.muon.momentum", c.muon.momentum, "in [0, 1)");
+    if (!in(c.muon.weight_decay, 0.0, 1e308)) fail("config.muon.weight_decay", c.muon.weight_decay, "finite and >= 0");
+    if (!in(c.muon.scale_factor, 0.0, 1e308) || c.muon.scale_factor == 0.0)
+        fail("config.muon.scale_factor", c.muon.scale_factor, "finite and > 0");
+    if (c.muon.ns_steps < 1 || c.muon.ns_steps > 100) fail("config.muon.ns_steps", c.muon.ns_steps, "in [1, 100]");
+    if (!in(c.adamw.beta1, 0.0, 1.0) || c.adamw.beta1 == 1.0) fail("config.adamw.beta1", c.adamw.beta1, "in [0, 1)");
+    if (!in(c.adamw.beta2, 0.0, 1.0) || c.adamw.beta2 == 1.0) fail("config.adamw.beta2", c.adamw.beta2, "in [0, 1)");
+    if (!in(c.adamw.eps, 0.0, 1e308) || c.adamw.eps == 0.0) fail("config.adamw.eps", c.adamw.eps, "finite and > 0");
+    if (!in(c.adamw.weight_decay, 0.0, 1e308))
+        fail("config.adamw.weight_decay", c.adamw.weight_decay, "finite and >= 0");
+    if (c.qk_clip.enabled && (!in(c.qk_clip.tau, 0.0, 1e308) || c.qk_clip.tau == 0.0))
+        fail("config.qk_clip.tau", c.qk_clip.tau, "finite and > 0");
+    if (c.qk_clip.enabled && !in(c.qk_clip.alpha, 0.0, 1.0)) fail("config.qk_clip.alpha", c.qk_clip.alpha, "in [0, 1]");
+    if (c.schedule.warmup < 0 || c.schedule.stable < 0 || c.schedule.decay < 0)
+        fail("config.schedule's warmup, stable or decay",
+             double(std::min({c.schedule.warmup, c.schedule.stable, c.schedule.decay})), ">= 0");
+    if (!in(c.schedule.final_fraction, 0.0, 1.0))
+        fail("config.schedule.final_fraction", c.schedule.final_fraction, "in [0, 1]");
+    if (!in(bias_update_rate, 0.0, 1e308)) fail("bias_update_rate", bias_update_rate, "finite and >= 0");
 }
 
 struct StepReport {
@@ -97,6 +137,7 @@ public:
     bool zero_grads_after_step = true;
 
     explicit Optimizer(nn::Transformer<B>& model, Router route = {}) : model_(model) {
+        check_settings(config, bias_update_rate, "Optimizer");
         const bool muon = config.muon.enabled;
         model.visit_params([&](const ParamRef& p) {
             Slot s{p, route ? route(p) : route_by_kind(p, muon), {}, {}, {}, {}};
@@ -158,6 +199,7 @@ public:
         if (remeasure && rounds < 1)
             throw std::invalid_argument("Optimizer::step: rounds must be at least 1 with remeasure (got " +
                                         std::to_string(rounds) + ")");
+        check_settings(config, bias_update_rate, "Optimizer::step");  // a program may have changed them
         StepReport r;
         std::tie(r.muon_lr, r.adamw_lr) = learning_rates();
         if (const Slot* bad = first_nonfinite_gradient()) {

@@ -297,6 +297,8 @@ void save_checkpoint(const std::filesystem::path& dir, nn::Transformer<B>& part,
                 std::vector<NamedTensor> tensors;
                 for (std::size_t i = shards[s].first; i < shards[s].second; ++i)
                     tensors.push_back(moonmoe::detail::stored_values<B>(mine[i], copies, copies16));
+                if (!options.allow_non_finite)
+                    moonmoe::detail::refuse_non_finite(tensors, "rank " + std::to_string(world.rank()));
                 const std::string file = file_name(s);
                 moonmoe::detail::tensors_writer((dir / file).string(), tensors, options.store).write(temp_path / file);
             }

@@ -6,6 +6,7 @@
 // Every failure removes the temporary. The same exclusive naming makes temporary directories (checkpoint_writer).
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -117,6 +119,38 @@ std::pair<std::string, int> create_exclusively(std::string_view stem, const std:
 /// A new, empty directory ".<stem>.tmp-<random>" in `dir_fd`, mode 0777 less the umask as mkdir gives; its name.
 inline std::string create_temporary_directory(int dir_fd, std::string_view stem, const std::string& where) {
     return create_exclusively(stem, where, [&](const char* name) { return ::mkdirat(dir_fd, name, 0777); }).first;
+}
+
+/// Whether `entry` is a name temporary_name(stem) gives: "." + stem + ".tmp-" + 16 hex digits.
+inline bool is_temporary_name(std::string_view entry, std::string_view stem) {
+    const std::string prefix = "." + std::string(stem.substr(0, 200)) + ".tmp-";
+    if (entry.size() != prefix.size() + 16 || !entry.starts_with(prefix)) return false;
+    return std::all_of(entry.begin() + std::ptrdiff_t(prefix.size()), entry.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+/// An exclusive advisory lock (flock) on directory `name` in `dir_fd`, held while the result lives: a writer holds
+/// one on each temporary directory it works in, so that another writer tells a live one from a stale one. Returns
+/// an empty descriptor if the directory is gone or another process holds the lock (`wait` false).
+inline FileDescriptor lock_directory(int dir_fd, const char* name, bool wait) {
+    FileDescriptor fd(::openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) return {};
+    int r;
+    do r = ::flock(fd.get(), LOCK_EX | (wait ? 0 : LOCK_NB));
+    while (r != 0 && errno == EINTR);
+    return r == 0 ? std::move(fd) : FileDescriptor();
+}
+
+/// Removes the temporary directories of `stem` in `dir` (named as temporary_name(stem) names them) that no live
+/// writer holds locked: what a save killed mid-write left. A directory locked by a running save is left alone.
+inline void remove_stale_temporaries(const std::filesystem::path& dir, int dir_fd, std::string_view stem) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (!is_temporary_name(name, stem) || !entry.is_directory(ec) || entry.is_symlink(ec)) continue;
+        const FileDescriptor lock = lock_directory(dir_fd, name.c_str(), false);
+        if (lock.get() >= 0) std::filesystem::remove_all(entry.path(), ec);  // best effort: the save goes on
+    }
 }
 
 /// Writes `chunks` one after another to `path` so that a reader sees either the old file or the whole new one

@@ -22,8 +22,9 @@ public:
 
     /// Maps `path` read-only; throws io_error naming the path and the system's reason, or what kind of file it is
     /// if it is not a regular file (a FIFO or device is refused without blocking: detail/read_file.hpp).
-    explicit MappedFile(const std::string& path) {
-        const ReadableFile file(path);
+    /// With a directory descriptor `dir`, maps `name` in that directory; `path` names it in messages.
+    explicit MappedFile(const std::string& path, int dir = AT_FDCWD, const char* name = nullptr) {
+        const ReadableFile file(path, dir, name);
         size_ = std::size_t(file.size());
         if (size_ > 0) {  // mmap of length 0 is an error; an empty file is simply an empty span
             void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);

@@ -43,12 +43,14 @@ inline void require_regular_file(const std::string& path, mode_t mode) {
 /// A read-only descriptor of a regular file and the file's size; closes the descriptor when destroyed.
 class ReadableFile {
 public:
-    /// Opens `path`; throws io_error naming the path ("cannot open: <reason>", or what kind of file it is).
-    explicit ReadableFile(const std::string& path) : path_(path) {
+    /// Opens `path`; throws io_error naming the path ("cannot open: <reason>", or what kind of file it is). With a
+    /// directory descriptor `dir`, opens `name` in that directory (openat): `path` then only names it in messages.
+    explicit ReadableFile(const std::string& path, int dir = AT_FDCWD, const char* name = nullptr) : path_(path) {
+        const char* at = name ? name : path.c_str();
         struct stat st{};
-        if (::stat(path.c_str(), &st) != 0) fail("cannot open");
+        if (::fstatat(dir, at, &st, 0) != 0) fail("cannot open");
         require_regular_file(path, st.st_mode);
-        do fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        do fd_ = ::openat(dir, at, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         while (fd_ < 0 && errno == EINTR);
         if (fd_ < 0) fail("cannot open");
         const bool stat_ok = ::fstat(fd_, &st) == 0;
@@ -97,8 +99,9 @@ private:
 
 /// The whole of a small regular file (config.json, an index) as bytes; refuses anything that is not a regular
 /// file, and a file over `max_bytes` (it may be growing, so the limit holds for what is read, not just the size).
-inline std::string read_small_file(const std::filesystem::path& path, std::size_t max_bytes) {
-    const ReadableFile file(path.string());
+inline std::string read_small_file(const std::filesystem::path& path, std::size_t max_bytes, int dir = AT_FDCWD,
+                                   const char* name = nullptr) {
+    const ReadableFile file(path.string(), dir, name);
     const std::string limit = "the limit of " + std::to_string(max_bytes) + " bytes for this file";
     if (file.size() > max_bytes)
         throw io_error(file.path() + ": is " + std::to_string(file.size()) + " bytes, more than " + limit);
