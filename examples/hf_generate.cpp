@@ -35,6 +35,15 @@ int run(const char* dir, long long steps, const example::Sequences& prompts) {
     example::describe(model, dir);
 
     const index_t V = model.config.dims.vocab, N = prompts.count();
+    // prompt + new tokens within the context, checked before any addition can overflow or a cache is allocated
+    const index_t context = model.config.rope.max_positions;
+    for (index_t s = 0; s < N; ++s)
+        if (const index_t len = prompts.lengths[std::size_t(s)]; len > context || steps > context - len)
+            throw std::invalid_argument(
+                "prompt " + std::to_string(s) + " has " + std::to_string(len) + " tokens and " + std::to_string(steps) +
+                " new tokens were asked for: more than the model's context of " + std::to_string(context) +
+                " positions (max_position_embeddings in " + std::string(dir) + "/config.json); ask for at most " +
+                std::to_string(std::max<index_t>(0, context - len)) + " new tokens");
     std::vector<typename moonmoe::nn::Transformer<B>::DecodeState> states;
     for (index_t len : prompts.lengths) states.push_back(model.start_decoding(len + steps));
     std::vector<std::vector<index_t>> generated(static_cast<std::size_t>(N));

@@ -313,17 +313,13 @@ int main(int argc, char** argv) try {
     std::filesystem::create_directories(out);
     const std::string csv = out + "/rl_tiny.csv", png = out + "/rl_tiny.png";
     {
-        const std::string tmp = csv + ".tmp";
-        std::ofstream f(tmp);
-        if (!f) throw std::runtime_error(csv + ": cannot write");
+        std::ostringstream f;
         f.precision(9);
         f << "iteration,temperature,mean_reward,mean_response_tokens,truncated_share,loss,ptx_loss,max_logit\n";
         for (const auto& l : logs)
             f << l.iteration << ',' << l.temperature << ',' << l.reward << ',' << l.length << ',' << l.truncated << ','
               << l.loss << ',' << l.ptx_loss << ',' << l.max_logit << '\n';
-        f.close();
-        if (!f) throw std::runtime_error(csv + ": write failed");
-        std::filesystem::rename(tmp, csv);
+        moonmoe::plot::write_file(csv, f.str());  // atomically: never a truncated file
     }
     using namespace moonmoe::plot;
     Figure fig;

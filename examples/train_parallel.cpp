@@ -314,8 +314,7 @@ void run_layout(const Options& o, Communicator& world) {
         std::filesystem::create_directories(o.out);
         const std::string csv = o.out + "/train_parallel.csv", png = o.out + "/train_parallel.png",
                           ranks = o.out + "/train_parallel_ranks.csv";
-        std::ofstream f(csv);
-        if (!f) throw std::runtime_error(csv + ": cannot write");
+        std::ostringstream f;  // both CSVs written atomically (plot::write_file)
         f.precision(9);
         f << "step,loss_parallel" << (single.empty() ? "" : ",loss_one_process") << "\n";
         double worst = 0;
@@ -327,11 +326,13 @@ void run_layout(const Options& o, Communicator& world) {
             }
             f << '\n';
         }
-        std::ofstream rf(ranks);
+        moonmoe::plot::write_file(csv, f.str());
+        std::ostringstream rf;
         rf << "rank,pp,ep,dp,parameters,compute_s,communication_s,bubble_s,optimizer_s,total_s,pipeline_ep_bytes,zero_"
               "bytes,"
               "formula_pipeline_ep_bytes_per_step,formula_flat_zero_bytes_per_step\n";
         for (const std::string& r : rows) rf << r << '\n';
+        moonmoe::plot::write_file(ranks, rf.str());
         using namespace moonmoe::plot;
         Figure fig;
         fig.title = "train_parallel: Parallel<" + std::to_string(o.pp) + ", " + std::to_string(o.ep) + ", " +

@@ -124,9 +124,8 @@ int main(int argc, char** argv) try {
 
     std::filesystem::create_directories(out);
     const std::string csv = out + "/train_tiny.csv", png = out + "/train_tiny.png";
-    std::ofstream f(csv);
-    if (!f) throw std::runtime_error(csv + ": cannot write");
-    f.precision(9);  // every float round-trips: a max logit a hair above tau stays visible
+    std::ostringstream f;  // written atomically below (plot::write_file)
+    f.precision(9);        // every float round-trips: a max logit a hair above tau stays visible
     const std::size_t layers = runs[0].front().layer_max.size();
     // max_logit_layer<l>: in the step's training forward; max_logit_after_step: the step's batch again, with the
     // weights the step left (after the update and, for MuonClip, the clip)
@@ -139,6 +138,7 @@ int main(int argc, char** argv) try {
             for (float m : l.layer_max) f << ',' << m;
             f << ',' << l.max_logit << ',' << l.max_logit_after << ',' << l.heads_clipped << '\n';
         }
+    moonmoe::plot::write_file(csv, f.str());
 
     using namespace moonmoe::plot;
     Figure fig;

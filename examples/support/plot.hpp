@@ -32,11 +32,16 @@
 #include <memory>
 #include <numbers>
 #include <optional>
+#include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <moonmoe/io/detail/atomic_file.hpp>
 
 namespace moonmoe::plot {
 
@@ -480,11 +485,17 @@ inline std::string csv_path(const std::string& png) {
     return std::filesystem::path(png).replace_extension(".plot.csv").string();
 }
 
+/// Writes `bytes` as the file `path` atomically (moonmoe/io/detail/atomic_file.hpp: a temporary file beside it,
+/// synced, renamed over it): a full disk or a kill leaves the old file or none, never a 0-byte or truncated one.
+inline void write_file(const std::string& path, std::string_view bytes) {
+    const std::span<const std::byte> chunk = std::as_bytes(std::span(bytes.data(), bytes.size()));
+    moonmoe::detail::write_file_atomically(path, std::span(&chunk, 1));
+}
+
 /// Every point of every series, one row each: panel (its title, or "panel <k>" counting from 1), series (its label),
-/// x, y (%.9g; "nan", "inf" as they are). A reference line is a row with an empty x.
+/// x, y (%.9g; "nan", "inf" as they are). A reference line is a row with an empty x. Written atomically.
 inline void write_csv(const std::string& path, const Figure& fig) {
-    std::ofstream f(path, std::ios::trunc);
-    if (!f) throw std::runtime_error("moonmoe::plot: cannot open '" + path + "' for writing");
+    std::ostringstream f;
     const auto num = [](double v) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.9g", v);
@@ -500,8 +511,7 @@ inline void write_csv(const std::string& path, const Figure& fig) {
                   << num(s.y[i]) << '\n';
         for (const HLine& h : p.hlines) f << panel << ',' << detail::csv_field(h.label) << ",," << num(h.y) << '\n';
     }
-    f.close();
-    if (!f) throw std::runtime_error("moonmoe::plot: failed writing '" + path + "'");
+    write_file(path, f.str());
 }
 
 /// Draws the figure into the PNG file `path`, and its points into csv_path(path). Throws std::invalid_argument for a
@@ -509,7 +519,13 @@ inline void write_csv(const std::string& path, const Figure& fig) {
 /// reason, when it cannot be written.
 inline void write_png(const std::string& path, const Figure& fig) {
     const detail::Surface s = detail::render(fig, "'" + path + "'");
-    detail::check(cairo_surface_write_to_png(s.get(), path.c_str()), "cannot write '" + path + "'");
+    std::string png;  // encoded in memory, then written atomically as write_file does
+    const auto append = [](void* out, const unsigned char* data, unsigned int size) {
+        static_cast<std::string*>(out)->append(reinterpret_cast<const char*>(data), size);
+        return CAIRO_STATUS_SUCCESS;
+    };
+    detail::check(cairo_surface_write_to_png_stream(s.get(), append, &png), "cannot encode '" + path + "'");
+    write_file(path, png);
     write_csv(csv_path(path), fig);
 }
 

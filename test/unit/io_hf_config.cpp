@@ -328,6 +328,14 @@ TEST_CASE("io: config.json errors name the file, the field, and what was expecte
     check_refused(with("model_type", "llama"), {"model_type is 'llama', but architectures names DeepseekV3ForCausalLM",
                                                 "'deepseek_v3' and 'kimi_k2'"});
     check_refused(with("model_type", "deepseek_v2"), {"model_type is 'deepseek_v2'"});
+    {  // raw bytes that are not UTF-8, quoted by the parser's message, are escaped (issue 29)
+        const std::string message = error_of([&] { parse_hf_config("{\"a\": \xff\xfe}", "c/config.json"); });
+        CHECK(message.find("c/config.json: not valid JSON") != std::string::npos);
+        CHECK(message.find("\\xff") != std::string::npos);
+        CHECK(message.find('\xff') == std::string::npos);
+        CHECK(moonmoe::detail::printable("k\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n\x01\xc0\xaf\xed\xa0\x80") ==
+              "k\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n\\x01\\xc0\\xaf\\xed\\xa0\\x80");
+    }
     {  // valid JSON, a NUL byte and garbage (issue 29: nlohmann's lexer ends at the NUL, and the garbage passed)
         const std::string text = k2.dump() + std::string(1, '\0') + "garbage";
         check_error([&] { parse_hf_config(text, "some/dir/config.json"); },

@@ -215,6 +215,17 @@ TEST_CASE("TokenLayout: packed sequences, offsets, positions restarting per sequ
     CHECK_THROWS_AS(nn::TokenLayout::packed(std::vector<index_t>{}), std::invalid_argument);
 }
 
+TEST_CASE("start_decoding refuses a cache past the model's context (max_position_embeddings), with the numbers") {
+    // issue 29: hf_generate decoded 4,200 tokens past a context of 4,096
+    const nn::Transformer<cpu> model(TinyK2::config);  // MaxPositions<4096>
+    CHECK(model.start_decoding(4096).caches.size() == 3);
+    CHECK_THROWS_WITH_AS(model.start_decoding(4097),
+                         doctest::Contains("a cache of 4097 tokens; the model's context is 4096 positions "
+                                           "(max_position_embeddings)"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(model.start_decoding(0), std::invalid_argument);
+}
+
 TEST_CASE("causal targets never cross a sequence boundary of a packed batch") {
     const std::vector<index_t> ids = {10, 11, 12, 20, 30, 31};
     const auto targets = nn::causal_targets(ids.data(), nn::TokenLayout::packed({3, 1, 2}));

@@ -8,6 +8,7 @@
 #include <cairo.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "../../examples/support/plot.hpp"
 
@@ -356,8 +359,45 @@ TEST_CASE("plot: bad input and an unwritable file are reported") {
     } catch (const std::runtime_error& e) {
         const std::string what = e.what();
         CHECK(what.find(path) != std::string::npos);
-        CHECK(what.find(cairo_status_to_string(CAIRO_STATUS_WRITE_ERROR)) != std::string::npos);
+        CHECK(what.find("No such file or directory") != std::string::npos);
     }
+}
+
+TEST_CASE("plot: a write that fails midway (a full disk) leaves the previous PNG and CSV whole") {
+    // issue 29: the examples wrote CSV and PNG in place, leaving 0-byte or truncated files on a full disk. A file
+    // size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes every write past 64 bytes fail as a full disk would.
+    plot::Figure fig;
+    fig.width = 320, fig.height = 240;
+    fig.panels.push_back({.title = "loss", .series = {{.label = "a", .y = {3, 2, 1.5, 1.2}}}});
+    const std::string path = written("plot_full_disk.png", fig);
+    const auto read = [](const std::string& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    const std::string png = read(path), csv = read(plot::csv_path(path));
+    REQUIRE(png.size() > 64);
+    fig.panels[0].series[0].y = {9, 8, 7, 6, 5};
+    {
+        rlimit old{};
+        REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+        const auto handler = std::signal(SIGXFSZ, SIG_IGN);
+        rlimit limited = old;
+        limited.rlim_cur = 64;
+        REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
+        std::string what;
+        try {
+            plot::write_png(path, fig);
+        } catch (const std::exception& e) {
+            what = e.what();
+        }
+        ::setrlimit(RLIMIT_FSIZE, &old);
+        std::signal(SIGXFSZ, handler);
+        CHECK(what.find(path) != std::string::npos);
+    }
+    CHECK(read(path) == png);
+    CHECK(read(plot::csv_path(path)) == csv);
+    CHECK_NOTHROW(plot::write_png(path, fig));  // and without the limit, the new figure replaces them
+    CHECK(read(path) != png);
 }
 
 TEST_CASE("plot: write_png also writes every point to <stem>.plot.csv") {

@@ -17,9 +17,46 @@
 
 namespace moonmoe {
 
-/// A file that cannot be read, is malformed, or does not hold what the caller needs.
+namespace detail {
+
+/// `text` safe to print: valid UTF-8 and newlines / tabs kept, every other control byte and every byte that does not
+/// belong to a valid UTF-8 sequence (a crafted file's raw bytes, which a parser's message may quote) as \xNN.
+inline std::string printable(std::string_view text) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size();) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        bool valid = n > 0 && i + n <= text.size() && (n > 1 || c >= 0x20 || c == '\n' || c == '\t') && c != 0x7f;
+        for (std::size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+        if (valid && n == 2) valid = c >= 0xc2;  // no overlong encodings
+        if (valid && n == 3) {
+            const auto d = static_cast<unsigned char>(text[i + 1]);
+            valid = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);  // overlong, surrogates
+        }
+        if (valid && n == 4) {
+            const auto d = static_cast<unsigned char>(text[i + 1]);
+            valid = c <= 0xf4 && !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
+        }
+        if (valid) {
+            out.append(text.substr(i, n));
+            i += n;
+        } else {
+            out += "\\x", out += hex[c >> 4], out += hex[c & 15];
+            ++i;
+        }
+    }
+    return out;
+}
+
+}  // namespace detail
+
+/// A file that cannot be read, is malformed, or does not hold what the caller needs. The message is made printable
+/// (detail::printable): a crafted file's raw bytes, quoted by a parser's message, never reach a terminal or log.
 struct io_error : std::runtime_error {
-    using std::runtime_error::runtime_error;
+    explicit io_error(const std::string& message) : std::runtime_error(detail::printable(message)) {}
+    explicit io_error(const char* message) : io_error(std::string(message)) {}
 };
 
 namespace detail {

@@ -174,7 +174,7 @@ inline void read_architecture(const ConfigFields& f, const nlohmann::json& j, HF
                 return;
             }
         }
-        throw io_error(out.source + ": architectures is " + a.dump() +
+        throw io_error(out.source + ": architectures is " + detail::json_excerpt(a, 200) +
                        "; moonmoe reads DeepseekV3ForCausalLM (Kimi K2, DeepSeek-V3) and DeepseekV2ForCausalLM "
                        "(DeepSeek-V2) checkpoints");
     }
@@ -356,7 +356,8 @@ inline void read_quantization(const ConfigFields& f, const nlohmann::json& j, HF
         if (!b.is_array() || b.size() != 2)
             qf.fail("weight_block_size", "must be [rows, cols], found " + describe_json(b));
         block = {qf.as_size("weight_block_size", b[0]), qf.as_size("weight_block_size", b[1])};
-        if (block[0] == 0 || block[1] == 0) qf.fail("weight_block_size", "must be positive, found " + b.dump());
+        if (block[0] == 0 || block[1] == 0)
+            qf.fail("weight_block_size", "must be positive, found " + detail::json_excerpt(b));
     }
     out.fp8_block = block;
 }

@@ -318,7 +318,15 @@ public:
         c = HeadCache{};
     }
 
+    /// A decoding state whose caches hold `capacity` tokens; refused past the model's context
+    /// (max_position_embeddings), where no position was trained and the cache would only grow for nothing.
     DecodeState start_decoding(index_t capacity) const {
+        const index_t context = config.rope.max_positions;
+        if (capacity < 1 || (context != Dynamic && capacity > context))
+            throw std::invalid_argument("Transformer::start_decoding: a cache of " + std::to_string(capacity) +
+                                        " tokens; the model's context is " + std::to_string(context) +
+                                        " positions (max_position_embeddings), so a sequence holds 1 to " +
+                                        std::to_string(context) + " tokens (prompt and new tokens together)");
         DecodeState s;
         for (const auto& layer : layers) s.caches.push_back(layer.make_decode_cache(capacity));
         return s;
