@@ -36,6 +36,18 @@ using namespace moonmoe::testing;
 
 namespace {
 
+/// The training statistics a forward can move: each layer's per-head maximum logits and each MoE layer's load.
+template <class B>
+std::pair<std::vector<std::vector<float>>, std::vector<std::vector<index_t>>> statistics(nn::Transformer<B>& model) {
+    std::vector<std::vector<float>> m;
+    std::vector<std::vector<index_t>> l;
+    for (auto& layer : model.layers) {
+        m.push_back(to_host(layer.self_attn.max_logit_per_head));
+        if (!layer.dense) l.push_back(to_host(layer.moe.gate.load));
+    }
+    return {m, l};
+}
+
 /// The distribution sample_row draws from, in double from its definition: softmax(z / T) over the candidates
 /// (the top_k largest, ties to the lower id; then the shortest prefix reaching top_p of their mass), renormalised.
 std::vector<double> expected_distribution(const std::vector<float>& z, const rl::SamplingParams& p) {
@@ -226,19 +238,10 @@ TEST_CASE_TEMPLATE(
 
 TEST_CASE_TEMPLATE("rollouts feed no router load and record no QK-Clip maxima", B, MOONMOE_TEST_BACKENDS) {
     nn::Transformer<B> model = tiny_model<B>(42);
-    const auto snapshot = [&] {
-        std::vector<std::vector<float>> m;
-        std::vector<std::vector<index_t>> l;
-        for (auto& layer : model.layers) {
-            m.push_back(to_host(layer.self_attn.max_logit_per_head));
-            if (!layer.dense) l.push_back(to_host(layer.moe.gate.load));
-        }
-        return std::make_pair(m, l);
-    };
-    const auto before = snapshot();
+    const auto before = statistics(model);
     const std::vector<rl::RolloutRequest> requests = {{{3, 4}, 1, 5, {}}, {{8, 8, 8}, 2, 3, {}}};
     rl::rollout(model, std::span(requests));
-    CHECK(snapshot() == before);
+    CHECK(statistics(model) == before);
 }
 
 TEST_CASE("k15_objective: the loss and its gradient with respect to each log pi_theta, against their definitions") {
@@ -359,15 +362,6 @@ TEST_CASE_TEMPLATE(
         nn::Transformer<B> model = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
         parallel::ProcessGroups g(world, model.config.parallel);
         parallel::Pipeline<B> pipeline(model, g, micro_batches);
-        const auto statistics = [&] {
-            std::vector<std::vector<float>> m;
-            std::vector<std::vector<index_t>> l;
-            for (auto& layer : model.layers) {
-                m.push_back(to_host(layer.self_attn.max_logit_per_head));
-                if (!layer.dense) l.push_back(to_host(layer.moe.gate.load));
-            }
-            return std::make_pair(m, l);
-        };
         typename parallel::Pipeline<B>::Timing timing;
         const rl::ObjectiveValue v = rl::k15_train_step(pipeline, g, std::span<const rl::Group>(oracle.groups),
                                                         oracle.objective, &oracle.ptx, &timing);
@@ -394,7 +388,7 @@ TEST_CASE_TEMPLATE(
         // the statistics: those of the one training pass, as the whole model's k15_train_step leaves them
         nn::Transformer<B> whole = load_transformer<TinyK2, B>(data_dir("tiny_k2"));
         rl::k15_train_step(whole, std::span<const rl::Group>(oracle.groups), oracle.objective, &oracle.ptx);
-        const auto got = statistics();
+        const auto got = statistics(model);
         for (std::size_t l = 0, moe = 0; l < whole.layers.size(); ++l) {
             CAPTURE(l);
             const std::vector<float> m = to_host(whole.layers[l].self_attn.max_logit_per_head);
