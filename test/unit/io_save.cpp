@@ -278,7 +278,8 @@ TEST_CASE("save_transformer refuses a part of the model, naming what it holds an
 }
 
 TEST_CASE(
-    "save_transformer refuses weights holding a NaN or an infinity, naming the tensor; allow_non_finite keeps them") {
+    "save_transformer refuses weights holding a NaN or an infinity, naming the tensor, and allow_non_finite keeps "
+    "them") {
     // issue 29: a NaN step, or weights loaded with check_finite = false, were saved back as they were
     const fs::path root = scratch_dir("save_non_finite");
     nn::Transformer<> model(TinyK2::config);
