@@ -430,9 +430,14 @@ TEST_CASE("A failure on one rank fails the save on every rank and leaves the dir
 
     // A NaN in a weight the last rank writes (issue 29: non-finite weights reached saved checkpoints): every rank
     // refuses, naming the tensor, and nothing changes.
+    bool writes = false;  // the NaN goes into the last rank that writes tensors (at DP > 1 the last ranks write none)
+    part.visit_params([&](const ParamRef& p) { writes = writes || writes_tensor(g.at, p.name); });
+    std::vector<index_t> writer = {writes ? index_t(w.rank()) : index_t(-1)};
+    w.all_reduce(std::span<index_t>(writer), ReduceOp::max);
     std::string bad_name;
     part.visit_params([&](const ParamRef& p) {
-        if (bad_name.empty() && writes_tensor(g.at, p.name) && w.rank() == last) bad_name = p.name, p.value[0] = NAN;
+        if (bad_name.empty() && writes_tensor(g.at, p.name) && w.rank() == int(writer[0]))
+            bad_name = p.name, p.value[0] = NAN;
     });
     message = message_of([&] { parallel::save_checkpoint(dir, part, g); });
     CHECK(message.find("cannot save the parallel checkpoint; nothing changed") != std::string::npos);
