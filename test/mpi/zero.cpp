@@ -95,6 +95,48 @@ TEST_CASE("ZeRO-1 with distributed Muon equals one process: three MuonClip steps
                     << model_floats << " trained floats: " << flat << ")");
 }
 
+TEST_CASE("ZeRO-1: a step whose update would leave an infinity is skipped on every rank, nothing changed") {
+    // issue 29: one replica's finite but huge gradient element (3e38) reaches its owner as 3e38 / n, whose square
+    // overflows Adam's second moment. The owner's pre-check finds it; every rank skips, as one process would.
+    Communicator& w = world();
+    const int n = w.size(), me = w.rank();
+    const auto layout = nn::TokenLayout::sequences(2, 8);
+    nn::Transformer<cpu> replica(TinyK2::config);
+    nn::init_weights(replica, {.seed = 7});
+    DistributedOptimizer<Clipped, cpu> dist(replica, w);
+    const std::string bad = "model.norm.weight";  // AdamW-routed
+    const auto weights = [&] {
+        std::vector<float> all;
+        replica.visit_params([&](const ParamRef& p) { all.insert(all.end(), p.value, p.value + p.numel()); });
+        return all;
+    };
+    const std::vector<index_t> mine = batch_of(me, 0);
+    replica.train_step(mine.data(), layout);
+    if (me == n - 1)
+        replica.visit_params([&](const ParamRef& p) {
+            if (p.name == bad) p.grad[3] = 3.0e38f;
+        });
+    const std::vector<float> before = weights();
+    const optim::StepReport r = dist.step();
+    CHECK(r.skipped_nonfinite == 1);
+    CHECK(r.nonfinite_update);
+    CHECK(dist.inner().steps() == 0);
+    CHECK(weights() == before);
+    std::size_t i = 0;
+    int owner = -1;
+    replica.visit_params([&](const ParamRef& p) {
+        if (p.name == bad) owner = dist.owners()[i];
+        ++i;
+    });
+    CHECK(r.nonfinite_param == (owner == me ? bad : std::string()));
+    // the next step, from clean gradients, is taken everywhere
+    replica.train_step(mine.data(), layout);
+    const optim::StepReport next = dist.step();
+    CHECK(next.skipped_nonfinite == 0);
+    CHECK(dist.inner().steps() == 1);
+    CHECK(weights() != before);
+}
+
 TEST_CASE(
     "ZeRO-1 under Weights<BF16>: each rank keeps the f32 masters of its own parameters only, the bf16 weights "
     "equal one process's") {

@@ -130,6 +130,9 @@ void optim_primitives(CM<float> a, M<float> b, CM<double> ad, View<double, 1, Cu
     Optim::zero_all(zeros);
     Optim::scale_rows(b, f);
     Optim::adamw_update(fn::AdamWUpdate{0.99f, 0.9f, 0.95f, 0.01f, 0.5f, 1e-8f}, w, g, m, v);
+    const backend::UpdateItem items[] = {{w.data, g.data, m.data, v.data, w.shape[0], 0.0f},
+                                         {w.data, g.data, m.data, nullptr, w.shape[0], 0.01f}};
+    Optim::first_unsafe_update({{0.99f, 0.9f, 0.95f, 0.01f, 0.5f, 1e-8f}, {0.95f, true}, 0.99f, 2.4f}, items, bad);
 }
 
 void row_primitives(CM<float> x, View<const float, 1, Cuda> w, View<const float, 1, Cuda> rstd_in, M<float> y,

@@ -220,6 +220,123 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE_TEMPLATE(
+    "a step that would leave a NaN or an infinity in a weight or its state is skipped, bit for bit, and named", B,
+    MOONMOE_TEST_BACKENDS) {
+    // issue 29: finite gradients and settings in range can still make the update non-finite (a gradient near the
+    // float range squared into Adam's v, a weight decay whose lr * wd overflows the decay factor); such a step was
+    // taken, reported as taken, and left NaN / Inf weights for save_transformer to write.
+    Bench<B> a(82), twin(82);
+    for (Bench<B>* b : {&a, &twin}) {
+        b->forward_backward(0);
+        CHECK(b->step().skipped_nonfinite == 0);
+    }
+    const std::string muon_param = "model.layers.2.mlp.experts.5.down_proj.weight";
+    const std::string adamw_param = "model.layers.1.input_layernorm.weight";
+    struct Case {
+        const char* what;
+        std::string param;
+        std::function<void(Bench<B>&)> set, unset;
+    };
+    const auto nothing = [](Bench<B>&) {};
+    const auto momentum_of = [](Bench<B>& b, const std::string& name) -> float* {
+        for (auto& slot : b.opt.slots())
+            if (slot.param.name == name) return slot.momentum.data();
+        FAIL("no slot " << name);
+        return nullptr;
+    };
+    float saved_m = 0;
+    const std::vector<Case> cases = {
+        // v = b2 v + (1 - b2) g^2 overflows (g^2 > 3.4e38): an infinite second moment
+        {"a finite gradient whose square overflows Adam's v", adamw_param,
+         [&](Bench<B>& b) { set_grad(b.model, adamw_param, 7, 3.0e38f); }, nothing},
+        // m.lerp_(g, 1 - beta) with m and g of opposite signs near the range: g - m overflows
+        {"Muon's momentum overflowing", muon_param,
+         [&](Bench<B>& b) {
+             set_grad(b.model, muon_param, 11, 3.0e38f);
+             float* m = momentum_of(b, muon_param);
+             backend::Memory<B>::to_host(&saved_m, m + 11, sizeof(float));
+             const float huge = -3.0e38f;
+             backend::Memory<B>::to_device(m + 11, &huge, sizeof huge);
+         },
+         [&](Bench<B>& b) {  // the skipped step left that momentum as set: the value it had before
+             backend::Memory<B>::to_device(momentum_of(b, muon_param) + 11, &saved_m, sizeof(float));
+         }},
+        // 1 - lr * wd is -inf in float: every Muon weight would be multiplied by it (the first Muon one is named)
+        {"Muon's weight decay factor overflowing", "model.layers.0.self_attn.q_a_proj.weight",
+         [](Bench<B>& b) { b.opt.config.muon.weight_decay = 1e300; },
+         [&](Bench<B>& b) { b.opt.config.muon.weight_decay = twin.opt.config.muon.weight_decay; }},
+        // the same for AdamW: the embedding is the first AdamW parameter in visit order
+        {"AdamW's weight decay factor overflowing", "model.embed_tokens.weight",
+         [](Bench<B>& b) { b.opt.config.adamw.weight_decay = 1e300; },
+         [&](Bench<B>& b) { b.opt.config.adamw.weight_decay = twin.opt.config.adamw.weight_decay; }},
+    };
+    int batch = 1;
+    for (const Case& c : cases) {
+        CAPTURE(c.what);
+        a.forward_backward(batch++);
+        c.set(a);
+        const std::vector<float> before = snapshot(a.model, a.opt);
+        const long long steps = a.opt.steps();
+        const ParamRef* unsafe = a.opt.first_unsafe_update();
+        REQUIRE(unsafe != nullptr);
+        CHECK(unsafe->name == c.param);
+        const optim::StepReport r = a.step();
+        CHECK(r.skipped_nonfinite == 1);
+        CHECK(r.nonfinite_update);
+        CHECK(r.nonfinite_param == c.param);
+        CHECK(r.step == steps);
+        CHECK(r.clip.total() == 0);
+        CHECK(bitwise_equal(snapshot(a.model, a.opt), before));
+        CHECK(a.opt.steps() == steps);
+        c.unset(a);
+    }
+    CHECK(a.opt.skipped_nonfinite_steps() == static_cast<long long>(cases.size()));
+    // the weights stayed finite, and a clean step afterwards is the step of a run that never saw the bad ones
+    a.forward_backward(100);
+    twin.forward_backward(100);
+    CHECK(a.opt.first_unsafe_update() == nullptr);
+    const optim::StepReport ra = a.step(), rt = twin.step();
+    CHECK(ra.skipped_nonfinite == 0);
+    CHECK_FALSE(ra.nonfinite_update);
+    CHECK(ra.clip.total() == rt.clip.total());
+    CHECK(bitwise_equal(snapshot(a.model, a.opt), snapshot(twin.model, twin.opt)));
+}
+
+/// A schedule that multiplies every singular value by 100 per iteration.
+struct Diverging {
+    static constexpr NSCoefficients table[] = {{100.0, 0.0, 0.0}};
+    static constexpr bool cycle = true;
+};
+
+TEST_CASE("Newton-Schulz's output bound holds for the library's schedules, and a diverging one is refused") {
+    // The bound Muon's weight pre-check uses: above the largest singular value each schedule reaches (measured
+    // here on random matrices by the f32 iteration itself), and finite.
+    const auto reached = [](auto schedule) {
+        double top = 0;
+        for (std::uint64_t seed : {1, 2, 3}) {
+            Tensor<float, 2> g({24, 40}), o({24, 40});
+            backend::Ops<cpu>::fill_normal(g.view(), 0.0f, 1.0f, seed);
+            optim::NSWorkspace<float> ws;
+            optim::newton_schulz<decltype(schedule)>(g.view(), o.view(), 5, ws);
+            for (float v : to_host(o)) top = std::max(top, double(std::abs(v)));
+        }
+        return top;
+    };
+    for (const auto& [bound, top] : {std::pair{optim::newton_schulz_bound<KellerQuintic>(5), reached(KellerQuintic{})},
+                                     std::pair{optim::newton_schulz_bound<PolarExpress>(5), reached(PolarExpress{})},
+                                     std::pair{optim::newton_schulz_bound<YouQuintic>(5), reached(YouQuintic{})}}) {
+        CHECK(std::isfinite(bound));
+        CHECK(bound < 5.0);
+        CHECK(top > 0.1);
+        CHECK(top <= bound);
+    }
+    CHECK(optim::newton_schulz_bound<Diverging>(5) > 1e9);
+    nn::Transformer<cpu> model{TinyK2::config};
+    CHECK_THROWS_WITH_AS((optim::Optimizer<moonmoe::Optimizer<Muon<Coefficients<Diverging>>>, cpu>(model)),
+                         doctest::Contains("diverge"), std::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE(
     "inference between two training steps changes nothing: train, decode, evaluate, train equals "
     "train, train bit for bit",
     B, MOONMOE_TEST_BACKENDS) {

@@ -162,6 +162,31 @@ struct AdamWUpdate {
     }
 };
 
+/// Whether one optimizer step leaves an element finite, decided before the step changes anything (the update
+/// pre-check of optim::Optimizer::step). AdamW: the step itself on copies, so exactly whether w, m and v stay
+/// finite (to the rounding of a contracted FMA). Muon: the momentum on copies (m and Newton-Schulz's input u
+/// finite), and the weight W * decay - step * O for every |O| <= o_bound, the largest element Newton-Schulz can
+/// return (its output's largest singular value bounds every element): |W * decay| + step * o_bound within the
+/// float range, in double.
+struct UpdateStaysFinite {
+    AdamWUpdate adamw;
+    MuonMomentum momentum;
+    float muon_decay, o_bound;
+    MOONMOE_HD static bool finite(float x) { return fabsf(x) <= 3.402823466e38f; }  // false for NaN and +-Inf
+    MOONMOE_HD bool adamw_ok(float w, float g, float m, float v) const {
+        adamw(w, m, v, g);
+        return finite(w) && finite(m) && finite(v);
+    }
+    MOONMOE_HD bool muon_ok(float step, float w, float g, float m) const {
+        float u = 0.0f;
+        momentum(m, u, g);
+        // The largest float less half an ulp of it, so that a sum rounding to the largest float still passes and
+        // nothing that rounds to an infinity does.
+        const double reach = fabs(double(w) * double(muon_decay)) + double(step) * double(o_bound);
+        return finite(m) && finite(u) && reach < 3.4028235677973366e38;
+    }
+};
+
 /// inv = 1 / max(sqrt(sq) * safety + add_eps, clamp_eps): Newton-Schulz's scale of G from its squared Frobenius
 /// norm (in double), so that X = inv G has every singular value at most 1.
 template <class T>

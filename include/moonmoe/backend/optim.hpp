@@ -15,6 +15,9 @@
 //   scale_rows(w, factors)                 row r of w *= factors[r]; a row whose factor is exactly 1 is not written
 //                                          (QK-Clip: heads at or below tau stay bit for bit)
 //   adamw_update(f, w, g, m, v)            fn::AdamWUpdate f on every element of the 1-D views (w, m, v, g)
+//   first_unsafe_update(f, items, out)     out[0] = the lowest i such that the step of items[i] (an UpdateItem:
+//                                          AdamW where it has v, else Muon) fails fn::UpdateStaysFinite f at some
+//                                          element, or items.size(): the optimizer's pre-check, nothing written
 // T is float or double. Shapes are checked and named on a mismatch.
 #pragma once
 
@@ -33,6 +36,14 @@ struct OptimOps {
     static_assert(missing_backend<B>,
                   "moonmoe: no optim primitives for this backend; include "
                   "<moonmoe/backend/cpu.hpp> (Backend<cpu>) or <moonmoe/backend/cuda.hpp>");
+};
+
+/// One parameter in first_unsafe_update: its values w, gradient g and state (m, and v for AdamW; v null for Muon,
+/// whose weight step, lr times the update scale, is muon_step), n contiguous elements each in backend memory.
+struct UpdateItem {
+    const float *w, *g, *m, *v;
+    index_t n;
+    float muon_step;
 };
 
 /// The argument checks every backend's OptimOps runs before touching data (shapes and strides only), so both

@@ -22,6 +22,11 @@ inline double muon_update_scale(const MuonConfig& c, index_t rows, index_t cols)
     return std::sqrt(std::max(1.0, double(rows) / double(cols)));
 }
 
+/// W = W * (1 - lr * weight_decay) - lr * scale * O for a rows x cols matrix.
+inline fn::DecayAndStep muon_weight_step(const MuonConfig& c, double lr, index_t rows, index_t cols) {
+    return {float(1.0 - lr * c.weight_decay), float(lr * muon_update_scale(c, rows, cols))};
+}
+
 /// Updates W [rows, cols] in place from its gradient; momentum (W's shape) is the Muon state, on the backend. The
 /// workspace chooses the Newton-Schulz precision: NSWorkspace<float, B> iterates in f32, NSWorkspaceBF16<B> in bf16
 /// as torch.optim.Muon does (newton_schulz.hpp); momentum, update and weights stay f32 either way.
@@ -35,9 +40,7 @@ void muon_step(const MuonConfig& c, double lr, View<float, 2, B> W, View<const f
     // m.lerp_(g, 1 - beta); u = g.lerp(m, beta) with Nesterov, else m
     Ops::map(fn::MuonMomentum{float(c.momentum), c.nesterov}, momentum, u.view(), grad);
     orthogonalise<Coeffs, B>(u.view(), o.view(), c.ns_steps, ws, c.products);
-    const float decay = float(1.0 - lr * c.weight_decay);
-    const float step = float(lr * muon_update_scale(c, W.shape[0], W.shape[1]));
-    Ops::map(fn::DecayAndStep{decay, step}, W, View<const float, 2, B>(o.view()));
+    Ops::map(muon_weight_step(c, lr, W.shape[0], W.shape[1]), W, View<const float, 2, B>(o.view()));
 }
 
 }  // namespace moonmoe::optim

@@ -16,6 +16,8 @@
 // 13's): per iteration 4 n^2 m + 2 n^3 FLOPs.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <utility>
 
@@ -51,6 +53,28 @@ constexpr NSCoefficients coefficients(int iteration) {
 constexpr double newton_schulz_flops(index_t rows, index_t cols, int steps, Products p) {
     const double n = double(rows < cols ? rows : cols), m = double(rows < cols ? cols : rows);
     return steps * (p == Products::symmetric ? 3 * n * n * m + n * n * n : 4 * n * n * m + 2 * n * n * n);
+}
+
+/// A bound on every element of Newton-Schulz's output under the schedule `Coeffs`, `steps` iterations: the
+/// iteration acts on each singular value s of X alone, s -> a s + b s^3 + c s^5, and X starts with every s at most
+/// 1 / safety (the norm's division); an element of a matrix is at most its largest singular value. The largest
+/// |value| any iteration takes a grid of 4097 points in [0, 1.01 / safety] to (the 1 % covers the bf16 iteration's
+/// rounded norm and products), doubled for the rounding between grid points and of the products. The optimizer's
+/// pre-check (Optimizer::step) needs it; infinity when the schedule diverges.
+template <class Coeffs = KellerQuintic>
+double newton_schulz_bound(int steps) {
+    const double top = 1.01 / detail::norm_safety<Coeffs>();
+    double bound = 0;
+    for (int g = 0; g <= 4096; ++g) {
+        double s = top * g / 4096;
+        for (int it = 0; it < steps && std::isfinite(s); ++it) {
+            const NSCoefficients k = detail::coefficients<Coeffs>(it);
+            s = s * (k.a + s * s * (k.b + s * s * k.c));
+            bound = std::max(bound, std::abs(s));
+        }
+        if (!std::isfinite(s) || !(bound < 1e30)) return INFINITY;
+    }
+    return 2 * std::max(bound, top);
 }
 
 /// Scratch for one matrix shape, reused across calls (Muon keeps one per shape); all of it on the backend.

@@ -4,7 +4,9 @@
 // Each parameter is routed by its ParamKind (overridable): matrices and expert matrices to Muon (each expert on its
 // own), embeddings, the output head and norm gains to AdamW, the router's correction bias to neither (it moves by
 // the balancing rule, bias_update_rate). step(), in this order:
-//   1. checks every gradient it will step for NaN / +-Inf; if one has any, the whole step is skipped and reported;
+//   1. checks every gradient it will step for NaN / +-Inf, then whether the step would leave a NaN or an infinity
+//      in a weight or in the optimizer state (a finite but huge gradient, a setting whose product overflows); if
+//      either finds one, the whole step is skipped, nothing changed, and reported;
 //   2. applies the learning-rate schedule and updates every parameter (Muon, AdamW);
 //   3. moves the router biases by the balancing rule, from the tokens the training forwards routed;
 //   4. QK-Clip, the last thing that changes a weight, by the maxima the training forwards recorded; with
@@ -106,10 +108,12 @@ struct StepReport {
     /// The rounds ran out with a head still over tau at the last measurement (which was then clipped once more):
     /// the weights are not known to be at or below tau.
     bool clip_exhausted = false;
-    /// 1 when a stepped gradient held a NaN or an infinity: nothing changed (no weight, no optimizer state, no step
-    /// count, no router bias, no QK-Clip); nonfinite_param names the first such parameter in visit order.
+    /// 1 when a stepped gradient held a NaN or an infinity, or (nonfinite_update) when the step would have left one
+    /// in a weight or its optimizer state: nothing changed (no weight, no optimizer state, no step count, no router
+    /// bias, no QK-Clip); nonfinite_param names the first such parameter in visit order.
     index_t skipped_nonfinite = 0;
     std::string nonfinite_param;
+    bool nonfinite_update = false;
 };
 
 template <class Config = moonmoe::Optimizer<>, class B = cpu>
@@ -138,6 +142,7 @@ public:
 
     explicit Optimizer(nn::Transformer<B>& model, Router route = {}) : model_(model) {
         check_settings(config, bias_update_rate, "Optimizer");
+        newton_schulz_output_bound();  // refuses a diverging coefficient schedule now rather than at a step
         const bool muon = config.muon.enabled;
         model.visit_params([&](const ParamRef& p) {
             Slot s{p, route ? route(p) : route_by_kind(p, muon), {}, {}, {}, {}};
@@ -167,7 +172,7 @@ public:
     /// learning-rate schedule nor AdamW's bias correction (as torch.amp.GradScaler skips optimizer.step()).
     long long steps() const { return step_; }
     void set_steps(long long t) { step_ = t; }
-    /// Steps skipped for a NaN or an infinity in a gradient, since construction.
+    /// Steps skipped for a NaN or an infinity in a gradient or in what the step would leave, since construction.
     long long skipped_nonfinite_steps() const { return skipped_nonfinite_; }
     /// Steps whose QK-Clip re-measure ran out of rounds with a head over tau, since construction.
     long long clip_exhausted_steps() const { return clip_exhausted_; }
@@ -202,7 +207,9 @@ public:
         check_settings(config, bias_update_rate, "Optimizer::step");  // a program may have changed them
         StepReport r;
         std::tie(r.muon_lr, r.adamw_lr) = learning_rates();
-        if (const Slot* bad = first_nonfinite_gradient()) {
+        const Slot* bad = first_nonfinite_gradient();
+        r.nonfinite_update = !bad && (bad = first_unsafe_slot()) != nullptr;
+        if (bad) {
             r.step = step_;
             r.skipped_nonfinite = 1;
             r.nonfinite_param = bad->param.name;
@@ -245,6 +252,17 @@ public:
         return r;
     }
 
+    /// The first stepped parameter (visit order) whose next step would leave a NaN or an infinity in its weight or
+    /// its optimizer state, or null; nothing is written. Exact for AdamW and Muon's momentum (the step's own
+    /// arithmetic on copies); Muon's weight is checked against Newton-Schulz's largest possible output element
+    /// (newton_schulz_bound), which only a weight within a few units of the float range can fail without failing
+    /// the update itself. One primitive over every stepped parameter (backend/optim.hpp, first_unsafe_update) and a
+    /// host read of its answer.
+    const ParamRef* first_unsafe_update() {
+        const Slot* s = first_unsafe_slot();
+        return s ? &s->param : nullptr;
+    }
+
     /// Each master rounded into its bf16 parameter (Weights<BF16>): step() does it; so does loading a saved state.
     void round_masters() {
         for (Slot& s : slots_) {
@@ -282,6 +300,45 @@ private:
         // Host sync: whether the step is taken (and which parameter the report names) is decided on the host.
         const auto k = std::size_t(element_to_host(first_bad_.view(), 0));
         return k < stepped_slot_.size() ? &slots_[stepped_slot_[k]] : nullptr;
+    }
+
+    const Slot* first_unsafe_slot() {
+        const auto [muon_lr, adamw_lr] = learning_rates();
+        const fn::UpdateStaysFinite f{adamw_update(config.adamw, adamw_lr, step_ + 1),
+                                      fn::MuonMomentum{float(config.muon.momentum), config.muon.nesterov},
+                                      float(1.0 - muon_lr * config.muon.weight_decay),
+                                      float(newton_schulz_output_bound())};
+        std::vector<backend::UpdateItem> items;
+        for (std::size_t k : stepped_slot_) {
+            const Slot& s = slots_[k];
+            const bool muon = s.route == Route::muon;
+            items.push_back(
+                {s.param.value, s.param.grad, muon ? s.momentum.data() : s.exp_avg.data(),
+                 muon ? nullptr : s.exp_avg_sq.data(), s.param.numel(),
+                 muon ? muon_weight_step(config.muon, muon_lr, s.param.shape[0], s.param.shape[1]).step : 0.0f});
+        }
+        backend::Ops<B>::first_unsafe_update(f, items, first_bad_.view());
+        // Host sync: as first_nonfinite_gradient's, the step's decision is the host's.
+        const auto k = std::size_t(element_to_host(first_bad_.view(), 0));
+        return k < stepped_slot_.size() ? &slots_[stepped_slot_[k]] : nullptr;
+    }
+
+    /// newton_schulz_bound of the configured schedule and steps (cached per step count); a schedule that diverges
+    /// is refused, naming the steps.
+    double newton_schulz_output_bound() {
+        if (!config.muon.enabled) return 0.0;
+        if (bound_steps_ != config.muon.ns_steps) {
+            bound_steps_ = config.muon.ns_steps;
+            o_bound_ = newton_schulz_bound<Coefficients>(bound_steps_);
+        }
+        if (!std::isfinite(o_bound_) || o_bound_ > 1e6)
+            throw std::invalid_argument(
+                "Optimizer: the Newton-Schulz coefficients take a singular value in [0, 1] "
+                "beyond 1e6 within " +
+                std::to_string(bound_steps_) +
+                " iterations (config.muon.ns_steps): they diverge, and Muon's updates "
+                "would not be bounded");
+        return o_bound_;
     }
 
     /// Sets the gradient of every slot routed to Muon or AdamW to zero, in one primitive call.
@@ -328,6 +385,8 @@ private:
     std::map<const bf16*, float*> master_of_;  ///< Weights<BF16>: each stepped bf16 parameter's master
     long long step_ = 0;
     long long skipped_nonfinite_ = 0, clip_exhausted_ = 0;
+    int bound_steps_ = -1;  ///< the ns_steps o_bound_ was computed for
+    double o_bound_ = 0.0;
 };
 
 }  // namespace moonmoe::optim

@@ -13,8 +13,9 @@
 //      them that one process averaging the same micro-batches gets (the experts' gradients already hold the
 //      EP streams' contributions, which reached them through the all-to-all)
 //   2. the statistics the step reads, made global: QK-Clip's per-head maxima (all-reduce max) and the router loads
-//      of the balancing update (all-reduce sum) over the replicas; whether any owned gradient is non-finite
-//      (all-reduce max over the world), so that every rank skips the same steps
+//      of the balancing update (all-reduce sum) over the replicas; whether any owned gradient is non-finite, or
+//      any owned parameter's update would leave a non-finite weight or state (optim::Optimizer's pre-check), as
+//      an all-reduce max over the world, so that every rank skips the same steps
 //   3. every rank runs optim::Optimizer on the parameters it owns (the others are routed to none: no state), then
 //      QK-Clip and the bias update, which are the same on every rank holding the layer since their inputs are
 //   4. all-gather of the updated parameters, per group: each owner's block to every rank.
@@ -90,7 +91,8 @@ public:
     optim::Optimizer<Config, B>& inner() { return inner_; }
 
     /// 1. + 2. of the header comment: afterwards each owned parameter's gradient is the mean over the replicas,
-    /// the statistics are global; returns whether any gradient holds a NaN or an infinity (on every rank alike).
+    /// the statistics are global; returns whether any gradient holds a NaN or an infinity, or any update would
+    /// leave one (on every rank alike: the step must be skipped).
     bool reduce_gradients() {
         const std::vector<ParamRef> params = parameters();
         for (Shard& s : shards_) {
@@ -140,6 +142,8 @@ public:
             optim::StepReport r;
             r.step = inner_.steps();
             r.skipped_nonfinite = 1;
+            r.nonfinite_update = nonfinite_update_;
+            r.nonfinite_param = nonfinite_param_;
             inner_.reset_max_logits();
             for (auto& layer : model_.layers)
                 if (nn::Router<B>* router = layer.router()) router->reset_load();
@@ -256,9 +260,13 @@ private:
                     grads.push_back(View<const float, 1, B>(params[i].grad, {params[i].numel()}));
         Tensor<index_t, 1, B> first({1});
         backend::Ops<B>::first_nonfinite(grads, first.view());
-        std::vector<index_t> bad = {element_to_host(first.view(), 0) < index_t(grads.size()) ? 1 : 0};
+        const bool gradient = element_to_host(first.view(), 0) < index_t(grads.size());
+        const ParamRef* update = gradient ? nullptr : inner_.first_unsafe_update();
+        nonfinite_param_ = update ? update->name : "";  // named where it is owned; the other ranks leave it empty
+        std::vector<index_t> bad = {gradient ? 1 : 0, update ? 1 : 0};
         world_.all_reduce(std::span<index_t>(bad), ReduceOp::max);
-        return bad[0] != 0;
+        nonfinite_update_ = bad[0] == 0 && bad[1] != 0;
+        return bad[0] != 0 || bad[1] != 0;
     }
 
     nn::Transformer<B>& model_;
@@ -269,6 +277,8 @@ private:
     std::vector<index_t> offset_;
     std::vector<Shard> shards_;
     std::size_t route_index_ = 0;
+    bool nonfinite_update_ = false;  ///< the last skip was for an update, no gradient being non-finite
+    std::string nonfinite_param_;    ///< the owned parameter whose update failed the pre-check, if this rank owns it
     optim::Optimizer<Config, B> inner_;  ///< last: its constructor calls route(), which needs the members above
 };
 

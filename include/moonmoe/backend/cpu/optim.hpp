@@ -115,6 +115,31 @@ struct OptimOps<cpu> {
         out.data[0] = index_t(first.load());
     }
 
+    /// The items cut into pieces of 16k elements over the threads, as first_nonfinite; a piece stops at its first
+    /// failing element, and pieces of items after a known failure are skipped.
+    static void first_unsafe_update(const fn::UpdateStaysFinite& f, std::span<const UpdateItem> items,
+                                    View<index_t, 1> out) {
+        contract::require_one("first_unsafe_update: the result", out);
+        std::vector<View<const float, 1>> values;
+        for (const UpdateItem& it : items) values.push_back(View<const float, 1>(it.w, {it.n}));
+        const std::vector<cpu_detail::ListBlock> blocks =
+            cpu_detail::list_blocks(std::span<const View<const float, 1>>(values));
+        std::atomic<std::size_t> first{items.size()};
+        cpu_detail::parallel_for(index_t(blocks.size()), [&](index_t k) {
+            const cpu_detail::ListBlock& b = blocks[std::size_t(k)];
+            if (b.item >= first.load(std::memory_order_relaxed)) return;
+            const UpdateItem& it = items[b.item];
+            bool ok = true;
+            for (index_t i = b.offset; i < b.offset + b.length && ok; ++i)
+                ok = it.v ? f.adamw_ok(it.w[i], it.g[i], it.m[i], it.v[i])
+                          : f.muon_ok(it.muon_step, it.w[i], it.g[i], it.m[i]);
+            if (ok) return;
+            std::size_t seen = first.load(std::memory_order_relaxed);
+            while (b.item < seen && !first.compare_exchange_weak(seen, b.item, std::memory_order_relaxed)) {}
+        });
+        out.data[0] = index_t(first.load());
+    }
+
     /// Every element of every view = 0, one parallel loop over pieces of all of them.
     static void zero_all(std::span<const View<float, 1>> xs) {
         const std::vector<cpu_detail::ListBlock> blocks = cpu_detail::list_blocks(xs);

@@ -111,6 +111,35 @@ struct NonfiniteViewAt {
     }
 };
 
+/// first_unsafe_update's items on the device: each UpdateItem, ending at flat index `end` of the items laid end to
+/// end.
+struct UpdateListItem {
+    UpdateItem item;
+    index_t end;
+};
+
+/// For the flat index k of the items: the number of the item holding k when its step fails the check there, else
+/// the item count (found by the same binary search over the ends as NonfiniteViewAt).
+struct UnsafeUpdateAt {
+    fn::UpdateStaysFinite f;
+    const UpdateListItem* items;
+    index_t count;
+    MOONMOE_HD index_t operator()(index_t k) const {
+        index_t lo = 0, hi = count - 1;
+        while (lo < hi) {
+            const index_t mid = lo + (hi - lo) / 2;
+            if (items[mid].end > k) hi = mid;
+            else
+                lo = mid + 1;
+        }
+        const UpdateItem& it = items[lo].item;
+        const index_t i = k - (lo == 0 ? 0 : items[lo - 1].end);
+        const bool ok =
+            it.v ? f.adamw_ok(it.w[i], it.g[i], it.m[i], it.v[i]) : f.muon_ok(it.muon_step, it.w[i], it.g[i], it.m[i]);
+        return ok ? count : lo;
+    }
+};
+
 /// dst(r, c) = factor[0] * src(r, c), or factor[0] * src(c, r) when transposed, for the flat index of dst (coalesced
 /// writes; the transposed reads go down src's columns, as in TransposeKernel). The factor is read on the device.
 template <class T>
@@ -196,6 +225,23 @@ struct OptimOps<cuda> {
         const Tensor<cuda_detail::ListItem, 1, cuda> items = cuda_detail::list_items(xs, total);
         const index_t count = index_t(xs.size());
         cuda_detail::reduce_into(out.data, total, cuda_detail::NonfiniteViewAt{items.data(), count},
+                                 thrust::minimum<index_t>{}, count);
+    }
+
+    /// The same min-reduction as first_nonfinite, of (the step fails here ? item number : item count), after one
+    /// upload of the items (which waits for the current stream, as first_nonfinite's does).
+    static void first_unsafe_update(const fn::UpdateStaysFinite& f, std::span<const UpdateItem> items,
+                                    View<index_t, 1, cuda> out) {
+        contract::require_one("first_unsafe_update: the result", out);
+        std::vector<cuda_detail::UpdateListItem> list;
+        index_t total = 0;
+        for (const UpdateItem& it : items) list.push_back({it, total += it.n});
+        const index_t count = index_t(items.size());
+        if (count == 0)
+            return cuda_detail::reduce_into(out.data, 0, cuda_detail::UnsafeUpdateAt{f, nullptr, 0},
+                                            thrust::minimum<index_t>{}, count);
+        const Tensor<cuda_detail::UpdateListItem, 1, cuda> on_device = to_device<cuda>(list);
+        cuda_detail::reduce_into(out.data, total, cuda_detail::UnsafeUpdateAt{f, on_device.data(), count},
                                  thrust::minimum<index_t>{}, count);
     }
 
