@@ -61,6 +61,21 @@ struct RlMicroBatch {
     index_t rl_tokens = 0;     ///< the first rl_tokens tokens are the samples'
     index_t rl_sequences = 0;  ///< in the first rl_sequences sequences
 
+    /// Appends sequences [first, last) of a packed batch (ids, their targets, its layout), each token marked as
+    /// sample `sample_of(s)` of its sequence s.
+    template <class SampleOf>
+    void append(std::size_t first, std::size_t last, std::span<const index_t> all_ids,
+                std::span<const index_t> all_targets, const nn::TokenLayout& l, SampleOf sample_of) {
+        for (std::size_t s = first; s < last; ++s) {
+            const index_t begin = l.begin(index_t(s)), end = l.end(index_t(s));
+            ids.insert(ids.end(), all_ids.begin() + begin, all_ids.begin() + end);
+            targets.insert(targets.end(), all_targets.begin() + begin, all_targets.begin() + end);
+            sample.insert(sample.end(), std::size_t(end - begin), sample_of(s));
+            positions.insert(positions.end(), l.positions.begin() + begin, l.positions.begin() + end);
+            lengths.push_back(end - begin);
+        }
+    }
+
     nn::TokenLayout layout(bool with_ptx) const {
         const std::size_t sequences = with_ptx ? lengths.size() : std::size_t(rl_sequences);
         nn::TokenLayout l = nn::TokenLayout::packed(std::span<const index_t>(lengths.data(), sequences));
@@ -99,15 +114,8 @@ ObjectiveValue k15_train_step(parallel::Pipeline<B>& pipeline, parallel::Process
     const std::vector<std::size_t> sample_cuts = detail::balanced_cuts(all.lengths, M, true);
     for (index_t m = 0; m < M; ++m) {
         detail::RlMicroBatch& b = mbs[std::size_t(m)];
-        for (std::size_t s = sample_cuts[std::size_t(m)]; s < sample_cuts[std::size_t(m) + 1]; ++s) {
-            const index_t begin = all.layout.begin(index_t(s)), end = all.layout.end(index_t(s));
-            b.ids.insert(b.ids.end(), all.ids.begin() + begin, all.ids.begin() + end);
-            b.targets.insert(b.targets.end(), all.targets.begin() + begin, all.targets.begin() + end);
-            b.sample.insert(b.sample.end(), std::size_t(end - begin), index_t(s));
-            b.positions.insert(b.positions.end(), all.layout.positions.begin() + begin,
-                               all.layout.positions.begin() + end);
-            b.lengths.push_back(end - begin);
-        }
+        b.append(sample_cuts[std::size_t(m)], sample_cuts[std::size_t(m) + 1], all.ids, all.targets, all.layout,
+                 [](std::size_t s) { return index_t(s); });
         b.rl_tokens = index_t(b.ids.size());
         b.rl_sequences = index_t(b.lengths.size());
     }
@@ -118,18 +126,9 @@ ObjectiveValue k15_train_step(parallel::Pipeline<B>& pipeline, parallel::Process
         std::vector<index_t> lengths;
         for (index_t s = 0; s < ptx->layout.sequences(); ++s) lengths.push_back(ptx->layout.length(s));
         const std::vector<std::size_t> cuts = detail::balanced_cuts(lengths, M, false);
-        for (index_t m = 0; m < M; ++m) {
-            detail::RlMicroBatch& b = mbs[std::size_t(m)];
-            for (std::size_t s = cuts[std::size_t(m)]; s < cuts[std::size_t(m) + 1]; ++s) {
-                const index_t begin = ptx->layout.begin(index_t(s)), end = ptx->layout.end(index_t(s));
-                b.ids.insert(b.ids.end(), ptx->ids.begin() + begin, ptx->ids.begin() + end);
-                b.targets.insert(b.targets.end(), targets.begin() + begin, targets.begin() + end);
-                b.sample.insert(b.sample.end(), std::size_t(end - begin), index_t(-1));
-                b.positions.insert(b.positions.end(), ptx->layout.positions.begin() + begin,
-                                   ptx->layout.positions.begin() + end);
-                b.lengths.push_back(end - begin);
-            }
-        }
+        for (index_t m = 0; m < M; ++m)
+            mbs[std::size_t(m)].append(cuts[std::size_t(m)], cuts[std::size_t(m) + 1], ptx->ids, targets, ptx->layout,
+                                       [](std::size_t) { return index_t(-1); });
         for (index_t t : targets) ptx_targets += t != nn::ignore_index;
         if (ptx_targets == 0)
             throw std::invalid_argument(where + ": the PTX batch has no targets (every sequence is one token long)");
