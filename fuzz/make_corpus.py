@@ -6,6 +6,12 @@ only when test/data or the parsers' field names change. Seeds stay small (the wh
 safetensors seeds are a few tensors cut out of the test checkpoints (header rewritten with new offsets, padded
 with spaces to 8 bytes as the reference writer does), each preceded by the 2 bytes of FP8 block size that
 fuzz/safetensors.cpp reads first.
+
+fuzz_checkpoint's seeds and dictionary (fuzz/corpus/checkpoint, fuzz/dict/checkpoint.dict) are not written here:
+its inputs are programs of edits whose opcodes and tables live in fuzz/checkpoint.cpp, so the target writes them
+itself from symbolic programs, which stay in step with its decoder (see the top of fuzz/checkpoint.cpp):
+    MOONMOE_FUZZ_WRITE_SEEDS=fuzz/corpus/checkpoint MOONMOE_FUZZ_WRITE_DICT=fuzz/dict/checkpoint.dict \
+        build-fuzz/fuzz/fuzz_checkpoint -runs=0
 """
 import json
 import re

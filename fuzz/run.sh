@@ -3,7 +3,9 @@
 #
 #   bash fuzz/run.sh [SECONDS] [TARGET...]
 #
-# SECONDS per target (default 600); TARGETs among safetensors, hf_config, index (default all, one after the other).
+# SECONDS per target (default 600); TARGETs among safetensors, hf_config, index, checkpoint (default all, one after
+# the other). The first three feed raw bytes to a parser; checkpoint decodes its input as edits of a valid checkpoint
+# directory (fuzz/checkpoint.cpp), so its mutations reach the loader's semantic checks behind the parsers.
 # CI runs `bash fuzz/run.sh 60`. Needs Clang >= 18 with libFuzzer (bash cmake/install_deps.sh --fuzz installs
 # clang-19, libclang-rt-19-dev and llvm-19 on Debian 12); MOONMOE_FUZZ_CXX picks another compiler, MOONMOE_FUZZ_BUILD the
 # build tree (default build-fuzz), MOONMOE_FUZZ_JOBS the build's parallel jobs (default 2).
@@ -18,12 +20,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds=${1:-600}
 if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: bash fuzz/run.sh [SECONDS per target] [safetensors|hf_config|index ...]" >&2
+  echo "usage: bash fuzz/run.sh [SECONDS per target] [safetensors|hf_config|index|checkpoint ...]" >&2
   exit 2
 fi
 shift $(($# > 0 ? 1 : 0))
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors hf_config index)
+all_targets=(safetensors hf_config index checkpoint)
+((${#targets[@]})) || targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
   [[ -f "fuzz/$t.cpp" ]] || { echo "fuzz/run.sh: no target '$t' (fuzz/$t.cpp)" >&2; exit 2; }
 done
@@ -46,10 +49,12 @@ if [[ -z "$cxx" ]]; then
 fi
 
 echo "fuzz/run.sh: building ${targets[*]} with $cxx ($("$cxx" -dumpversion)) in $build"
+# Without OpenMP: the targets run single-threaded, and Clang would need libomp-19-dev for it (fuzz/CMakeLists.txt).
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOONMOE_BUILD_FUZZERS=ON \
-  -DMOONMOE_BUILD_TESTS=OFF -DMOONMOE_BUILD_EXAMPLES=OFF -DMOONMOE_BUILD_BENCHMARKS=OFF >/dev/null
+  -DMOONMOE_BUILD_TESTS=OFF -DMOONMOE_BUILD_EXAMPLES=OFF -DMOONMOE_BUILD_BENCHMARKS=OFF \
+  -DMOONMOE_WITH_OPENMP=OFF >/dev/null
 # With every target asked for, build `all` (the tree holds only them): make builds named targets one at a time.
-if ((${#targets[@]} == 3)); then
+if ((${#targets[@]} == ${#all_targets[@]})); then
   cmake --build "$build" -j "${MOONMOE_FUZZ_JOBS:-2}"
 else
   cmake --build "$build" -j "${MOONMOE_FUZZ_JOBS:-2}" --target "${targets[@]/#/fuzz_}"

@@ -294,6 +294,20 @@ TEST_CASE("checkpoint contents that do not fit config.json are refused, not sile
         check_error([&] { load_transformer<AnyDeepSeekV3>(dir); }, {"'model.layers.0.mlp.up_proj.weight'", "not FP8",
                                                                     "'model.layers.0.mlp.up_proj.weight_scale_inv'"});
     }
+    SUBCASE("a _scale_inv of a _scale_inv (fuzz_checkpoint's finding: loaded, the tensor ignored)") {
+        const std::string weight = "model.layers.0.self_attn.q_a_proj.weight";
+        const fs::path dir =
+            scratch_checkpoint("scale_of_scale", "tiny_k2_fp8", tiny_config("tiny_k2_fp8"),
+                               [&](const TensorRecord& r, DType&, std::vector<std::byte>&, SafetensorsWriter& out) {
+                                   if (r.name == weight + "_scale_inv") {
+                                       const std::vector<float> one(8, 1.0f);
+                                       out.add_f32(r.name + "_scale_inv", {2, 4}, one);
+                                   }
+                                   return true;
+                               });
+        check_error([&] { load_transformer<AnyDeepSeekV3>(dir); },
+                    {"tensors the model has no parameter for", "'" + weight + "_scale_inv_scale_inv'"});
+    }
     SUBCASE("F8_E5M2 weights in an E4M3 checkpoint (NaN logits before)") {
         const fs::path dir = scratch_checkpoint("e5m2", "tiny_k2_fp8", tiny_config("tiny_k2_fp8"),
                                                 [](const TensorRecord& r, DType& dtype, auto&&...) {

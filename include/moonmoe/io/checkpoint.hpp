@@ -93,8 +93,11 @@ public:
     const TensorRecord& record(std::string_view name) const { return shard(name).at(name); }
     /// Counts `name` as read, for a caller that consumed record() itself.
     void mark_used(std::string_view name) {
-        record(name);
+        const TensorRecord& r = record(name);
         used_.emplace(name);
+        // an F8 weight's block scale goes with it, as read_f32 counts the scale it dequantises with
+        const std::string scale = std::string(name) + std::string(scale_suffix);
+        if (r.dtype == DType::f8_e4m3 && contains(scale)) used_.insert(scale);
     }
 
     /// `name` as f32, row-major, after checking its shape is `expected_shape`; F8 weights are dequantised with
@@ -176,15 +179,12 @@ public:
         return read_f32(name, std::span<const index_t>(expected_shape.begin(), expected_shape.size()));
     }
 
-    /// Names never read, sorted; the `_scale_inv` of a weight that was read counts as read with it.
+    /// Names never read, sorted; the `_scale_inv` an F8 weight was dequantised with counts as read with it (and
+    /// nothing else does: a `_scale_inv` of a scale is unused).
     std::vector<std::string> unused() const {
         std::vector<std::string> out;
-        for (const auto& [name, shard] : shard_of_) {
-            if (used_.count(name)) continue;
-            const std::string_view n = name;
-            if (n.ends_with(scale_suffix) && used_.count(n.substr(0, n.size() - scale_suffix.size()))) continue;
-            out.push_back(name);
-        }
+        for (const auto& [name, shard] : shard_of_)
+            if (!used_.count(name)) out.push_back(name);
         return out;
     }
 
