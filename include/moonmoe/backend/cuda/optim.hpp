@@ -78,6 +78,20 @@ struct ListItem {
     index_t end;
 };
 
+/// The item of a list laid end to end that holds flat index k (items[i].end: where item i ends): the first whose
+/// end exceeds k, by binary search (an empty item ends where the previous one does, so it is never chosen).
+template <class Item>
+MOONMOE_HD index_t item_holding(const Item* items, index_t count, index_t k) {
+    index_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const index_t mid = lo + (hi - lo) / 2;
+        if (items[mid].end > k) hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 /// The list's views on the device (one small host-to-device copy, which waits for the current stream: see
 /// first_nonfinite), and their total element count. Views must be contiguous, as on the CPU.
 inline Tensor<ListItem, 1, cuda> list_items(std::span<const View<const float, 1, cuda>> xs, index_t& total) {
@@ -92,22 +106,14 @@ inline Tensor<ListItem, 1, cuda> list_items(std::span<const View<const float, 1,
     return to_device<cuda>(items);
 }
 
-/// For the flat index k of a list: the number of the view holding k when that element is a NaN or an infinity,
-/// else the view count (the min-reduction's identity). The view is found by a binary search over the ends: the
-/// first view whose end exceeds k (empty views end where the previous one does, so they are never chosen).
+/// For the flat index k of a list: the number of the view holding k (item_holding) when that element is a NaN or
+/// an infinity, else the view count (the min-reduction's identity).
 struct NonfiniteViewAt {
     const ListItem* items;
     index_t count;
     MOONMOE_HD index_t operator()(index_t k) const {
-        index_t lo = 0, hi = count - 1;
-        while (lo < hi) {
-            const index_t mid = lo + (hi - lo) / 2;
-            if (items[mid].end > k) hi = mid;
-            else
-                lo = mid + 1;
-        }
-        const index_t start = lo == 0 ? 0 : items[lo - 1].end;
-        return nonfinite(items[lo].data[k - start]) ? lo : count;
+        const index_t i = item_holding(items, count, k);
+        return nonfinite(items[i].data[k - (i == 0 ? 0 : items[i - 1].end)]) ? i : count;
     }
 };
 
@@ -118,25 +124,19 @@ struct UpdateListItem {
     index_t end;
 };
 
-/// For the flat index k of the items: the number of the item holding k when its step fails the check there, else
-/// the item count (found by the same binary search over the ends as NonfiniteViewAt).
+/// For the flat index k of the items: the number of the item holding k (item_holding) when its step fails the
+/// check there, else the item count.
 struct UnsafeUpdateAt {
     fn::UpdateStaysFinite f;
     const UpdateListItem* items;
     index_t count;
     MOONMOE_HD index_t operator()(index_t k) const {
-        index_t lo = 0, hi = count - 1;
-        while (lo < hi) {
-            const index_t mid = lo + (hi - lo) / 2;
-            if (items[mid].end > k) hi = mid;
-            else
-                lo = mid + 1;
-        }
-        const UpdateItem& it = items[lo].item;
-        const index_t i = k - (lo == 0 ? 0 : items[lo - 1].end);
+        const index_t n = item_holding(items, count, k);
+        const UpdateItem& it = items[n].item;
+        const index_t i = k - (n == 0 ? 0 : items[n - 1].end);
         const bool ok =
             it.v ? f.adamw_ok(it.w[i], it.g[i], it.m[i], it.v[i]) : f.muon_ok(it.muon_step, it.w[i], it.g[i], it.m[i]);
-        return ok ? count : lo;
+        return ok ? count : n;
     }
 };
 
