@@ -2,7 +2,7 @@
 """Our Google Benchmark results next to PyTorch's (bench/SUITE.md), as a markdown table.
 
     python3 bench/compare.py [--ours bench/results/moonmoe.json ...] [--torch bench/results/torch.json]
-                             [--run-torch] [--quick] [--threads N] [--markdown PATH]
+                             [--run-torch] [--quick] [--threads N] [--markdown PATH] [--one-thread FILE ...]
 
 --ours: Google Benchmark JSON (--benchmark_out_format=json); a file may hold one such dict or a list of them, and
 several files may be given: their "benchmarks" lists are concatenated. Aggregate rows are ignored, a trailing
@@ -10,6 +10,13 @@ several files may be given: their "benchmarks" lists are concatenated. Aggregate
 missing or --run-torch is given (with --quick, and --threads or else ours' thread count).
 
 Ratio column: PyTorch time / ours, so > 1 means ours is faster.
+
+Target column: the CPU goals of issue 28 for Kimi K2's rows (the small shapes and the SGEMM reference have none),
+each a ratio within one run: every K2 product at least as fast as PyTorch's (`gemm/...` against its f32 matmul,
+`gemm_bf16/...` against its bf16 matmul), the decode row (`mla/decode/k2/...`) 1.5x PyTorch's, the Muon step with
+bf16 Newton-Schulz (`muon_bf16/...`) 1.2x torch.optim.Muon. A row short of its goal reads "**below**" and is listed
+under the table. With --one-thread FILE (ours again at 1 thread), a column gives each row's two-thread speed-up
+(its 1-thread time / this time; goal 1.8 on K2 rows, meaningful on a quiet machine only).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +32,33 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 SGEMM_NAME = "gemm/nn/m:2048/n:2048/k:2048"
+
+
+# Issue 28's goals (module docstring): (name pattern, PyTorch / ours at least, the goal in words).
+CPU_TARGETS = [
+    (re.compile(r"^gemm_bf16/"), 1.0, "PyTorch's bf16 matmul"),
+    (re.compile(r"^gemm/"), 1.0, "PyTorch's f32 matmul"),
+    (re.compile(r"^mla/decode/k2/"), 1.5, "1.5x PyTorch's decode"),
+    (re.compile(r"^muon_bf16/step/"), 1.2, "1.2x torch.optim.Muon"),
+]
+# The suite's small shapes (bench/SUITE.md, "Shapes"): what CI runs, not K2's.
+SMALL_SHAPES = re.compile(r"/small/|m:256/n:256/k:256|n:256/k:256|tokens:64/|rows:256/cols:512|numel:131072")
+TWO_THREAD_GOAL = 1.8
+
+
+def k2_row(name: str) -> bool:
+    """A row at Kimi K2's sizes: not a small shape, not the SGEMM reference."""
+    return not SMALL_SHAPES.search(name) and name != SGEMM_NAME
+
+
+def cpu_target(name: str) -> tuple[float, str] | None:
+    """(goal, words) of a K2 row with one of issue 28's goals, else None."""
+    if not k2_row(name):
+        return None
+    for pattern, goal, words in CPU_TARGETS:
+        if pattern.search(name):
+            return goal, words
+    return None
 
 
 def sig3(x: float) -> str:
@@ -128,7 +163,8 @@ def ratio(torch_ms, ours_ms) -> str:
     return f"{torch_ms / ours_ms:.2f}"
 
 
-def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch: dict) -> str:
+def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch: dict,
+                one_thread: dict[str, float] | None = None) -> str:
     rate, rate_source = sgemm_rate(ours_ctx, ours)
     lines = []
     cpu = torch_ctx.get("cpu") if torch_ctx else None
@@ -151,9 +187,12 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
         lines.append("- PyTorch: no results")
     lines.append(f"- SGEMM: {sig3(rate) + ' GFLOP/s (' + rate_source + ')' if rate else 'not measured'}")
     lines.append("")
-    lines.append("| benchmark | ours ms | PyTorch ms | PyTorch / ours | ours GFLOP/s | ours % of SGEMM "
-                 "| peak MiB: ours tensors / ours RSS / PyTorch RSS | notes |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---|")
+    scaling = one_thread is not None
+    lines.append("| benchmark | ours ms | PyTorch ms | PyTorch / ours | target | ours GFLOP/s | ours % of SGEMM "
+                 + ("| 1 thread / this | " if scaling else "| ")
+                 + "peak MiB: ours tensors / ours RSS / PyTorch RSS | notes |")
+    lines.append("|---|---:|---:|---:|---|---:|---:|" + ("---:|" if scaling else "") + "---:|---|")
+    below: list[str] = []
     for r in ours:
         name, ms = r["name"], r["ms"]
         family = name.split("/")[0]
@@ -187,12 +226,33 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
                 notes.append(f"overhead {overhead * 100:.1f}%" if overhead <= 1.0 else f"overhead {sig3(overhead)}")
         flops = counter(r, "FLOP/s")
         of_sgemm = counter(r, "of_sgemm")
-        lines.append("| " + " | ".join([
-            f"`{name}`", sig3(ms), sig3(t_ms) if t_ms is not None else "—", ratio(t_ms, ms),
-            sig3(flops * 1e-9) if flops else "—",
-            f"{of_sgemm * 100:.1f}%" if of_sgemm is not None else "—",
-            peak_column(r, t),
-            "; ".join(notes)]) + " |")
+        target = ""
+        if goal := cpu_target(name):
+            got = t_ms / ms if t_ms is not None and ms and math.isfinite(ms) else None
+            if got is None:
+                target = f">= {goal[0]:g}: not measured"
+                below.append(f"`{name}`: no PyTorch row to compare with {goal[1]}")
+            elif got < goal[0]:
+                target = f">= {goal[0]:g}: **below**"
+                below.append(f"`{name}`: {got:.2f} of the goal {goal[0]:g} ({goal[1]})")
+            else:
+                target = f">= {goal[0]:g}: met"
+        cells = [f"`{name}`", sig3(ms), sig3(t_ms) if t_ms is not None else "—", ratio(t_ms, ms), target,
+                 sig3(flops * 1e-9) if flops else "—", f"{of_sgemm * 100:.1f}%" if of_sgemm is not None else "—"]
+        if scaling:
+            one = one_thread.get(name)
+            speedup = one / ms if one and ms and math.isfinite(ms) else None
+            cell = f"{speedup:.2f}" if speedup else "—"
+            if speedup and k2_row(name) and speedup < TWO_THREAD_GOAL:
+                cell += " **below**"
+                below.append(f"`{name}`: two threads {speedup:.2f}x one thread (goal {TWO_THREAD_GOAL:g})")
+            cells.append(cell)
+        cells += [peak_column(r, t), "; ".join(notes)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if below:
+        lines.append("")
+        lines.append(f"Below issue 28's targets ({len(below)}):")
+        lines.extend(f"- {b}" for b in below)
     return "\n".join(lines) + "\n"
 
 
@@ -205,6 +265,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="when running torch_suite.py: only the small shapes")
     ap.add_argument("--threads", type=int, help="when running torch_suite.py (default: ours' thread count)")
     ap.add_argument("--markdown", help="also write the table to this file")
+    ap.add_argument("--one-thread", nargs="+", metavar="FILE",
+                    help="ours' results of the same rows at 1 thread: adds each row's two-thread speed-up")
     args = ap.parse_args()
 
     missing = [p for p in args.ours if not Path(p).exists()]
@@ -225,7 +287,13 @@ def main() -> None:
         subprocess.run(cmd, check=True)
     torch_ctx, torch = load_torch(torch_path) if torch_path.exists() else (None, {})
 
-    text = build_table(ours_ctx, ours, torch_ctx, torch)
+    one_thread = None
+    if args.one_thread:
+        one_ctx, one_rows = load_ours(args.one_thread)
+        if str(one_ctx.get("threads", "1")) != "1":
+            print(f"compare.py: --one-thread results ran with {one_ctx.get('threads')} threads", file=sys.stderr)
+        one_thread = {r["name"]: r["ms"] for r in one_rows if math.isfinite(r["ms"])}
+    text = build_table(ours_ctx, ours, torch_ctx, torch, one_thread)
     print(text, end="")
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
