@@ -8,12 +8,14 @@
 // there is no cuBLAS: MOONMOE_BENCH_HAVE_CUBLAS is 0 and the rate is 0 (the counter is left out).
 // The second yardstick, of issue 26's decode target: the device's copy bandwidth, bytes read plus bytes written per
 // second by a device-to-device cudaMemcpyAsync of 1 GiB (best of ten after one warm-up); rows with a byte count
-// report `of_copy`, their bytes per second over it.
+// report `of_copy`, their bytes per second over it. On the host the same counter is over a memcpy's bandwidth (below).
 // Included by suite.hpp (which defines index_t, Clock, seconds_since and wait_for_device before it).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <moonmoe/tensor/dtype.hpp>
@@ -114,7 +116,31 @@ inline double copy_bandwidth() {
 #else
 
 inline double bf16_cublas_rate() { return 0; }
-inline double copy_bandwidth() { return 0; }
+
+/// The host's copy bandwidth, the same yardstick for issue 28's decode target: bytes read plus bytes written per
+/// second copying 256 MiB (past any cache; MOONMOE_BENCH_COPY_MIB to change) into a second buffer, the suite's
+/// threads each copying an equal slice, best of six after one warm-up that also touches every page.
+inline double copy_bandwidth() {
+    static const double rate = [] {
+        const char* env = std::getenv("MOONMOE_BENCH_COPY_MIB");
+        const long mib = env && *env ? std::strtol(env, nullptr, 10) : 256;
+        const std::size_t bytes = std::size_t(mib > 0 ? mib : 256) << 20;
+        std::vector<char> a(bytes, 1), b(bytes);
+        const moonmoe::index_t slices = moonmoe::index_t(moonmoe::threads());
+        const std::size_t slice = (bytes + std::size_t(slices) - 1) / std::size_t(slices);
+        double best = 1e30;
+        for (int rep = 0; rep < 7; ++rep) {
+            const auto t = Clock::now();
+            moonmoe::backend::cpu_detail::parallel_for(slices, [&](moonmoe::index_t k) {
+                const std::size_t from = std::size_t(k) * slice, n = std::min(slice, bytes - std::min(bytes, from));
+                if (n) std::memcpy(b.data() + from, a.data() + from, n);
+            });
+            if (rep > 0) best = std::min(best, seconds_since(t));
+        }
+        return 2.0 * double(bytes) / best;
+    }();
+    return rate;
+}
 
 #endif
 
