@@ -263,10 +263,12 @@ private:
         const bool gradient = element_to_host(first.view(), 0) < index_t(grads.size());
         const ParamRef* update = gradient ? nullptr : inner_.first_unsafe_update();
         nonfinite_param_ = update ? update->name : "";  // named where it is owned; the other ranks leave it empty
-        std::vector<index_t> bad = {gradient ? 1 : 0, update ? 1 : 0};
+        // One value, as before the update check (a step's traffic is unchanged): 2 a gradient, 1 an update only;
+        // the maximum over the world says which, a gradient anywhere taking precedence.
+        std::vector<index_t> bad = {gradient ? 2 : update ? 1 : 0};
         world_.all_reduce(std::span<index_t>(bad), ReduceOp::max);
-        nonfinite_update_ = bad[0] == 0 && bad[1] != 0;
-        return bad[0] != 0 || bad[1] != 0;
+        nonfinite_update_ = bad[0] == 1;
+        return bad[0] != 0;
     }
 
     nn::Transformer<B>& model_;
