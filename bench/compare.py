@@ -187,6 +187,9 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
     else:
         lines.append("- PyTorch: no results")
     lines.append(f"- SGEMM: {sig3(rate) + ' GFLOP/s (' + rate_source + ')' if rate else 'not measured'}")
+    if bf16_rate := ours_ctx.get("bf16_gemm_GFLOP/s"):
+        lines.append(f"- bf16 GEMM (the CPU's own bf16 peak for the `_bf16` rows' notes): {bf16_rate} GFLOP/s, "
+                     f"{ours_ctx.get('bf16_gemm_size', '?')}^3, {ours_ctx.get('bf16_gemm_path', '?')}")
     lines.append("")
     scaling = one_thread is not None
     lines.append("| benchmark | ours ms | PyTorch ms | PyTorch / ours | target | ours GFLOP/s | ours % of SGEMM "
@@ -217,6 +220,10 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
             tf = torch.get((key, "fused"))
             if tf:
                 notes.append(f"torch fused {sig3(tf['real_time_ms'])} ms ({ratio(tf['real_time_ms'], ms)}x)")
+        if family.endswith("_bf16") and (of_bf16 := counter(r, "of_bf16_gemm")) is not None:
+            notes.append(f"{of_bf16 * 100:.0f}% of the bf16 GEMM")
+        if family in ("muon", "muon_bf16") and (first := counter(r, "first_call_ms")) is not None:
+            notes.append(f"first call {sig3(first)} ms")
         if family in ("moe", "layer"):
             ours_pairs, torch_pairs = counter(r, "pairs"), (t or {}).get("pairs")
             if ours_pairs is not None or torch_pairs is not None:

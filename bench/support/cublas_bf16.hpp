@@ -9,6 +9,8 @@
 // The second yardstick, of issue 26's decode target: the device's copy bandwidth, bytes read plus bytes written per
 // second by a device-to-device cudaMemcpyAsync of 1 GiB (best of ten after one warm-up); rows with a byte count
 // report `of_copy`, their bytes per second over it. On the host the same counter is over a memcpy's bandwidth (below).
+// On the host, issue 28's bf16 yardstick stands where cuBLAS does: host_bf16_rate(), the library's own bf16 product
+// (oneDNN's matmul) on a large square where the CPU multiplies bf16 natively; rows report `of_bf16_gemm` over it.
 // Included by suite.hpp (which defines index_t, Clock, seconds_since and wait_for_device before it).
 #pragma once
 
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <moonmoe/tensor/dtype.hpp>
@@ -28,10 +31,10 @@
 
 namespace bench {
 
-/// The side of the square bf16 product behind bf16_cublas_rate().
+/// The side of the square bf16 product behind bf16_cublas_rate() (8192) and host_bf16_rate() (2048).
 inline const index_t bf16_cublas_size = [] {
     const char* s = std::getenv("MOONMOE_BENCH_BF16_SIZE");
-    return s && *s ? std::max<index_t>(16, std::atol(s)) : index_t(8192);
+    return s && *s ? std::max<index_t>(16, std::atol(s)) : index_t(MOONMOE_BENCH_HAVE_CUBLAS ? 8192 : 2048);
 }();
 
 #if MOONMOE_BENCH_HAVE_CUBLAS
@@ -113,9 +116,41 @@ inline double copy_bandwidth() {
     return rate;
 }
 
+inline double host_bf16_rate() { return 0; }
+
 #else
 
 inline double bf16_cublas_rate() { return 0; }
+
+/// The CPU's own bf16 rate, issue 28's peak for its bf16 rows: FLOP/s of C = A B with bf16 operands and an f32 C
+/// through BlasOps::gemm_bf16 (oneDNN's matmul on the suite's threads), bf16_cublas_size^3 (2048; CI's smoke runs
+/// 256), the best of ten after one warm-up. 0 (no counter) where gemm_bf16 does not run on native bf16 products:
+/// its widened f32 path is no hardware peak.
+inline double host_bf16_rate() {
+#if defined(MOONMOE_BENCH_CUDA)
+    return 0;  // the emulated CUDA backend: no host yardstick
+#else
+    static const double rate = [] {
+        if (!moonmoe::backend::bf16_gemm_uses_onednn()) return 0.0;
+        const index_t n = bf16_cublas_size;
+        Mat a32({n, n}), b32({n, n});
+        Ops::fill_normal(a32.view(), 0.0f, 1.0f, 1);
+        Ops::fill_normal(b32.view(), 0.0f, 1.0f, 2);
+        moonmoe::Tensor<moonmoe::bf16, 2> a({n, n}), b({n, n});
+        Ops::cast<moonmoe::bf16, float>(std::as_const(a32).view(), a.view());
+        Ops::cast<moonmoe::bf16, float>(std::as_const(b32).view(), b.view());
+        double best = 1e30;
+        for (int rep = 0; rep < 11; ++rep) {
+            const auto t = Clock::now();
+            Ops::gemm_bf16<float>(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f,
+                                  std::as_const(a).view(), std::as_const(b).view(), 0.0f, a32.view());
+            if (rep > 0) best = std::min(best, seconds_since(t));
+        }
+        return 2.0 * double(n) * n * n / best;
+    }();
+    return rate;
+#endif
+}
 
 /// The host's copy bandwidth, the same yardstick for issue 28's decode target: bytes read plus bytes written per
 /// second copying 256 MiB (past any cache; MOONMOE_BENCH_COPY_MIB to change) into a second buffer, the suite's

@@ -10,7 +10,9 @@
 // - This machine's SGEMM rate, measured by the same binary at start-up (our GEMM, 2048^3 float, best of 3), the
 //   denominator of every `of_sgemm` counter (recorded in the JSON context as sgemm_GFLOP/s).
 // - measure(): times the benchmark loop itself and sets the counters FLOP/s, bytes/s, of_sgemm and peak_MiB (the
-//   most CPU tensor memory alive at once during the loop, weights included, from Memory<cpu>::stats()).
+//   most CPU tensor memory alive at once during the loop, weights included, from Memory<cpu>::stats()), of_copy,
+//   of_bf16_gemm (CPU) / of_bf16_cublas (GPU) against the yardsticks of cublas_bf16.hpp, and first_call_ms (the
+//   untimed first call, apart from the loop).
 // - Names are registered as written in bench/SUITE.md, e.g. "mla/forward/k2/seq:1024" (Google Benchmark appends
 //   "/real_time"), by each file's register_benchmarks(), which MOONMOE_BENCH_MAIN() calls.
 #pragma once
@@ -126,8 +128,10 @@ inline void measure(benchmark::State& state, Work work, const std::function<void
     auto& mem = moonmoe::backend::Memory<Backend>::stats();
     mem.reset_peak();
     if (setup) setup();
+    const auto first = Clock::now();
     body();
     wait_for_device();
+    const double first_call = seconds_since(first);
     double elapsed = 0;
     for (auto _ : state) {
         if (setup) {
@@ -149,7 +153,12 @@ inline void measure(benchmark::State& state, Work work, const std::function<void
         state.counters["sgemm_FLOP/s"] = C(sgemm_rate(), C::kDefaults, C::kIs1000);
         if (const double bf16 = bf16_cublas_rate(); bf16 > 0)
             state.counters["of_bf16_cublas"] = C(work.flops * iters / elapsed / bf16);
+        if (const double bf16 = host_bf16_rate(); bf16 > 0)
+            state.counters["of_bf16_gemm"] = C(work.flops * iters / elapsed / bf16);
     }
+    // the untimed first call apart (primitive creation, first touches, lazily built state), as a step in a
+    // training loop does not pay it
+    state.counters["first_call_ms"] = C(first_call * 1e3);
 #if defined(MOONMOE_BENCH_CUDA)
     state.SetLabel("f32");  // the precision of the row (the PyTorch side has f32 and bf16 rows of each name)
 #endif
@@ -286,6 +295,12 @@ inline int main(int argc, char** argv) try {
     }
     std::snprintf(rate, sizeof rate, "%.1f", copy_bandwidth() * 1e-9);
     benchmark::AddCustomContext("copy_GB/s", rate);
+    if (const double bf16 = host_bf16_rate(); bf16 > 0) {
+        std::snprintf(rate, sizeof rate, "%.1f", bf16 * 1e-9);
+        benchmark::AddCustomContext("bf16_gemm_GFLOP/s", rate);
+        benchmark::AddCustomContext("bf16_gemm_size", std::to_string(bf16_cublas_size));
+        benchmark::AddCustomContext("bf16_gemm_path", moonmoe::backend::bf16_gemm_path());
+    }
     const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     if (ran == 0) {  // a smoke test whose filter matches nothing must not pass silently
