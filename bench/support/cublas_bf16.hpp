@@ -11,7 +11,7 @@
 // report `of_copy`, their bytes per second over it. On the host the same counter is over a memcpy's bandwidth (below).
 // On the host, issue 28's bf16 yardstick stands where cuBLAS does: host_bf16_rate(), the library's own bf16 product
 // (oneDNN's matmul) on a large square where the CPU multiplies bf16 natively; rows report `of_bf16_gemm` over it.
-// Included by suite.hpp (which defines index_t, Clock, seconds_since and wait_for_device before it).
+// Included by suite.hpp (which defines index_t, Clock, seconds_since, wait_for_device and best_seconds before it).
 #pragma once
 
 #include <algorithm>
@@ -139,13 +139,10 @@ inline double host_bf16_rate() {
         moonmoe::Tensor<moonmoe::bf16, 2> a({n, n}), b({n, n});
         Ops::cast<moonmoe::bf16, float>(std::as_const(a32).view(), a.view());
         Ops::cast<moonmoe::bf16, float>(std::as_const(b32).view(), b.view());
-        double best = 1e30;
-        for (int rep = 0; rep < 11; ++rep) {
-            const auto t = Clock::now();
+        const double best = best_seconds(10, [&] {
             Ops::gemm_bf16<float>(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f,
                                   std::as_const(a).view(), std::as_const(b).view(), 0.0f, a32.view());
-            if (rep > 0) best = std::min(best, seconds_since(t));
-        }
+        });
         return 2.0 * double(n) * n * n / best;
     }();
     return rate;

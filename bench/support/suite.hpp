@@ -84,6 +84,20 @@ inline std::string threads_source() {
 
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+/// The shortest of `reps` timed calls of `call` after one untimed warm-up, each ended with wait_for_device(): how
+/// the start-up yardsticks (sgemm_rate here, those of cublas_bf16.hpp on the host) time themselves.
+template <class Call>
+double best_seconds(int reps, Call&& call) {
+    double best = 1e30;
+    for (int rep = 0; rep <= reps; ++rep) {
+        const auto t = Clock::now();
+        call();
+        wait_for_device();
+        if (rep > 0) best = std::min(best, seconds_since(t));
+    }
+    return best;
+}
+
 /// FLOP/s of C = A B, 2048^3 (MOONMOE_BENCH_SGEMM_SIZE to change; CI's smoke runs use 256), float, with
 /// threads(): the best of ten after one warm-up (with the best of three, the binaries of one suite run on this VM
 /// measured between 181 and 316 GFLOP/s). On the GPU: cuBLAS in FP32 without TF32 (BlasOps<cuda>'s pedantic compute
@@ -95,14 +109,10 @@ inline double sgemm_rate() {
         Mat a({n, n}), b({n, n}), c({n, n});
         Ops::fill_normal(a.view(), 0.0f, 1.0f, 1);
         Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
-        double best = 1e30;
-        for (int rep = 0; rep < 11; ++rep) {
-            const auto t = Clock::now();
+        const double best = best_seconds(10, [&] {
             Ops::gemm(moonmoe::backend::Trans::no, moonmoe::backend::Trans::no, 1.0f, a.view(), b.view(), 0.0f,
                       c.view());
-            wait_for_device();
-            if (rep > 0) best = std::min(best, seconds_since(t));
-        }
+        });
         return 2.0 * double(n) * n * n / best;
     }();
     return rate;
