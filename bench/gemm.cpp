@@ -1,5 +1,6 @@
 // GEMM primitives at Kimi K2 shapes (bench/SUITE.md): every projection of MLA at 1024 tokens as x W^T, one expert's
-// gate at 64 tokens, the backward forms (dy W and dy^T x), and the symmetric X X^T of Newton-Schulz.
+// gate at 64 and 16 tokens, o_proj for one decoded token, the backward forms (dy W and dy^T x), and the symmetric
+// X X^T of Newton-Schulz.
 // FLOPs: 2 m n k per product; SYRK is counted at the 2 n^2 k of the full product it replaces (so its FLOP/s and
 // of_sgemm compare wall time with a plain GEMM of the same result). gemm_bf16/...: the same products with bf16
 // operands and f32 accumulation (on the CPU through oneDNN where the CPU has native bf16 products; compared with
@@ -21,6 +22,8 @@ void gemm(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n, ind
     Ops::fill_normal(b.view(), 0.0f, 1.0f, 2);
     measure(state, {2.0 * m * n * k, 4.0 * (m * k + k * n + m * n)},
             [&] { Ops::gemm(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
+    if constexpr (std::is_same_v<Backend, moonmoe::cpu>)
+        state.SetLabel("f32, " + moonmoe::backend::gemm_engine_name(false, ta, tb, m));
 }
 
 /// The same product with bf16 operands, f32 accumulation and an f32 C (BlasOps::gemm_bf16): on the CPU through
@@ -37,7 +40,8 @@ void gemm_bf16(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n
     Ops::template cast<bf16, float>(b32.view(), b.view());
     measure(state, {2.0 * m * n * k, 2.0 * (m * k + k * n) + 4.0 * m * n},
             [&] { Ops::template gemm_bf16<float>(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
-    if constexpr (std::is_same_v<Backend, moonmoe::cpu>) state.SetLabel(moonmoe::backend::bf16_gemm_path());
+    if constexpr (std::is_same_v<Backend, moonmoe::cpu>)
+        state.SetLabel("bf16, " + moonmoe::backend::gemm_engine_name(true, ta, tb, m));
     else
         state.SetLabel("bf16");
 }
@@ -71,6 +75,8 @@ void register_benchmarks() {
         {"nt", Trans::no, Trans::yes, 1024, 16384, 512},   // kv_b_proj
         {"nt", Trans::no, Trans::yes, 1024, 7168, 8192},   // o_proj
         {"nt", Trans::no, Trans::yes, 64, 2048, 7168},     // one expert's gate_proj at 64 tokens
+        {"nt", Trans::no, Trans::yes, 16, 2048, 7168},     // ... at 16 tokens (1024 tokens x 8 / 384 experts: ~21)
+        {"nt", Trans::no, Trans::yes, 1, 7168, 8192},      // o_proj decoding one token
         {"nn", Trans::no, Trans::no, 1024, 7168, 2048},    // dx = dy W of gate_proj / up_proj
         {"tn", Trans::yes, Trans::no, 2048, 7168, 1024},   // dW = dy^T x of gate_proj / up_proj
         {"nn", Trans::no, Trans::no, 256, 256, 256},       // small

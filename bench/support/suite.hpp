@@ -303,6 +303,9 @@ inline int main(int argc, char** argv) try {
         benchmark::AddCustomContext("bf16_cublas_GFLOP/s", rate);
         benchmark::AddCustomContext("bf16_cublas_size", std::to_string(bf16_cublas_size));
     }
+#if !defined(MOONMOE_BENCH_CUDA)
+    benchmark::AddCustomContext("cpu", moonmoe::backend::cpu_detail::cpu_signature());  // gemm_engine.hpp's rules
+#endif
     std::snprintf(rate, sizeof rate, "%.1f", copy_bandwidth() * 1e-9);
     benchmark::AddCustomContext("copy_GB/s", rate);
     if (const double bf16 = host_bf16_rate(); bf16 > 0) {

@@ -74,6 +74,12 @@ View<T, 2> head_rows(const View<T, 3>& x, index_t r0, index_t n, index_t h) {
     return View<T, 2>(x.data + r0 * x.strides[0] + h * x.strides[1], {n, x.shape[2]}, {x.strides[0], 1});
 }
 
+/// The heads [h0, h0 + G) of row r of a [rows, heads, dim] view, as a matrix [G, dim].
+template <class T>
+View<T, 2> group_rows(const View<T, 3>& x, index_t r, index_t h0, index_t G) {
+    return View<T, 2>(x.data + r * x.strides[0] + h0 * x.strides[1], {G, x.shape[2]}, {x.strides[1], 1});
+}
+
 /// One head against its keys: P = softmax(scale sum_p Q_p K_p^T) with row 0 at key causal_first; O = P V.
 inline float head_forward(const AttentionQueries<cpu>& q, const AttentionKeys<cpu>& kv, index_t q0, index_t n,
                           index_t k0, index_t L, index_t h, index_t g, float scale, View<float, 2> o, float* lse) {
@@ -190,18 +196,35 @@ struct AttentionOps<cpu> {
         });
     }
 
-    /// Decoding: the rows of sequence s attend to caches[s], of which they are the last rows.
+    /// Decoding: the rows of sequence s attend to caches[s], of which they are the last rows. The query heads that
+    /// share a key/value head (all of them for MLA's absorbed latent) are one product per new token, so each key is
+    /// read once per token instead of once per head: Q_g [G, d] K^T, the exact softmax, P V, each product on the
+    /// pool (a decode step reads the whole cache for few FLOPs: per-head products read it H times).
     static void attention_decode(const AttentionQueries<cpu>& q, std::span<const AttentionKeys<cpu>> caches,
                                  std::span<const index_t> offsets, float scale, View<float, 3> o) {
         using namespace cpu_detail;
         const index_t H = q.q[0].shape[1], N = index_t(offsets.size()) - 1;
         contract::check_decode(q, caches, offsets, o);
-        parallel_for(N * H, [&](index_t task) {
-            const index_t s = task / H, h = task % H, t0 = offsets[s], n = offsets[s + 1] - t0;
+        for (index_t s = 0; s < N; ++s) {
             const AttentionKeys<cpu>& kv = caches[std::size_t(s)];
-            head_forward(q, kv, t0, n, 0, kv.k[0].shape[0], h, h / (H / kv.k[0].shape[1]), scale,
-                         head_rows(o, t0, n, h), nullptr);
-        });
+            // key/value heads given with a head stride of 0 (MLA's one latent for all heads) are one head
+            bool shared = kv.v.strides[1] == 0;
+            for (int p = 0; p < q.parts; ++p) shared = shared && kv.k[p].strides[1] == 0;
+            const index_t t0 = offsets[s], n = offsets[s + 1] - t0, KV = shared ? 1 : kv.k[0].shape[1], G = H / KV,
+                          L = kv.k[0].shape[0];
+            std::vector<float> buffer(static_cast<std::size_t>(G * L));
+            for (index_t g = 0; g < KV; ++g)
+                for (index_t i = 0; i < n; ++i) {
+                    const index_t visible = L - n + i + 1;  // token i sees the keys up to its own position
+                    View<float, 2> P(buffer.data(), {G, visible});
+                    for (int p = 0; p < q.parts; ++p)
+                        BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale, group_rows(q.q[p], t0 + i, g * G, G),
+                                                  head_rows(kv.k[p], 0, visible, g), p ? 1.0f : 0.0f, P);
+                    parallel_for(G, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
+                    BlasOps<cpu>::gemm<float>(Trans::no, Trans::no, 1.0f, View<const float, 2>(P),
+                                              head_rows(kv.v, 0, visible, g), 0.0f, group_rows(o, t0 + i, g * G, G));
+                }
+        }
     }
 
     /// MLA's absorbed decode over bf16 latent caches: the new rows appended at the (host-visible) lengths, then per
@@ -218,37 +241,34 @@ struct AttentionOps<cpu> {
                                   std::to_string(lengths.data[s]) + " rows; " +
                                   std::to_string(offsets[s + 1] - offsets[s]) + " more exceed its extent of " +
                                   std::to_string(extents[std::size_t(s)]));
-        // Widened copies: every cache's visible rows, once for all heads, and the queries.
-        std::vector<Eigen::MatrixXf> keys(static_cast<std::size_t>(N));
-        Eigen::MatrixXf queries(q.shape[0] * H, W);
-        parallel_for(N, [&](index_t s) {
+        // Widened copies: every cache's visible rows and the queries. Then per new token, all heads at once (they
+        // share the latent keys): scores [H, L] = q K^T, the exact softmax, P times the latent values, each product
+        // on the pool, so the keys are read once per token, not once per head.
+        const index_t rows = q.shape[0];
+        Tensor<float, 2> queries({rows * H, W});
+        MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
+        for (index_t s = 0; s < N; ++s) {
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = lengths.data[s] + n;
             const LatentRows<cpu>& c = caches[std::size_t(s)];
             for (index_t i = 0; i < n; ++i)
                 std::memcpy(c.data + (lengths.data[s] + i) * c.strides[0], fresh.data + (t0 + i) * fresh.strides[0],
                             std::size_t(W) * sizeof(bf16));
-            Eigen::MatrixXf& k = keys[std::size_t(s)];
-            k.resize(L, W);
-            for (index_t j = 0; j < L; ++j)
-                for (index_t d = 0; d < W; ++d) k(j, d) = c.data[j * c.strides[0] + d].to_float();
-            for (index_t r = t0 * H; r < (t0 + n) * H; ++r)
-                for (index_t d = 0; d < W; ++d) queries(r, d) = q.data[r * W + d].to_float();
-        });
-        parallel_for(N * H, [&](index_t task) {
-            const index_t s = task / H, h = task % H, t0 = offsets[s], n = offsets[s + 1] - t0;
-            const Eigen::MatrixXf& k = keys[std::size_t(s)];
-            const index_t L = k.rows();
-            std::vector<float> buffer(static_cast<std::size_t>(n * L));
-            View<float, 2> P(buffer.data(), {n, L});
-            Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> p(buffer.data(), n, L);
-            for (index_t i = 0; i < n; ++i)
-                p.row(i).noalias() = scale * (k * queries.row((t0 + i) * H + h).transpose()).transpose();
-            softmax_rows(P, L - n);
+            Tensor<float, 2> keys({L, W});
+            MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(c.data, {L, W}, c.strides), keys.view());
+            std::vector<float> buffer(static_cast<std::size_t>(H * L));
             for (index_t i = 0; i < n; ++i) {
-                Eigen::Map<Eigen::RowVectorXf> out(o.data + (t0 + i) * o.strides[0] + h * o.strides[1], value_dim);
-                out.noalias() = p.row(i) * k.leftCols(value_dim);
+                const index_t visible = L - n + i + 1;
+                View<float, 2> P(buffer.data(), {H, visible});
+                BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale,
+                                          queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H),
+                                          keys.view().slice(0, 0, visible), 0.0f, P);
+                parallel_for(H, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
+                BlasOps<cpu>::gemm<float>(
+                    Trans::no, Trans::no, 1.0f, View<const float, 2>(P),
+                    View<const float, 2>(keys.data(), {visible, value_dim}, {W, 1}), 0.0f,
+                    View<float, 2>(o.data + (t0 + i) * o.strides[0], {H, value_dim}, {o.strides[1], 1}));
             }
-        });
+        }
     }
 };
 

@@ -1,8 +1,9 @@
 // moonmoe/backend/cpu/blas.hpp: BlasOps<cpu> (backend/blas.hpp), on Eigen.
 //
-// GEMM goes to Eigen's GEBP kernel (or to BLAS when built with EIGEN_USE_BLAS), except X W^T with few rows of X,
-// which skips packing (gemm_small.hpp). For a fixed thread count every result is a function of the inputs alone:
-// GEMMs are split into panels by shape and thread count, each panel one single-threaded Eigen product.
+// GEMM goes to the engine gemm_engine.hpp chooses for the CPU and the product: Eigen's GEBP kernel (or BLAS when
+// built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); or oneDNN's
+// matmul (onednn.hpp). For a fixed thread count every result is a function of the inputs alone: GEMMs are split
+// into panels by shape and thread count, each panel one single-threaded product.
 #pragma once
 
 #include <Eigen/Core>
@@ -16,6 +17,7 @@
 
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
+#include "gemm_engine.hpp"
 #include "gemm_small.hpp"
 #include "map.hpp"
 #include "memory.hpp"  // gemm_bf16 widens its operands into f32 tensors
@@ -42,37 +44,52 @@ MutMap<T> as_matrix(View<T, 2> v) {
 }
 
 /// How Ops::gemm splits C [m, n] = op(A) op(B) over `threads` threads: into `chunks` panels of `width` columns
-/// (along_n) or rows, cut from the larger side. Each panel is one single-threaded Eigen product that re-packs the
-/// whole other operand, which costs about 1/width of the panel's arithmetic (4-8% at width 256, measured): so a
-/// panel is at least gemm_min_width wide and gemm_min_chunk_flops of work (smaller ones cost more to hand to a
-/// thread than they save), and there are at most gemm_chunks_per_thread per thread, enough for the threads that
-/// run to take over the panels of one that is descheduled. One thread: one panel, Eigen's own blocking.
+/// (along_n) or rows, cut from the larger side. Each panel is one single-threaded product that re-packs the whole
+/// other operand, which costs about 1/width of the panel's arithmetic (4-8% at width 256 for Eigen, measured): so a
+/// panel is at least PanelSizes::min_width wide and gemm_min_chunk_flops of work (smaller ones cost more to hand to
+/// a thread than they save), and there are at most `per_thread` panels per thread, enough for the threads that run
+/// to take over the panels of one that is descheduled; every thread gets one where the product has a panel of 256
+/// for each. One thread: one panel, unless max_width (if not 0) asks for narrower ones.
 /// Decided by the shape and the thread count alone, so results are repeatable for a fixed thread count.
 struct GemmSplit {
     bool along_n;
     index_t chunks, width;
 };
-inline constexpr index_t gemm_min_width = 256;
+struct PanelSizes {
+    index_t min_width, per_thread, max_width;
+};
 inline constexpr double gemm_min_chunk_flops = 8e6;
-inline constexpr index_t gemm_chunks_per_thread = 4;
-inline GemmSplit gemm_split(index_t m, index_t n, index_t k, int threads) {
+/// Eigen's: each panel one GEBP product with Eigen's own blocking.
+inline constexpr PanelSizes eigen_panels{256, 4, 0};
+/// oneDNN's (onednn.hpp), measured on the Xeon of docs/cpu_gemm.md (oneDNN 2.6.3): one f32 call over all of X W
+/// [1024, 7168] took 490-558 ms on one thread, the same in panels of 2048 columns 192-204 ms (dY^T X [2048, 7168]
+/// 415-433 -> 209 ms; o_proj's X W^T 885-985 -> 818-865 ms): oneDNN packs the whole wide operand per call, a
+/// panel's part stays in the caches. At two threads, panels of 768 or more, two per thread, took 0.84-0.93x the
+/// time of Eigen's 256 / four per thread (q_a 99 -> 83 ms, X W [2048, 2048] 70 -> 57 ms): each re-packs the other
+/// operand, which oneDNN's packing makes dearer than Eigen's.
+inline constexpr PanelSizes onednn_panels{768, 2, 2048};
+inline GemmSplit gemm_split(index_t m, index_t n, index_t k, int threads, PanelSizes sizes = eigen_panels) {
     const bool along_n = n >= m;
     const index_t L = along_n ? n : m;
     const double flops = 2.0 * double(m) * double(n) * double(k);
-    const index_t most = threads > 1 ? gemm_chunks_per_thread * index_t(threads) : 1;
+    const index_t most = threads > 1 ? sizes.per_thread * index_t(threads) : 1;
     const index_t by_flops = index_t(std::min(flops / gemm_min_chunk_flops, double(most)));
-    const index_t chunks = std::clamp<index_t>(std::min(L / gemm_min_width, by_flops), 1, most);
+    index_t chunks = std::min(L / sizes.min_width, by_flops);
+    chunks = std::max(chunks, std::min({index_t(threads), L / eigen_panels.min_width, by_flops}));
+    chunks = std::clamp<index_t>(chunks, 1, most);
+    if (sizes.max_width > 0) chunks = std::max(chunks, (L + sizes.max_width - 1) / sizes.max_width);
     const index_t width = ((L + chunks - 1) / chunks + 15) / 16 * 16;  // whole SIMD widths
     return {along_n, (L + width - 1) / width, width};
 }
 
-/// Cuts C [m, n] = op(A) op(B) into gemm_split's panels and runs panel(op(A)'s part, op(B)'s part, C's part) for
-/// each on the pool: a panel of columns takes all of op(A), a panel of rows all of op(B). k is op(A)'s columns.
+/// Cuts C [m, n] = op(A) op(B) into gemm_split's panels of these sizes and runs panel(op(A)'s part, op(B)'s part,
+/// C's part) for each on the pool: a panel of columns takes all of op(A), a panel of rows all of op(B). k is op(A)'s
+/// columns.
 template <class T, class TC, class Panel>
-void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, View<TC, 2> C, index_t k,
-                    Panel&& panel) {
+void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, View<TC, 2> C, index_t k, Panel&& panel,
+                    PanelSizes sizes = eigen_panels) {
     const index_t m = C.shape[0], n = C.shape[1];
-    const GemmSplit s = gemm_split(m, n, k, parallel_depth > 0 ? 1 : threads());
+    const GemmSplit s = gemm_split(m, n, k, parallel_depth > 0 ? 1 : threads(), sizes);
     parallel_chunks(s.chunks, [&](index_t p) {
         const index_t lo = p * s.width, w = std::min(s.width, (s.along_n ? n : m) - lo);
         if (s.along_n) {  // columns [lo, lo + w) of C and of op(B)
@@ -132,6 +149,17 @@ struct BlasOps<cpu> {
             return;
         }
         if constexpr (std::is_same_v<T, float>) {
+#if MOONMOE_WITH_ONEDNN
+            if (f32_gemm_engine(ta, tb, m) == GemmEngine::onednn) {
+                for_each_panel<float, float>(
+                    ta, tb, A, B, C, k,
+                    [&](View<const float, 2> a, View<const float, 2> b, View<float, 2> c) {
+                        onednn::gemm<float, float>(ta, tb, alpha, a, b, beta, c);
+                    },
+                    onednn_panels);
+                return;
+            }
+#endif
             if (have_small_gemm && ta == Trans::no && tb == Trans::yes && m <= small_gemm_rows && k >= 256 && n >= 64) {
                 gemm_small_nt(alpha, A, B, beta, C);  // few rows against a big weight: no packing (gemm_small.hpp)
                 return;
@@ -227,35 +255,35 @@ struct BlasOps<cpu> {
     }
 
     /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp),
-    /// rounded once to C's type. Where the build has oneDNN and the CPU multiplies bf16 natively (AVX512_BF16, AMX),
-    /// oneDNN's matmul reads the bf16 operands, in panels on the pool (cpu/onednn.hpp; bf16_gemm_path() says which
-    /// path runs). Otherwise the operands are widened to f32 (exact) and the f32 gemm runs on them, which costs an
-    /// f32 copy of each operand; the two paths differ only in the f32 summation order.
+    /// rounded once to C's type. On the engine gemm_engine.hpp chooses: oneDNN's native bf16 matmul, in panels on
+    /// the pool (cpu/onednn.hpp); for X W^T with few rows, the library's kernel (gemm_small.hpp: X widened, W
+    /// widened in registers as it streams by); or both operands widened to f32 (exact) and the f32 gemm run on
+    /// them. They differ only in the f32 summation order. gemm_engine_name() says which runs.
     template <class TC = float>
     static void gemm_bf16(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
                           View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "gemm_bf16: C is float or bf16");
         const contract::GemmShape shape = contract::check_gemm_operands("gemm_bf16", ta, tb, A, B, C);
+        const GemmEngine engine = bf16_gemm_engine(ta, tb, shape.m);
 #if MOONMOE_WITH_ONEDNN
-        if (shape.m > 0 && shape.n > 0 && shape.k > 0 && bf16_gemm_uses_onednn()) {
-            cpu_detail::for_each_panel<bf16, TC>(ta, tb, A, B, C, shape.k,
-                                                 [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
-                                                     cpu_detail::onednn::gemm<TC>(ta, tb, alpha, a, b, beta, c);
-                                                 });
+        if (shape.m > 0 && shape.n > 0 && shape.k > 0 && engine == GemmEngine::onednn) {
+            cpu_detail::for_each_panel<bf16, TC>(
+                ta, tb, A, B, C, shape.k,
+                [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
+                    cpu_detail::onednn::gemm<bf16, TC>(ta, tb, alpha, a, b, beta, c);
+                },
+                cpu_detail::onednn_panels);
             return;
         }
-#else
-        (void)shape;
 #endif
-        const Tensor<float, 2> a = widened(A), b = widened(B);
-        if constexpr (std::is_same_v<TC, float>) {
-            gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, C);
-        } else {
-            Tensor<float, 2> c(C.shape);  // zeroed; C is read only when beta is not 0, as in BLAS
-            if (beta != 0.0f) MapOps<cpu>::cast<float, bf16>(C, c.view());
-            gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, c.view());
-            MapOps<cpu>::cast<bf16, float>(c.view(), C);
+        const Tensor<float, 2> a = widened(A);
+        if (engine == GemmEngine::library && small_bf16_gemm(ta, tb, shape)) {  // B streams by, widened in registers
+            with_f32_c(beta, C,
+                       [&](View<float, 2> c) { cpu_detail::gemm_small_nt<bf16>(alpha, a.view(), B, beta, c); });
+            return;
         }
+        const Tensor<float, 2> b = widened(B);
+        with_f32_c(beta, C, [&](View<float, 2> c) { gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, c); });
     }
 
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count with bf16 operands (gemm_bf16), operand i at data + i *
@@ -275,6 +303,12 @@ struct BlasOps<cpu> {
     }
 
 private:
+    /// Whether gemm_bf16 of this form and shape may take the few-rows kernel (gemm_small.hpp), as gemm<float> does.
+    static bool small_bf16_gemm(Trans ta, Trans tb, const contract::GemmShape& s) {
+        return cpu_detail::have_small_gemm && ta == Trans::no && tb == Trans::yes && s.m > 0 &&
+               s.m <= cpu_detail::small_gemm_rows && s.k >= 256 && s.n >= 64;
+    }
+
     /// gemm<float>, or gemm_bf16<TC>: one segment of the grouped products.
     template <class T, class TC = float>
     static void product(Trans ta, Trans tb, float alpha, View<const T, 2> A, View<const T, 2> B, float beta,
@@ -289,6 +323,20 @@ private:
         Tensor<float, 2> out(v.shape);
         MapOps<cpu>::cast<float, bf16>(v, out.view());
         return out;
+    }
+
+    /// body(c) on C itself when it is f32; on an f32 copy of a bf16 C (read only when beta is not 0, as in BLAS),
+    /// then rounded once into C.
+    template <class TC, class Body>
+    static void with_f32_c(float beta, View<TC, 2> C, Body&& body) {
+        if constexpr (std::is_same_v<TC, float>) {
+            body(C);
+        } else {
+            Tensor<float, 2> c(C.shape);  // zeroed
+            if (beta != 0.0f) MapOps<cpu>::cast<float, bf16>(C, c.view());
+            body(c.view());
+            MapOps<cpu>::cast<bf16, float>(c.view(), C);
+        }
     }
 
     static void scale_in_place(View<float, 2> m, float beta) {

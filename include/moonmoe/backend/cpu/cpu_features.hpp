@@ -20,20 +20,35 @@
 
 namespace moonmoe::backend::cpu_detail {
 
-/// What the running CPU and operating system support (all false off x86 or with other compilers).
+/// What the running CPU and operating system support (all false off x86 or with other compilers), and which CPU it
+/// is: CPUID's vendor string and its display family and model (Intel SDM vol. 2A, CPUID leaf 01H), e.g.
+/// "GenuineIntel", 6, 207 for an Emerald Rapids Xeon; "", 0, 0 where unknown.
 struct CpuFeatures {
     bool avx2 = false;
     bool fma = false;
     bool avx512f = false;
+    char vendor[13] = {};
+    unsigned family = 0, model = 0;
 };
 
 /// Queries CPUID and XCR0 (a few hundred cycles); cpu_features() caches the answer.
 inline CpuFeatures detect_cpu_features() noexcept {
     CpuFeatures f;
 #if MOONMOE_CPU_X86_DISPATCH
-    if (__get_cpuid_max(0, nullptr) < 7) return f;
     unsigned r[4] = {};  // eax, ebx, ecx, edx
+    const unsigned max_leaf = __get_cpuid_max(0, nullptr);
+    if (max_leaf == 0) return f;
+    __cpuid_count(0, 0, r[0], r[1], r[2], r[3]);
+    for (int i = 0; i < 4; ++i) {  // the vendor string is EBX, EDX, ECX
+        f.vendor[i] = char(r[1] >> (8 * i));
+        f.vendor[4 + i] = char(r[3] >> (8 * i));
+        f.vendor[8 + i] = char(r[2] >> (8 * i));
+    }
     __cpuid_count(1, 0, r[0], r[1], r[2], r[3]);
+    const unsigned base_family = (r[0] >> 8) & 0xfu, base_model = (r[0] >> 4) & 0xfu;
+    f.family = base_family == 0xfu ? base_family + ((r[0] >> 20) & 0xffu) : base_family;
+    f.model = base_family == 0x6u || base_family == 0xfu ? (((r[0] >> 16) & 0xfu) << 4) + base_model : base_model;
+    if (max_leaf < 7) return f;
     const bool osxsave = (r[2] >> 27) & 1u, avx = (r[2] >> 28) & 1u, fma = (r[2] >> 12) & 1u;
     if (!osxsave || !avx) return f;
     unsigned xcr0 = 0;  // low half of XCR0; _xgetbv would need -mxsave

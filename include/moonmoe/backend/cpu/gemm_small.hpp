@@ -4,9 +4,11 @@
 // A packing GEMM copies W into its panel layout on every call; with W [2048, 7168] (58 MB) and X [20, 7168] the copy
 // costs more than the 0.6 GFLOP of arithmetic, so an MoE's routed experts ran at ~55% of the SGEMM rate. Here each
 // output is a dot product of a row of X with a row of W, both contiguous: tiles of 4 rows of X by 4 rows of W keep
-// 16 AVX-512 accumulators, W is streamed once per k-chunk and the X chunk stays in L2 (k-chunks of 2048: 32 rows x
-// 8 KB). Threads split the rows of W, so every output is computed by one thread in one order: results do not
-// depend on the thread count.
+// 16 AVX-512 accumulators, W is streamed once per k-chunk and the X chunk stays in L2 (k-chunks of 2048: 64 rows x
+// 8 KB); where all of X fits (a decoded token), each block of W runs through its k-chunks at once. A bf16 W (the
+// bf16 policy's weights, gemm_bf16) is widened in registers as it streams by: half the bytes of an f32 W, the
+// same f32 arithmetic. Threads split the rows of W, so every output is computed by one thread in one order:
+// results depend neither on the thread count nor on the number of rows of X.
 //
 // The kernel is compiled with a function target attribute and taken when the running CPU has AVX-512
 // (cpu_features.hpp), whatever the build's -m flags: a portable build (no -march) gets it on AVX-512 machines and
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 
+#include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
 #include "cpu_features.hpp"
 #include "threads.hpp"
@@ -65,9 +68,25 @@ MOONMOE_TARGET_AVX512 inline float reduce_add(__m512 v) {
     return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
-/// out[i][j] = sum over [k0, k1) of x_i . w_j for MR rows of x and NR rows of w.
-template <int MR, int NR>
-MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const float* w, index_t ldw, index_t k0,
+/// 16 consecutive elements of a row as f32: loaded, or widened from bf16 (exact: a bf16's bits are the high half of
+/// the f32's). With `count` < 16, the first count elements and zeros after them.
+MOONMOE_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+MOONMOE_TARGET_AVX512 inline __m512 load16(const bf16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+MOONMOE_TARGET_AVX512 inline __m512 load16(const float* p, index_t count) {
+    return _mm512_maskz_loadu_ps(__mmask16((1u << unsigned(count)) - 1u), p);
+}
+MOONMOE_TARGET_AVX512 inline __m512 load16(const bf16* p, index_t count) {
+    bf16 t[16] = {};
+    std::copy(p, p + count, t);
+    return load16(t);
+}
+
+/// out[i][j] = sum over [k0, k1) of x_i . w_j for MR rows of x (f32) and NR rows of w (f32 or bf16).
+template <int MR, int NR, class TW>
+MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const TW* w, index_t ldw, index_t k0,
                                            index_t k1, float (&out)[4][4]) {
     __m512 acc[MR][NR];
     for (int i = 0; i < MR; ++i)
@@ -75,18 +94,17 @@ MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const fl
     index_t k = k0;
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[NR];
-        for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w + j * ldw + k);
+        for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * ldw + k);
         for (int i = 0; i < MR; ++i) {
             const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
             for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
     if (k < k1) {
-        const __mmask16 mask = __mmask16((1u << unsigned(k1 - k)) - 1u);
         __m512 wv[NR];
-        for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, w + j * ldw + k);
+        for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * ldw + k, k1 - k);
         for (int i = 0; i < MR; ++i) {
-            const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + k);
+            const __m512 xv = load16(x + i * ldx + k, k1 - k);
             for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
@@ -95,8 +113,8 @@ MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const fl
 }
 
 /// dot_tile for a tile of mr x nr (1..4 each) chosen at run time.
-template <int MR>
-MOONMOE_TARGET_AVX512 inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const float* w, index_t ldw,
+template <int MR, class TW>
+MOONMOE_TARGET_AVX512 inline void dot_tile_rows(index_t nr, const float* x, index_t ldx, const TW* w, index_t ldw,
                                                 index_t k0, index_t k1, float (&out)[4][4]) {
     switch (nr) {
     case 1: dot_tile<MR, 1>(x, ldx, w, ldw, k0, k1, out); break;
@@ -105,7 +123,8 @@ MOONMOE_TARGET_AVX512 inline void dot_tile_rows(index_t nr, const float* x, inde
     default: dot_tile<MR, 4>(x, ldx, w, ldw, k0, k1, out); break;
     }
 }
-MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, const float* w,
+template <class TW>
+MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const float* x, index_t ldx, const TW* w,
                                                index_t ldw, index_t k0, index_t k1, float (&out)[4][4]) {
     switch (mr) {
     case 1: dot_tile_rows<1>(nr, x, ldx, w, ldw, k0, k1, out); break;
@@ -116,9 +135,10 @@ MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const flo
 }
 
 /// Columns [j0, j0 + nr) of C, all m rows, over k in [k0, k1): written when `first`, else accumulated.
-MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float, 2> X, View<const float, 2> W,
-                                                   float beta, View<float, 2> C, index_t j0, index_t nr, index_t k0,
-                                                   index_t k1, bool first) {
+template <class TW>
+MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float, 2> X, View<const TW, 2> W, float beta,
+                                                   View<float, 2> C, index_t j0, index_t nr, index_t k0, index_t k1,
+                                                   bool first) {
     const index_t m = X.shape[0];
     for (index_t i0 = 0; i0 < m; i0 += 4) {
         const index_t mr = std::min<index_t>(4, m - i0);
@@ -137,24 +157,32 @@ MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float
     }
 }
 
-/// C [m, n] = alpha X [m, k] W [n, k]^T + beta C, m <= small_gemm_rows, rows of every operand contiguous.
-/// Call only when small_gemm_available().
-inline void gemm_small_nt(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
-    const index_t n = W.shape[0], k = X.shape[1];
+/// C [m, n] = alpha X [m, k] W [n, k]^T + beta C, m <= small_gemm_rows, rows of every operand contiguous; W f32, or
+/// bf16 widened in registers as it streams by (a bf16 X is widened by the caller: it is small). Call only when
+/// small_gemm_available().
+template <class TW = float>
+void gemm_small_nt(float alpha, View<const float, 2> X, View<const TW, 2> W, float beta, View<float, 2> C) {
+    const index_t n = W.shape[0], m = X.shape[0], k = X.shape[1];
     constexpr index_t kc = 2048;
     const index_t blocks = (n + 3) / 4;
-    for (index_t k0 = 0; k0 < k; k0 += kc) {
-        const index_t k1 = std::min(k, k0 + kc);
-        const bool first = k0 == 0;
+    const auto block = [&](index_t b, index_t k0) {
+        const index_t j0 = 4 * b;
+        gemm_small_block<TW>(alpha, X, W, beta, C, j0, std::min<index_t>(4, n - j0), k0, std::min(k, k0 + kc), k0 == 0);
+    };
+    if (4 * m * k <= (index_t(1) << 19)) {
+        // all of X fits in half of a 1 MiB L2: each block of W runs through every k-chunk at once, so each row of W
+        // is one sequential stream instead of pieces a page or two apart (the same operations in the same order)
         parallel_for(blocks, [&](index_t b) {
-            const index_t j0 = 4 * b;
-            gemm_small_block(alpha, X, W, beta, C, j0, std::min<index_t>(4, n - j0), k0, k1, first);
+            for (index_t k0 = 0; k0 < k; k0 += kc) block(b, k0);
         });
+    } else {
+        for (index_t k0 = 0; k0 < k; k0 += kc) parallel_for(blocks, [&](index_t b) { block(b, k0); });
     }
 }
 #undef MOONMOE_TARGET_AVX512
 #else
-inline void gemm_small_nt(float, View<const float, 2>, View<const float, 2>, float, View<float, 2>) {}
+template <class TW = float>
+inline void gemm_small_nt(float, View<const float, 2>, View<const TW, 2>, float, View<float, 2>) {}
 #endif
 
 }  // namespace moonmoe::backend::cpu_detail

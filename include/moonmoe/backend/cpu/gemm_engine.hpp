@@ -1,0 +1,256 @@
+// moonmoe/backend/cpu/gemm_engine.hpp: which engine runs each matrix product of the CPU backend.
+//
+// The engines:
+//   library  Eigen's GEBP kernel in panels on the pool, and the unpacked kernel for X W^T with few rows of X
+//            (gemm_small.hpp), which also takes a bf16 W, widened in registers as it streams by (for bf16 operands
+//            the engine is that kernel where it applies, else `widened`)
+//   onednn   oneDNN's matmul on the operands as stored (onednn.hpp): f32, or bf16 where the CPU multiplies bf16
+//            natively (AVX512_BF16, AMX)
+//   widened  bf16 operands widened to f32 (exact), then the f32 product's own engine
+// Which is fastest depends on the CPU and on the product. On an Intel Xeon with AVX512_BF16 and no AMX, bf16
+// products run at half the f32 rate, so a large bf16 product is faster widened, and oneDNN's f32 kernels beat
+// Eigen's on X W^T but not on X W (docs/cpu_gemm.md). So the choice is measured, not guessed:
+// tools/gemm_rules.py times every engine on the benchmark suite's Kimi K2 products at one and two threads and prints
+// the rules below for the CPU it ran on; an engine other than the default is written only where it won at both
+// thread counts by a margin. A rule names the CPU (CPUID's vendor, family and model, and oneDNN's ISA, since a
+// hypervisor can hide AMX from one model), the operands' type, the transposes and the fewest rows of op(A) from
+// which it holds. Without a rule: f32 on the library, bf16 on oneDNN where native, else on the library.
+//
+// The choice depends on those alone, so on one machine a product's result stays bitwise repeatable for a fixed
+// thread count across calls and processes (replicas on the ranks of an MPI job compare exactly). Engines differ
+// in their f32 summation order only.
+//
+// Overrides for every product: set_f32_gemm / MOONMOE_F32_GEMM=library|onednn and set_bf16_gemm /
+// MOONMOE_BF16_GEMM=onednn|library|f32 (read on first use).
+#pragma once
+
+#include <cstdlib>
+#include <initializer_list>
+#include <utility>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../../tensor/tensor.hpp"
+#include "../blas.hpp"
+#include "cpu_features.hpp"
+#include "gemm_small.hpp"
+#include "onednn.hpp"
+
+namespace moonmoe::backend {
+
+/// An engine of the CPU backend's products (header comment).
+enum class GemmEngine { library, onednn, widened };
+
+/// How BlasOps<cpu>::gemm (f32) multiplies: `automatic` follows the measured rules; the others insist.
+enum class F32Gemm { automatic, library, onednn };
+
+/// How BlasOps<cpu>::gemm_bf16 multiplies: `automatic` follows the measured rules (oneDNN where native unless a
+/// rule says otherwise); `onednn` insists (an error where it cannot); `library` takes the library's few-rows kernel
+/// where it applies and widens elsewhere; `widened_f32` always widens both operands to f32.
+enum class Bf16Gemm { automatic, onednn, library, widened_f32 };
+
+/// One measured choice (header comment): on `cpu`, products of `bf16` (else f32) operands with these transposes
+/// and min_rows <= m <= max_rows rows of op(A) run on `engine`.
+struct GemmRule {
+    std::string_view cpu;
+    bool bf16;
+    Trans ta, tb;
+    index_t min_rows, max_rows;
+    GemmEngine engine;
+};
+
+/// A rule's max_rows when it holds for any number of rows.
+inline constexpr index_t max_rows = index_t(1) << 62;
+
+/// The rules measured so far, one block per CPU (tools/gemm_rules.py printed them; docs/cpu_gemm.md has the runs).
+inline constexpr GemmRule measured_gemm_rules[] = {
+    // Intel Xeon family 6 model 207 (Emerald Rapids) with AVX512_BF16, AMX hidden (KVM guest, 2 vCPUs); oneDNN
+    // 2.6.3; tools/gemm_rules.py on 2026-11-27 (docs/cpu_gemm.md): f32 X W^T, X W and dY^T X on oneDNN from 256
+    // rows (0.72-0.91x Eigen's time) and X W^T on it from 17 to 64 rows; bf16 widened to f32 from 256 rows
+    // (0.67-0.70x the native bf16 time: bf16 products run at half the f32 rate on this CPU), and X W^T up to 16
+    // rows on the library's kernel (0.87x).
+    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 17, 64, GemmEngine::onednn},
+    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 256, max_rows, GemmEngine::widened},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::widened},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::widened},
+};
+
+namespace cpu_detail {
+
+inline bool onednn_built() {
+#if MOONMOE_WITH_ONEDNN
+    return true;
+#else
+    return false;
+#endif
+}
+
+inline bool native_bf16() {
+#if MOONMOE_WITH_ONEDNN
+    return onednn::native().bf16;
+#else
+    return false;
+#endif
+}
+
+/// oneDNN's ISA on this CPU ("avx512_core_bf16"), "" without oneDNN.
+inline std::string onednn_isa() {
+#if MOONMOE_WITH_ONEDNN
+    return onednn::native().isa;
+#else
+    return {};
+#endif
+}
+
+/// The running CPU as the rules name it: "GenuineIntel 6.207 avx512_core_bf16" (the ISA part only with oneDNN).
+inline const std::string& cpu_signature() {
+    static const std::string s = [] {
+        const CpuFeatures& f = cpu_features();
+        std::string r = std::string(f.vendor) + " " + std::to_string(f.family) + "." + std::to_string(f.model);
+        return onednn_built() ? r + " " + onednn_isa() : r;
+    }();
+    return s;
+}
+
+/// The rules of `rules` that name `cpu`.
+inline std::vector<GemmRule> rules_for(std::string_view cpu, std::span<const GemmRule> rules) {
+    std::vector<GemmRule> r;
+    for (const GemmRule& g : rules)
+        if (g.cpu == cpu) r.push_back(g);
+    return r;
+}
+
+/// The measured rules for this CPU (none without oneDNN: the rules' signatures name oneDNN's ISA).
+inline const std::vector<GemmRule>& cpu_gemm_rules() {
+    static const std::vector<GemmRule> rules = rules_for(cpu_signature(), measured_gemm_rules);
+    return rules;
+}
+
+/// The engine of the first of `rules` that holds for these operands, transposes and rows, or `fallback`.
+inline GemmEngine ruled_engine(std::span<const GemmRule> rules, bool bf16, Trans ta, Trans tb, index_t m,
+                               GemmEngine fallback) {
+    for (const GemmRule& g : rules)
+        if (g.bf16 == bf16 && g.ta == ta && g.tb == tb && m >= g.min_rows && m <= g.max_rows) return g.engine;
+    return fallback;
+}
+
+/// The value of the environment variable `name` among `values` (name, choice), or `automatic`.
+template <class E>
+E choice_from_env(const char* name, std::initializer_list<std::pair<std::string_view, E>> values) {
+    const char* env = std::getenv(name);
+    for (const auto& [text, choice] : values)
+        if (env && text == env) return choice;
+    return E::automatic;
+}
+
+/// The process-wide choices: the environment's on first use, then set_f32_gemm / set_bf16_gemm.
+inline F32Gemm& f32_gemm_choice() {
+    static F32Gemm choice =
+        choice_from_env<F32Gemm>("MOONMOE_F32_GEMM", {{"library", F32Gemm::library}, {"onednn", F32Gemm::onednn}});
+    return choice;
+}
+inline Bf16Gemm& bf16_gemm_choice() {
+    static Bf16Gemm choice = choice_from_env<Bf16Gemm>(
+        "MOONMOE_BF16_GEMM",
+        {{"onednn", Bf16Gemm::onednn}, {"library", Bf16Gemm::library}, {"f32", Bf16Gemm::widened_f32}});
+    return choice;
+}
+
+}  // namespace cpu_detail
+
+/// Sets how f32 products multiply from now on (the default: automatic, or MOONMOE_F32_GEMM). Asking for oneDNN in
+/// a build without it is an error.
+inline void set_f32_gemm(F32Gemm g) {
+    if (g == F32Gemm::onednn && !cpu_detail::onednn_built())
+        throw std::runtime_error("set_f32_gemm(onednn): moonmoe was built without oneDNN (MOONMOE_WITH_ONEDNN)");
+    cpu_detail::f32_gemm_choice() = g;
+}
+
+/// Sets how gemm_bf16 multiplies from now on (the default: automatic, or MOONMOE_BF16_GEMM). Asking for onednn
+/// where it cannot run is an error naming why.
+inline void set_bf16_gemm(Bf16Gemm g) {
+#if MOONMOE_WITH_ONEDNN
+    if (g == Bf16Gemm::onednn && !cpu_detail::native_bf16())
+        throw std::runtime_error("set_bf16_gemm(onednn): this CPU has no native bf16 products (oneDNN's ISA: " +
+                                 cpu_detail::onednn::native().isa + "); use automatic or widened_f32");
+#else
+    if (g == Bf16Gemm::onednn)
+        throw std::runtime_error("set_bf16_gemm(onednn): moonmoe was built without oneDNN (MOONMOE_WITH_ONEDNN)");
+#endif
+    cpu_detail::bf16_gemm_choice() = g;
+}
+
+/// The engine of an f32 product C [m, .] = op(A) op(B): library or onednn.
+inline GemmEngine f32_gemm_engine(Trans ta, Trans tb, index_t m) {
+    switch (cpu_detail::f32_gemm_choice()) {
+    case F32Gemm::library: return GemmEngine::library;
+    case F32Gemm::onednn: return GemmEngine::onednn;
+    case F32Gemm::automatic: break;
+    }
+    return cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), false, ta, tb, m, GemmEngine::library);
+}
+
+/// The engine of a bf16 product C [m, .] = op(A) op(B): onednn (native bf16), library (the few-rows kernel where
+/// the shape allows it, else widened) or widened.
+inline GemmEngine bf16_gemm_engine(Trans ta, Trans tb, index_t m) {
+    switch (cpu_detail::bf16_gemm_choice()) {
+    case Bf16Gemm::onednn: return cpu_detail::native_bf16() ? GemmEngine::onednn : GemmEngine::library;
+    case Bf16Gemm::library: return GemmEngine::library;
+    case Bf16Gemm::widened_f32: return GemmEngine::widened;
+    case Bf16Gemm::automatic: break;
+    }
+    if (!cpu_detail::native_bf16()) return GemmEngine::library;
+    return cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), true, ta, tb, m, GemmEngine::onednn);
+}
+
+/// Whether gemm_bf16 may run on oneDNN's native bf16 kernels now (the choice, the build and the CPU together; the
+/// rules may still widen some shapes).
+inline bool bf16_gemm_uses_onednn() {
+    const Bf16Gemm c = cpu_detail::bf16_gemm_choice();
+    return cpu_detail::native_bf16() && (c == Bf16Gemm::automatic || c == Bf16Gemm::onednn);
+}
+
+/// What a product of this kind runs on, for reports: "oneDNN bf16 (avx512_core_bf16)", "widened to f32, then
+/// oneDNN f32", "library (few rows)", "Eigen". (The few-rows kernel applies to X W^T with m <= 64, k >= 256 and
+/// n >= 64 on CPUs with AVX-512, cpu/blas.hpp.)
+inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m) {
+    const bool few =
+        ta == Trans::no && tb == Trans::yes && m <= cpu_detail::small_gemm_rows && cpu_detail::small_gemm_available();
+    const auto f32_name = [&] {
+        if (f32_gemm_engine(ta, tb, m) == GemmEngine::onednn) return std::string("oneDNN f32");
+        return std::string(few ? "library (few rows)" : "Eigen");
+    };
+    if (!bf16) return f32_name();
+    switch (bf16_gemm_engine(ta, tb, m)) {
+    case GemmEngine::onednn: return "oneDNN bf16 (" + cpu_detail::onednn_isa() + ")";
+    case GemmEngine::library:
+        if (few) return "library (few rows, bf16 W)";
+        break;
+    case GemmEngine::widened: break;
+    }
+    return "widened to f32, then " + f32_name();
+}
+
+/// What gemm_bf16 runs on, for reports: "oneDNN (avx512_core_bf16)", with the CPU's rules when it has some, or
+/// "f32 (widened operands...; why)". gemm_engine_name() says it for one product.
+inline std::string bf16_gemm_path() {
+    const std::string rules = cpu_detail::cpu_gemm_rules().empty()
+                                  ? std::string()
+                                  : "; measured rules for " + cpu_detail::cpu_signature() + " per shape";
+    const Bf16Gemm c = cpu_detail::bf16_gemm_choice();
+    if (bf16_gemm_uses_onednn()) return "oneDNN (" + cpu_detail::onednn_isa() + ")" + rules;
+    if (c == Bf16Gemm::widened_f32) return "f32 (widened operands; chosen)";
+    const std::string few = "f32 (widened operands, X W^T with few rows on the library's kernel; ";
+    if (c == Bf16Gemm::library) return few + "chosen)";
+    if (!cpu_detail::onednn_built()) return few + "built without oneDNN)";
+    return few + "oneDNN's ISA here, " + cpu_detail::onednn_isa() + ", has no native bf16 products)";
+}
+
+}  // namespace moonmoe::backend

@@ -1,0 +1,312 @@
+// The engines of the CPU backend's products (backend/cpu/gemm_engine.hpp): gemm<float> on Eigen / the few-rows
+// kernel and on oneDNN's f32 matmul; gemm_bf16 on oneDNN's native bf16 matmul (where the build has oneDNN and the
+// CPU multiplies bf16 natively), on the few-rows kernel with W widened in registers, and on operands widened to
+// f32. Each against products summed in double over the same operands, on shapes that cross the panel cuts of the
+// pool and the kernels' tails, every transpose, alpha and beta, f32 and bf16 C, pitched views; the oneDNN engines
+// repeatable bit for bit; the measured rules' lookup; the CPU's identity against /proc/cpuinfo. The cases that need
+// oneDNN say so and check nothing more where this build or CPU lacks it (the message names which).
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <moonmoe/backend/cpu.hpp>
+
+#include "support/thread_count.hpp"
+
+// The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
+namespace unit_backend_gemm_engines {
+
+using namespace moonmoe;
+using backend::Bf16Gemm;
+using backend::F32Gemm;
+using backend::GemmEngine;
+using backend::Trans;
+using Ops = backend::Ops<cpu>;
+
+namespace {
+
+/// Restores the process's GEMM choices when a case ends.
+struct Bf16GemmChoice {
+    Bf16Gemm saved = backend::cpu_detail::bf16_gemm_choice();
+    F32Gemm saved_f32 = backend::cpu_detail::f32_gemm_choice();
+    ~Bf16GemmChoice() {
+        backend::cpu_detail::bf16_gemm_choice() = saved;
+        backend::cpu_detail::f32_gemm_choice() = saved_f32;
+    }
+};
+
+struct Case {
+    index_t m, n, k;
+    Trans ta, tb;
+    float alpha, beta;
+    index_t pad;  ///< extra elements at the end of every row of A, B and C (pitched views)
+};
+
+std::vector<bf16> random_bf16(std::size_t n, std::mt19937& gen) {
+    std::normal_distribution<float> d;
+    std::vector<bf16> v(n);
+    for (bf16& x : v) x = bf16::from_float(d(gen));
+    return v;
+}
+
+/// The product of one case through the current engine, operands of type TA (bf16: gemm_bf16; float: gemm, with
+/// operands of full f32 precision), C [m, n] of type TC, and the double reference with the bound of an f32 sum's
+/// error (k ulps of the sum of |terms|, plus C's own rounding for bf16).
+template <class TC>
+struct Run {
+    std::vector<double> got, want, bound;
+};
+
+template <class TA>
+std::vector<TA> random_operand(std::size_t n, std::mt19937& gen) {
+    if constexpr (std::is_same_v<TA, bf16>) {
+        return random_bf16(n, gen);
+    } else {
+        std::normal_distribution<float> d;
+        std::vector<float> v(n);
+        for (float& x : v) x = d(gen);
+        return v;
+    }
+}
+
+double widen(bf16 x) { return double(x.to_float()); }
+double widen(float x) { return double(x); }
+
+template <class TC, class TA = bf16>
+Run<TC> run(const Case& c, std::uint32_t seed) {
+    std::mt19937 gen(seed);
+    const index_t ar = c.ta == Trans::no ? c.m : c.k, ac = c.ta == Trans::no ? c.k : c.m;
+    const index_t br = c.tb == Trans::no ? c.k : c.n, bc = c.tb == Trans::no ? c.n : c.k;
+    const std::vector<TA> a = random_operand<TA>(std::size_t(ar * (ac + c.pad)), gen),
+                          b = random_operand<TA>(std::size_t(br * (bc + c.pad)), gen);
+    std::vector<TC> cmat(std::size_t(c.m * (c.n + c.pad)));
+    std::normal_distribution<float> d;
+    for (TC& x : cmat) {
+        if constexpr (std::is_same_v<TC, bf16>) x = bf16::from_float(d(gen));
+        else
+            x = d(gen);
+    }
+    const auto at = [&](index_t i, index_t p) {
+        return widen(c.ta == Trans::no ? a[std::size_t(i * (ac + c.pad) + p)] : a[std::size_t(p * (ac + c.pad) + i)]);
+    };
+    const auto bt = [&](index_t p, index_t j) {
+        return widen(c.tb == Trans::no ? b[std::size_t(p * (bc + c.pad) + j)] : b[std::size_t(j * (bc + c.pad) + p)]);
+    };
+    const auto cv = [&](index_t i, index_t j) {
+        if constexpr (std::is_same_v<TC, bf16>) return double(cmat[std::size_t(i * (c.n + c.pad) + j)].to_float());
+        else
+            return double(cmat[std::size_t(i * (c.n + c.pad) + j)]);
+    };
+    Run<TC> r;
+    for (index_t i = 0; i < c.m; ++i)
+        for (index_t j = 0; j < c.n; ++j) {
+            double sum = 0, size = 0;
+            for (index_t p = 0; p < c.k; ++p) sum += at(i, p) * bt(p, j), size += std::abs(at(i, p) * bt(p, j));
+            const double want = c.alpha * sum + (c.beta != 0.0f ? c.beta * cv(i, j) : 0.0);
+            r.want.push_back(want);
+            double bound =
+                (double(c.k) + 2) * std::ldexp(1.0, -23) * (std::abs(c.alpha) * size + std::abs(c.beta * cv(i, j)));
+            if constexpr (std::is_same_v<TC, bf16>) bound += std::ldexp(std::abs(want), -8);  // C's own rounding
+            r.bound.push_back(bound + 1e-30);
+        }
+    const View<const TA, 2> av(a.data(), {ar, ac}, {ac + c.pad, 1}), bv(b.data(), {br, bc}, {bc + c.pad, 1});
+    const View<TC, 2> cv_out(cmat.data(), {c.m, c.n}, {c.n + c.pad, 1});
+    if constexpr (std::is_same_v<TA, bf16>) Ops::gemm_bf16<TC>(c.ta, c.tb, c.alpha, av, bv, c.beta, cv_out);
+    else
+        Ops::gemm<float>(c.ta, c.tb, c.alpha, av, bv, c.beta, cv_out);
+    for (index_t i = 0; i < c.m; ++i)
+        for (index_t j = 0; j < c.n; ++j) r.got.push_back(cv(i, j));
+    return r;
+}
+
+std::vector<Case> cases() {
+    std::vector<Case> out;
+    // the last three take the few-rows kernel as X W^T: k tails past whole SIMD widths, n past whole tiles of 4,
+    // and more than one k-chunk (2048)
+    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},       {3, 300, 129}, {300, 40, 64},
+                                                        {64, 1100, 257}, {5, 130, 300}, {1, 70, 2100}};
+    for (const auto& s : shapes)
+        for (Trans ta : {Trans::no, Trans::yes})
+            for (Trans tb : {Trans::no, Trans::yes})
+                for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 1.0f}, std::pair{-2.0f, 0.25f}})
+                    out.push_back({s[0], s[1], s[2], ta, tb, alpha, beta, index_t(s[0] % 3)});
+    return out;
+}
+
+template <class TC, class TA = bf16>
+void check_path(const char* path) {
+    for (const Case& c : cases()) {
+        const std::string path_name = path;
+        CAPTURE(path_name);
+        const std::string shape = std::to_string(c.m) + " x " + std::to_string(c.n) + " x " + std::to_string(c.k) +
+                                  (c.ta == Trans::yes ? " A^T" : "") + (c.tb == Trans::yes ? " B^T" : "") + " alpha " +
+                                  std::to_string(c.alpha) + " beta " + std::to_string(c.beta);
+        CAPTURE(shape);
+        const Run<TC> r = run<TC, TA>(c, 7);
+        std::size_t bad = 0;
+        std::size_t first = r.got.size();
+        for (std::size_t i = 0; i < r.got.size(); ++i)
+            if (!(std::abs(r.got[i] - r.want[i]) <= r.bound[i])) first = std::min(first, i), ++bad;
+        if (bad)
+            MESSAGE("first bad " << first << ": " << r.got[first] << " want " << r.want[first] << " bound "
+                                 << r.bound[first]);
+        CHECK(bad == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gemm_bf16 on the CPU: the path in use is reported, and asking for oneDNN where it cannot run is an error") {
+    const Bf16GemmChoice restore;
+    MESSAGE("gemm_bf16 runs on: " << backend::bf16_gemm_path());
+    backend::set_bf16_gemm(Bf16Gemm::widened_f32);
+    CHECK_FALSE(backend::bf16_gemm_uses_onednn());
+    CHECK(backend::bf16_gemm_path().find("f32 (widened operands") == 0);
+    CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::widened);
+    backend::set_bf16_gemm(Bf16Gemm::library);
+    CHECK_FALSE(backend::bf16_gemm_uses_onednn());
+    CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::library);
+    backend::set_bf16_gemm(Bf16Gemm::automatic);
+#if MOONMOE_WITH_ONEDNN
+    CHECK_NOTHROW(backend::set_f32_gemm(F32Gemm::onednn));
+    CHECK(backend::f32_gemm_engine(Trans::no, Trans::no, 7) == GemmEngine::onednn);
+    if (backend::cpu_detail::onednn::native().bf16) {
+        CHECK(backend::bf16_gemm_uses_onednn());
+        CHECK(backend::bf16_gemm_path().find("oneDNN (") == 0);
+        CHECK_NOTHROW(backend::set_bf16_gemm(Bf16Gemm::onednn));
+        CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::onednn);
+    } else {
+        CHECK_FALSE(backend::bf16_gemm_uses_onednn());
+        CHECK_THROWS_WITH_AS(backend::set_bf16_gemm(Bf16Gemm::onednn),
+                             doctest::Contains("this CPU has no native bf16 products"), std::runtime_error);
+    }
+#else
+    CHECK_FALSE(backend::bf16_gemm_uses_onednn());
+    CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::library);
+    CHECK_THROWS_WITH_AS(backend::set_bf16_gemm(Bf16Gemm::onednn), doctest::Contains("built without oneDNN"),
+                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(backend::set_f32_gemm(F32Gemm::onednn), doctest::Contains("built without oneDNN"),
+                         std::runtime_error);
+#endif
+    backend::set_f32_gemm(F32Gemm::library);
+    CHECK(backend::f32_gemm_engine(Trans::no, Trans::yes, 1024) == GemmEngine::library);
+}
+
+TEST_CASE(
+    "gemm_bf16 on the CPU, every engine: every transpose, alpha and beta, f32 and bf16 C, pitched, against "
+    "double") {
+    const Bf16GemmChoice restore;
+    backend::set_bf16_gemm(Bf16Gemm::widened_f32);
+    for (F32Gemm f32 : {F32Gemm::library, F32Gemm::onednn}) {
+        if (f32 == F32Gemm::onednn && !backend::cpu_detail::onednn_built()) continue;
+        backend::set_f32_gemm(f32);
+        check_path<float>(f32 == F32Gemm::library ? "widened f32, library" : "widened f32, oneDNN f32");
+        check_path<bf16>(f32 == F32Gemm::library ? "widened f32, library" : "widened f32, oneDNN f32");
+    }
+    backend::set_f32_gemm(F32Gemm::library);
+    backend::set_bf16_gemm(Bf16Gemm::library);
+    check_path<float>("library (few rows where it applies)");
+    check_path<bf16>("library (few rows where it applies)");
+    backend::set_bf16_gemm(Bf16Gemm::automatic);
+    check_path<float>("automatic");
+    if (!backend::bf16_gemm_uses_onednn()) {
+        MESSAGE("no oneDNN path here: " << backend::bf16_gemm_path());
+        return;
+    }
+    backend::set_bf16_gemm(Bf16Gemm::onednn);
+    check_path<float>("oneDNN");
+    check_path<bf16>("oneDNN");
+}
+
+TEST_CASE("gemm on the CPU, f32 on each engine: every transpose, alpha and beta, pitched, against double") {
+    const Bf16GemmChoice restore;
+    backend::set_f32_gemm(F32Gemm::library);
+    check_path<float, float>("library");
+    if (!backend::cpu_detail::onednn_built()) {
+        MESSAGE("built without oneDNN");
+        return;
+    }
+    backend::set_f32_gemm(F32Gemm::onednn);
+    check_path<float, float>("oneDNN f32");
+}
+
+TEST_CASE("gemm and gemm_bf16 through oneDNN and the few-rows kernel: repeatable bit for bit at a fixed thread count") {
+    const Bf16GemmChoice restore;
+    const testing::ThreadCount restore_threads;
+    const auto repeatable = [](const Case& c, auto tag) {
+        using TA = decltype(tag);
+        const Run<float> first = run<float, TA>(c, 3), second = run<float, TA>(c, 3);
+        CHECK(first.got == second.got);
+    };
+    for (int t : {1, 2}) {
+        set_threads(t);
+        backend::set_bf16_gemm(Bf16Gemm::library);
+        repeatable(Case{40, 1100, 3000, Trans::no, Trans::yes, 1.0f, 0.0f, 0}, bf16{});
+        if (!backend::cpu_detail::onednn_built()) continue;
+        backend::set_f32_gemm(F32Gemm::onednn);
+        repeatable(Case{300, 1100, 257, Trans::no, Trans::yes, 1.0f, 0.0f, 0}, float{});
+        if (!backend::cpu_detail::native_bf16()) continue;
+        backend::set_bf16_gemm(Bf16Gemm::onednn);
+        repeatable(Case{300, 1100, 257, Trans::no, Trans::yes, 1.0f, 0.0f, 0}, bf16{});
+    }
+}
+
+TEST_CASE("the measured rules: the first rule of this CPU whose rows hold, else the default") {
+    using backend::GemmRule;
+    using backend::max_rows;
+    const std::string here = "TestCPU 6.1 isa";
+    const GemmRule rules[] = {
+        {here, true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
+        {here, true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::widened},
+        {here, false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
+        {"OtherCPU 6.2 isa", false, Trans::no, Trans::yes, 1, max_rows, GemmEngine::onednn},
+    };
+    const std::vector<GemmRule> mine = backend::cpu_detail::rules_for(here, rules);
+    REQUIRE(mine.size() == 3);
+    const auto engine = [&](bool bf16, Trans ta, Trans tb, index_t m) {
+        return backend::cpu_detail::ruled_engine(mine, bf16, ta, tb, m, GemmEngine::onednn);
+    };
+    CHECK(engine(true, Trans::no, Trans::yes, 1) == GemmEngine::library);
+    CHECK(engine(true, Trans::no, Trans::yes, 16) == GemmEngine::library);
+    CHECK(engine(true, Trans::no, Trans::yes, 17) == GemmEngine::onednn);  // between the classes: the default
+    CHECK(engine(true, Trans::no, Trans::yes, 255) == GemmEngine::onednn);
+    CHECK(engine(true, Trans::no, Trans::yes, 256) == GemmEngine::widened);
+    CHECK(engine(true, Trans::no, Trans::yes, 100000) == GemmEngine::widened);
+    CHECK(engine(true, Trans::yes, Trans::no, 1024) == GemmEngine::onednn);   // another form
+    CHECK(engine(false, Trans::no, Trans::yes, 1024) == GemmEngine::onednn);  // only OtherCPU's rule: the default
+    CHECK(engine(false, Trans::no, Trans::no, 2048) == GemmEngine::onednn);
+    CHECK(backend::cpu_detail::ruled_engine(mine, false, Trans::no, Trans::no, 2, GemmEngine::library) ==
+          GemmEngine::library);
+}
+
+TEST_CASE("the CPU as the rules name it: CPUID's vendor, family and model, as /proc/cpuinfo shows them") {
+    const std::string signature = backend::cpu_detail::cpu_signature();
+    MESSAGE("this CPU: " << signature);
+    std::smatch m;
+    REQUIRE(std::regex_match(signature, m, std::regex(R"(^(\S*) ([0-9]+)\.([0-9]+)( \S+)?$)")));
+    std::ifstream info("/proc/cpuinfo");
+    std::string line, vendor, family, model;
+    while (std::getline(info, line) && (vendor.empty() || family.empty() || model.empty())) {
+        const auto value = [&] { return line.substr(line.find(':') + 2); };
+        if (line.rfind("vendor_id", 0) == 0) vendor = value();
+        else if (line.rfind("cpu family", 0) == 0)
+            family = value();
+        else if (line.rfind("model\t", 0) == 0 || line.rfind("model ", 0) == 0)
+            model = value();
+    }
+    if (vendor.empty() || !backend::cpu_detail::cpu_features().vendor[0]) {
+        MESSAGE("no x86 /proc/cpuinfo to compare with");
+        return;
+    }
+    CHECK(m[1].str() == vendor);
+    CHECK(m[2].str() == family);
+    CHECK(m[3].str() == model);
+}
+
+}  // namespace unit_backend_gemm_engines
