@@ -23,7 +23,7 @@ void gemm(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n, ind
     measure(state, {2.0 * m * n * k, 4.0 * (m * k + k * n + m * n)},
             [&] { Ops::gemm(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
     if constexpr (std::is_same_v<Backend, moonmoe::cpu>)
-        state.SetLabel("f32, " + moonmoe::backend::gemm_engine_name(false, ta, tb, m));
+        state.SetLabel("f32, " + moonmoe::backend::gemm_engine_name(false, ta, tb, m, n, k));
 }
 
 /// The same product with bf16 operands, f32 accumulation and an f32 C (BlasOps::gemm_bf16): on the CPU through
@@ -41,7 +41,7 @@ void gemm_bf16(benchmark::State& state, Trans ta, Trans tb, index_t m, index_t n
     measure(state, {2.0 * m * n * k, 2.0 * (m * k + k * n) + 4.0 * m * n},
             [&] { Ops::template gemm_bf16<float>(ta, tb, 1.0f, a.view(), b.view(), 0.0f, c.view()); });
     if constexpr (std::is_same_v<Backend, moonmoe::cpu>)
-        state.SetLabel("bf16, " + moonmoe::backend::gemm_engine_name(true, ta, tb, m));
+        state.SetLabel("bf16, " + moonmoe::backend::gemm_engine_name(true, ta, tb, m, n, k));
     else
         state.SetLabel("bf16");
 }

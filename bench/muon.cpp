@@ -1,7 +1,7 @@
-// One Muon step (momentum, Nesterov, 5 Keller Newton-Schulz iterations (f32: symmetric products; bf16: full ones, as
-// newton_schulz_bf16 measured faster), decoupled weight
-// decay, MatchAdamWRMS scale) on each real K2 matrix shape (bench/SUITE.md): muon/step/... with Newton-Schulz in
-// f32, muon_bf16/step/... in bf16 as torch.optim.Muon's default (compare.py sets it beside torch's default).
+// One Muon step (momentum, Nesterov, 5 Keller Newton-Schulz iterations with Kimi K2's symmetric products, X X^T and
+// A A as SYRKs, decoupled weight decay, MatchAdamWRMS scale) on each real K2 matrix shape (bench/SUITE.md):
+// muon/step/... with Newton-Schulz in f32, muon_bf16/step/... in bf16 as torch.optim.Muon's default (compare.py
+// sets it beside torch's default).
 // FLOPs: the plain Newton-Schulz count (the elementwise momentum and update are memory traffic, a few percent of the
 // time at these shapes).
 // bench-smoke-filter: rows:256/

@@ -12,12 +12,12 @@ static_assert(Mixed::kernels.attention && !Mixed::kernels.rmsnorm && !Mixed::ker
 static_assert(!mm::TinyK2::kernels.any());  // portable by default
 static_assert(mm::TinyK2::with<mm::Backend<mm::cuda, mm::FastKernels>>::kernels.rmsnorm);
 
-// NSProducts: symmetric blocks in f32, full products in bf16 (measured faster there), or as given
+// NSProducts: symmetric in f32 and in bf16 by default (the backend's SYRK), or as given
 static_assert(mm::TinyK2::config.optimizer.muon.products == mm::Products::symmetric);
 using BF16NS = mm::Optimizer<mm::Muon<mm::NSPrecision<mm::BF16>>>;
-static_assert(mm::TinyK2::with<BF16NS>::config.optimizer.muon.products == mm::Products::general);
-using BF16Blocks = mm::Optimizer<mm::Muon<mm::NSPrecision<mm::BF16>, mm::NSProducts<mm::SymmetricProducts>>>;
-static_assert(mm::TinyK2::with<BF16Blocks>::config.optimizer.muon.products == mm::Products::symmetric);
+static_assert(mm::TinyK2::with<BF16NS>::config.optimizer.muon.products == mm::Products::symmetric);
+using BF16Full = mm::Optimizer<mm::Muon<mm::NSPrecision<mm::BF16>, mm::NSProducts<mm::GeneralProducts>>>;
+static_assert(mm::TinyK2::with<BF16Full>::config.optimizer.muon.products == mm::Products::general);
 
 // ClipAlpha applies to MHA
 using Mha = mm::TinyK2::with<mm::Attention<mm::MHA<mm::Heads<4>, mm::KVHeads<2>, mm::HeadDim<16>, mm::RopeDim<8>>>,

@@ -224,6 +224,43 @@ TEST_CASE(
     check_path<bf16>("oneDNN");
 }
 
+TEST_CASE(
+    "syrk_bf16 on the CPU, both of its ways (widened to the f32 SYRK, oneDNN's full product mirrored): "
+    "exactly symmetric, against double") {
+    const Bf16GemmChoice restore;
+    const index_t n = 520, k = 96;  // three of the f32 SYRK's 256-row blocks, the last partial
+    std::mt19937 gen(5);
+    const std::vector<bf16> x = random_bf16(std::size_t(n * k), gen);
+    const View<const bf16, 2> X(x.data(), {n, k}, {k, 1});
+    const auto run = [&](const char* way) {
+        CAPTURE(way);
+        std::vector<bf16> c(std::size_t(n * n), bf16::from_float(0.25f));  // symmetric C0
+        Ops::syrk_bf16<bf16>(2.0f, X, 3.0f, View<bf16, 2>(c.data(), {n, n}, {n, 1}));
+        for (index_t i = 0; i < n; ++i)
+            for (index_t j = 0; j <= i; ++j) {
+                CHECK(c[std::size_t(i * n + j)].bits == c[std::size_t(j * n + i)].bits);
+                if ((i + j) % 11) continue;
+                double s = 0, mag = 0;
+                for (index_t p = 0; p < k; ++p) {
+                    const double t =
+                        double(x[std::size_t(i * k + p)].to_float()) * x[std::size_t(j * k + p)].to_float();
+                    s += t, mag += std::abs(t);
+                }
+                const double want = 2 * s + 0.75, got = c[std::size_t(i * n + j)].to_float();
+                CHECK(std::abs(got - want) <= 2 * k * 6e-8 * (2 * mag + 0.75) + std::ldexp(std::abs(want), -8));
+            }
+    };
+    backend::set_bf16_gemm(Bf16Gemm::widened_f32);
+    run("widened to f32, f32 SYRK");
+    backend::set_bf16_gemm(Bf16Gemm::automatic);
+    if (!backend::bf16_gemm_uses_onednn()) {
+        MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());
+        return;
+    }
+    backend::set_bf16_gemm(Bf16Gemm::onednn);
+    run("oneDNN bf16, mirrored");
+}
+
 TEST_CASE("gemm on the CPU, f32 on each engine: every transpose, alpha and beta, pitched, against double") {
     const Bf16GemmChoice restore;
     backend::set_f32_gemm(F32Gemm::library);

@@ -294,6 +294,47 @@ TEST_CASE_TEMPLATE("BlasOps::gemm_bf16_strided_batched: a batch with a shared op
             }
 }
 
+TEST_CASE_TEMPLATE("BlasOps::syrk_bf16: C = alpha X X^T + beta C, exactly symmetric, f32 and bf16 C, pitched X", B,
+                   MOONMOE_TEST_BACKENDS) {
+    using Ops = backend::Ops<B>;
+    const index_t n = 300, k = 200;  // more than one of the CPU's 256-row SYRK blocks
+    const auto Xh = random_bf16(n, k + 4, 21);
+    const auto X = on<B>(Xh);
+    const View<const bf16, 2, B> x(X.data() + 4, {n, k}, {k + 4, 1});
+    const auto s0 = random_bf16(n, n, 22);  // C0 = (S + S^T) / 2 rounded: symmetric, as the contract asks
+    Tensor<bf16, 2, cpu> c0({n, n});
+    for (index_t i = 0; i < n; ++i)
+        for (index_t j = 0; j < n; ++j) c0(i, j) = bf16::from_float(0.5f * (s0(i, j).to_float() + s0(j, i).to_float()));
+    const float alpha = 0.5f, beta = -1.25f;
+    const auto expected = [&](index_t i, index_t j) {
+        double s = 0.0;
+        for (index_t p = 0; p < k; ++p) s += as_double(Xh(i, p + 4)) * as_double(Xh(j, p + 4));
+        return alpha * s + beta * as_double(c0(i, j));
+    };
+    const double tol = 1e-5 * std::sqrt(double(k));
+    const auto check = [&](const auto& out, bool narrow) {
+        for (index_t i = 0; i < n; ++i)
+            for (index_t j = 0; j < n; ++j) {
+                CHECK(as_double(out(i, j)) == as_double(out(j, i)));
+                if (j % 7 != i % 7) continue;  // a sample of the elements against the double sum, diagonal included
+                const double want = expected(i, j), slack = narrow ? std::ldexp(std::abs(want), -8) * 1.0001 : 0.0;
+                CHECK(std::abs(as_double(out(i, j)) - want) <= tol * (1 + std::abs(want)) + slack);
+            }
+    };
+    auto C16 = on<B>(c0);
+    Ops::template syrk_bf16<bf16>(alpha, x, beta, C16.view());
+    check(host(C16), true);
+    Tensor<float, 2, cpu> c32({n, n});
+    for (index_t i = 0; i < c0.numel(); ++i) c32.data()[i] = c0.data()[i].to_float();
+    auto C32 = on<B>(c32);
+    Ops::template syrk_bf16<float>(alpha, x, beta, C32.view());
+    check(host(C32), false);
+    Tensor<float, 2, B> wrong({n, n + 1});
+    CHECK_THROWS_WITH_AS(Ops::template syrk_bf16<float>(alpha, x, 0.0f, wrong.view()),
+                         doctest::Contains("syrk: A [300, 200] gives an [300, 300] result, C is [300, 301]"),
+                         shape_error);
+}
+
 TEST_CASE_TEMPLATE(
     "BlasOps::gemm_grouped with bf16 operands: a bf16 Y is the f32 product rounded once, and the weight gradient is "
     "f32",
@@ -398,11 +439,10 @@ TEST_CASE_TEMPLATE("Newton-Schulz in bf16 follows torch.optim.Muon's bf16 iterat
     }
 }
 
-TEST_CASE_TEMPLATE(
-    "Newton-Schulz in bf16: the symmetric products (blocks on and below the diagonal) equal the full ones", B,
-    MOONMOE_TEST_BACKENDS) {
-    // 600 x 700 (wide) and 700 x 600 (tall): X X^T and A A of 600 x 600 in 3 x 3 blocks of 256 rows, partial ones
-    // at the edge; every element is one block product's, as it is one full product's.
+TEST_CASE_TEMPLATE("Newton-Schulz in bf16: the symmetric products (syrk_bf16) agree with the full ones", B,
+                   MOONMOE_TEST_BACKENDS) {
+    // 600 x 700 (wide) and 700 x 600 (tall): X X^T and A A of 600 x 600, rounded once per element either way; the
+    // f32 sums may run in another order (the CPU's f32 SYRK in blocks of 256 rows), so a few bf16 ulps apart.
     for (const auto& [rows, cols] : {std::pair<index_t, index_t>{600, 700}, std::pair<index_t, index_t>{700, 600}}) {
         CAPTURE(rows);
         std::vector<float> g(std::size_t(rows * cols));

@@ -28,9 +28,12 @@
 //   gemm_bf16<TC>(ta, tb, alpha, A, B, beta, C)  C = alpha op(A) op(B) + beta C, A and B bf16
 //   gemm_bf16_strided_batched<TC>(count, ta, tb, alpha, A, stride_a, B, stride_b, beta, C, stride_c)
 //                                               the same for count products, operand i at data + i * stride
-// The CPU backend widens the operands to f32 and runs its f32 GEMM (correct first; the fast AVX512_BF16 / AMX path
-// is issue 13's); the CUDA backend calls cublasGemmEx / cublasGemmStridedBatchedEx with CUDA_R_16BF operands and
-// CUBLAS_COMPUTE_32F (bf16 tensor cores, f32 accumulation).
+//   syrk_bf16<TC>(alpha, X, beta, C)            C = alpha X X^T + beta C, X bf16 [n, k], C symmetric [n, n] (both
+//                                               triangles written, each element rounded once, as gemm_bf16 would)
+// The CPU backend runs each product on the engine measured fastest for it (cpu/gemm_engine.hpp: oneDNN's native
+// bf16 kernels, or the operands widened to f32 and its f32 GEMM / SYRK); the CUDA backend calls cublasGemmEx /
+// cublasGemmStridedBatchedEx (or cuBLASLt) with CUDA_R_16BF operands and CUBLAS_COMPUTE_32F (bf16 tensor cores, f32
+// accumulation).
 #pragma once
 
 #include <span>
@@ -106,9 +109,9 @@ inline void check_batch(const char* op, index_t count, index_t stride_a, index_t
                           " products (each would overwrite the others)");
 }
 
-/// Checks C [n, n] = A A^T, A [n, k].
-template <class T, class Bk>
-void check_syrk(const View<const T, 2, Bk>& A, const View<T, 2, Bk>& C) {
+/// Checks C [n, n] = A A^T, A [n, k] (A and C of one type, or bf16 A and an f32 or bf16 C for syrk_bf16).
+template <class T, class TC, class Bk>
+void check_syrk(const View<const T, 2, Bk>& A, const View<TC, 2, Bk>& C) {
     require_rows("syrk", "A", A.strides[1]);
     require_rows("syrk", "C", C.strides[1]);
     const index_t n = A.shape[0];

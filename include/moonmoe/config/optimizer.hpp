@@ -83,9 +83,9 @@ struct ShapeScale {};
 
 enum class UpdateScaleKind { match_adamw_rms, shape };
 
-// ---- How Newton-Schulz multiplies: the products of X X^T (symmetric) as blocks with the mirror, or in full ----
+// ---- How Newton-Schulz multiplies: the symmetric products X X^T and A A as SYRKs, or every product in full ----
 enum class Products { symmetric, general };
-/// X X^T and the polynomial's square as block products over one triangle, mirrored (fewer multiply-adds).
+/// X X^T and the polynomial's square as SYRKs: one triangle, mirrored (fewer multiply-adds where the backend has it).
 struct SymmetricProducts {
     static constexpr Products value = Products::symmetric;
 };
@@ -93,8 +93,8 @@ struct SymmetricProducts {
 struct GeneralProducts {
     static constexpr Products value = Products::general;
 };
-/// NSProducts<P>: how Newton-Schulz multiplies. Default: symmetric in f32 (fewer multiply-adds at the same rate),
-/// general in bf16 (the block products run below the large ones' rate there: optim/newton_schulz.hpp).
+/// NSProducts<P>: how Newton-Schulz multiplies. Default: symmetric, in f32 and in bf16 (the backend's syrk_bf16 runs
+/// each symmetric product the way that measured fastest on its hardware: optim/newton_schulz.hpp).
 template <class P>
 using NSProducts = Policy<slots::ns_products, P>;
 
@@ -158,9 +158,7 @@ struct Muon {
     using ns_precision = detail::policy_of<slots::ns_precision, F32, Args...>;
     static_assert(number_format<ns_precision>, "NSPrecision<F>: F is moonmoe::F32 or moonmoe::BF16");
     using scale = detail::scale_of<detail::policy_of<slots::update_scale, MatchAdamWRMS<>, Args...>>;
-    using products = detail::policy_of<
-        slots::ns_products,
-        std::conditional_t<ns_precision::format == NumberFormat::bf16, GeneralProducts, SymmetricProducts>, Args...>;
+    using products = detail::policy_of<slots::ns_products, SymmetricProducts, Args...>;
     static constexpr MuonConfig value{
         .enabled = true,
         .momentum = detail::value_of<slots::momentum, 0.95, Args...>,

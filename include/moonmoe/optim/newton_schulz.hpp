@@ -12,8 +12,8 @@
 // _zeropower_via_newtonschulz): G is rounded to bf16 and divided by its norm (the norm of the rounded values,
 // itself rounded to bf16 and clamped at eps), then every product has bf16 operands, f32 accumulation and one
 // rounding of alpha * product + beta * C to bf16 (BlasOps::gemm_bf16 with a bf16 C, as torch's addmm and cuBLAS
-// do); the result is bf16, widened exactly into an f32 `out`. Products are general GEMMs (the bf16 SYRK is issue
-// 13's): per iteration 4 n^2 m + 2 n^3 FLOPs.
+// do); the result is bf16, widened exactly into an f32 `out`. Products general (4 n^2 m + 2 n^3 FLOPs per
+// iteration) or symmetric (BlasOps::syrk_bf16), as in f32.
 #pragma once
 
 #include <algorithm>
@@ -124,40 +124,12 @@ struct DivideToBF16 {
 };
 }  // namespace detail
 
-/// C = alpha X X^T + beta C for bf16 X [n, k] and a symmetric bf16 C [n, n], rounded once per element as one
-/// gemm_bf16 would: only the blocks on and below the diagonal are multiplied (blocks of 256 rows, each a gemm_bf16
-/// of two row blocks of X), then each block below is transposed into its mirror above. For a symmetric X (A A in
-/// Newton-Schulz, A = A^T) X X^T is X X. About half the work of the full product for large n.
-template <class B>
-void symmetric_product_bf16(float alpha, View<const bf16, 2, B> X, float beta, View<bf16, 2, B> C) {
-    using Ops = backend::Ops<B>;
-    using backend::Trans;
-    constexpr index_t block = 256;
-    const index_t n = X.shape[0], k = X.shape[1];
-    const auto rows = [&](index_t i, index_t r) {
-        return View<const bf16, 2, B>(X.data + i * X.strides[0], {r, k}, X.strides);
-    };
-    const auto tile = [&](index_t i, index_t j, index_t r, index_t c) {
-        return View<bf16, 2, B>(C.data + i * C.strides[0] + j, {r, c}, C.strides);
-    };
-    for (index_t i = 0; i < n; i += block) {
-        const index_t bi = std::min(block, n - i);
-        for (index_t j = 0; j <= i; j += block) {
-            const index_t bj = std::min(block, n - j);
-            Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, alpha, rows(i, bi), rows(j, bj), beta,
-                                          tile(i, j, bi, bj));
-            if (j < i) Ops::template transpose<bf16>(View<const bf16, 2, B>(tile(i, j, bi, bj)), tile(j, i, bj, bi));
-        }
-    }
-}
-
 /// out = NS(G) in bf16 (see the header comment), G and out f32 [rows, cols]; the schedule `Coeffs`, `steps`
 /// iterations, clamp_eps torch's eps. Products::general (the default) multiplies full products, as torch does;
-/// Products::symmetric the symmetric X X^T and A A by symmetric_product_bf16, with the same roundings. General is
-/// the default because it measured faster where the bf16 products are fast: on oneDNN (2 threads, AVX512_BF16) a
-/// 2048 x 7168 Newton-Schulz took 1648 ms with full products and 1890 ms with the blocks (576 x 7168: 125 / 161
-/// ms; 16384 x 512: 259 / 333 ms): 256-row block products run below the large ones' rate and the mirror costs
-/// transposes, which outweighs the 28 % of FLOPs saved.
+/// Products::symmetric the symmetric X X^T and A A (= A A^T) by the backend's syrk_bf16, with the same roundings.
+/// Which is faster depends on the hardware: where bf16 products run on oneDNN's native kernels (AVX512_BF16) the
+/// blocks of a bf16 SYRK ran below the full products' rate (2048 x 7168, 2 threads: 1890 against 1648 ms), where
+/// the CPU backend widens bf16 products to f32 its f32 SYRK saves the 28 % of FLOPs (docs/precision.md).
 template <class Coeffs = KellerQuintic, class B = cpu>
 void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<float, 2, B> out, int steps,
                         NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7, Products products = Products::general) {
@@ -181,9 +153,9 @@ void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<fl
         const NSCoefficients k = detail::coefficients<Coeffs>(it);
         // A = X X^T, then B = c A A + b A, each rounded once (torch's mm and addmm)
         if (products == Products::symmetric) {
-            symmetric_product_bf16<B>(1.0f, ws.x.view(), 0.0f, ws.a.view());
+            Ops::template syrk_bf16<bf16>(1.0f, ws.x.view(), 0.0f, ws.a.view());
             Ops::template copy<bf16>(ws.a.view(), ws.b.view());
-            symmetric_product_bf16<B>(float(k.c), ws.a.view(), float(k.b), ws.b.view());
+            Ops::template syrk_bf16<bf16>(float(k.c), ws.a.view(), float(k.b), ws.b.view());
         } else {
             Ops::template gemm_bf16<bf16>(Trans::no, Trans::yes, 1.0f, ws.x.view(), ws.x.view(), 0.0f, ws.a.view());
             Ops::template copy<bf16>(ws.a.view(), ws.b.view());

@@ -80,6 +80,20 @@ View<T, 2> group_rows(const View<T, 3>& x, index_t r, index_t h0, index_t G) {
     return View<T, 2>(x.data + r * x.strides[0] + h0 * x.strides[1], {G, x.shape[2]}, {x.strides[1], 1});
 }
 
+/// One new token's G query heads that share their keys, against the L keys it sees: P [G, L] = scale
+/// sum_p Q_p [G, d_p] K_p [L, d_p]^T, the exact softmax of each row, O [G, d_v] = P V [L, d_v]; each product on the
+/// pool, so every key is read once for all G heads. `buffer` holds P (reused across tokens).
+inline void decode_token(int parts, const View<const float, 2>* q, const View<const float, 2>* k,
+                         View<const float, 2> v, float scale, std::vector<float>& buffer, View<float, 2> o) {
+    const index_t G = q[0].shape[0], L = k[0].shape[0];
+    buffer.resize(static_cast<std::size_t>(G * L));
+    View<float, 2> P(buffer.data(), {G, L});
+    for (int p = 0; p < parts; ++p)
+        BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale, q[p], k[p], p ? 1.0f : 0.0f, P);
+    parallel_for(G, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
+    BlasOps<cpu>::gemm<float>(Trans::no, Trans::no, 1.0f, View<const float, 2>(P), v, 0.0f, o);
+}
+
 /// One head against its keys: P = softmax(scale sum_p Q_p K_p^T) with row 0 at key causal_first; O = P V.
 inline float head_forward(const AttentionQueries<cpu>& q, const AttentionKeys<cpu>& kv, index_t q0, index_t n,
                           index_t k0, index_t L, index_t h, index_t g, float scale, View<float, 2> o, float* lse) {
@@ -212,17 +226,17 @@ struct AttentionOps<cpu> {
             for (int p = 0; p < q.parts; ++p) shared = shared && kv.k[p].strides[1] == 0;
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, KV = shared ? 1 : kv.k[0].shape[1], G = H / KV,
                           L = kv.k[0].shape[0];
-            std::vector<float> buffer(static_cast<std::size_t>(G * L));
+            std::vector<float> buffer;
             for (index_t g = 0; g < KV; ++g)
                 for (index_t i = 0; i < n; ++i) {
                     const index_t visible = L - n + i + 1;  // token i sees the keys up to its own position
-                    View<float, 2> P(buffer.data(), {G, visible});
-                    for (int p = 0; p < q.parts; ++p)
-                        BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale, group_rows(q.q[p], t0 + i, g * G, G),
-                                                  head_rows(kv.k[p], 0, visible, g), p ? 1.0f : 0.0f, P);
-                    parallel_for(G, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
-                    BlasOps<cpu>::gemm<float>(Trans::no, Trans::no, 1.0f, View<const float, 2>(P),
-                                              head_rows(kv.v, 0, visible, g), 0.0f, group_rows(o, t0 + i, g * G, G));
+                    View<const float, 2> queries[2], keys[2];
+                    for (int p = 0; p < q.parts; ++p) {
+                        queries[p] = group_rows(q.q[p], t0 + i, g * G, G);
+                        keys[p] = head_rows(kv.k[p], 0, visible, g);
+                    }
+                    decode_token(q.parts, queries, keys, head_rows(kv.v, 0, visible, g), scale, buffer,
+                                 group_rows(o, t0 + i, g * G, G));
                 }
         }
     }
@@ -255,18 +269,14 @@ struct AttentionOps<cpu> {
                             std::size_t(W) * sizeof(bf16));
             Tensor<float, 2> keys({L, W});
             MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(c.data, {L, W}, c.strides), keys.view());
-            std::vector<float> buffer(static_cast<std::size_t>(H * L));
+            std::vector<float> buffer;
             for (index_t i = 0; i < n; ++i) {
                 const index_t visible = L - n + i + 1;
-                View<float, 2> P(buffer.data(), {H, visible});
-                BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale,
-                                          queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H),
-                                          keys.view().slice(0, 0, visible), 0.0f, P);
-                parallel_for(H, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
-                BlasOps<cpu>::gemm<float>(
-                    Trans::no, Trans::no, 1.0f, View<const float, 2>(P),
-                    View<const float, 2>(keys.data(), {visible, value_dim}, {W, 1}), 0.0f,
-                    View<float, 2>(o.data + (t0 + i) * o.strides[0], {H, value_dim}, {o.strides[1], 1}));
+                const View<const float, 2> query = queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H),
+                                           key = keys.view().slice(0, 0, visible);
+                decode_token(1, &query, &key, View<const float, 2>(keys.data(), {visible, value_dim}, {W, 1}), scale,
+                             buffer,
+                             View<float, 2>(o.data + (t0 + i) * o.strides[0], {H, value_dim}, {o.strides[1], 1}));
             }
         }
     }

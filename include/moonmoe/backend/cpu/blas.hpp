@@ -127,6 +127,20 @@ void gemm_panel(Trans ta, Trans tb, T alpha, View<const T, 2> A, View<const T, 2
     else
         run(a.transpose(), b.transpose());
 }
+
+/// C(j, i) = C(i, j) above the diagonal of a square C, from its lower triangle: tiles of 32 x 32, rows of tiles on
+/// the pool.
+template <class T>
+void mirror_lower(View<T, 2> C) {
+    constexpr index_t tile = 32;
+    const index_t n = C.shape[0], p = C.strides[0];
+    parallel_for((n + tile - 1) / tile, [&](index_t bi) {
+        const index_t i0 = bi * tile, i1 = std::min(n, i0 + tile);
+        for (index_t j0 = 0; j0 <= i0; j0 += tile)
+            for (index_t i = i0; i < i1; ++i)
+                for (index_t j = j0; j < std::min(i, j0 + tile); ++j) C.data[j * p + i] = C.data[i * p + j];
+    });
+}
 }  // namespace cpu_detail
 
 template <>
@@ -160,7 +174,7 @@ struct BlasOps<cpu> {
                 return;
             }
 #endif
-            if (have_small_gemm && ta == Trans::no && tb == Trans::yes && m <= small_gemm_rows && k >= 256 && n >= 64) {
+            if (takes_small_gemm(ta, tb, m, n, k)) {
                 gemm_small_nt(alpha, A, B, beta, C);  // few rows against a big weight: no packing (gemm_small.hpp)
                 return;
             }
@@ -277,13 +291,17 @@ struct BlasOps<cpu> {
         }
 #endif
         const Tensor<float, 2> a = widened(A);
-        if (engine == GemmEngine::library && small_bf16_gemm(ta, tb, shape)) {  // B streams by, widened in registers
+        if (engine == GemmEngine::library &&
+            cpu_detail::takes_small_gemm(ta, tb, shape.m, shape.n, shape.k)) {  // B streams by, widened in registers
             with_f32_c(beta, C,
                        [&](View<float, 2> c) { cpu_detail::gemm_small_nt<bf16>(alpha, a.view(), B, beta, c); });
             return;
         }
-        const Tensor<float, 2> b = widened(B);
-        with_f32_c(beta, C, [&](View<float, 2> c) { gemm<float>(ta, tb, alpha, a.view(), b.view(), beta, c); });
+        // X X^T and A A (Newton-Schulz) multiply a matrix by itself: widened once
+        const bool same = B.data == A.data && B.shape == A.shape && B.strides == A.strides;
+        const Tensor<float, 2> b = same ? Tensor<float, 2>() : widened(B);
+        const View<const float, 2> b32 = same ? a.view() : b.view();
+        with_f32_c(beta, C, [&](View<float, 2> c) { gemm<float>(ta, tb, alpha, a.view(), b32, beta, c); });
     }
 
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count with bf16 operands (gemm_bf16), operand i at data + i *
@@ -302,13 +320,26 @@ struct BlasOps<cpu> {
         });
     }
 
-private:
-    /// Whether gemm_bf16 of this form and shape may take the few-rows kernel (gemm_small.hpp), as gemm<float> does.
-    static bool small_bf16_gemm(Trans ta, Trans tb, const contract::GemmShape& s) {
-        return cpu_detail::have_small_gemm && ta == Trans::no && tb == Trans::yes && s.m > 0 &&
-               s.m <= cpu_detail::small_gemm_rows && s.k >= 256 && s.n >= 64;
+    /// C = alpha X X^T + beta C with a bf16 X [n, k] and a symmetric C [n, n] (f32 or bf16), each element rounded
+    /// once. Where gemm_bf16 would widen X X^T to f32 (cpu/gemm_engine.hpp), X is widened once and the f32 SYRK runs
+    /// on it (half the FLOPs of the product); on oneDNN's native bf16 kernels, one full product, its lower triangle
+    /// then mirrored above (blocks of the lower triangle ran slower there than the whole product: docs/precision.md).
+    /// Either way C comes out exactly symmetric.
+    template <class TC = bf16>
+    static void syrk_bf16(float alpha, View<const bf16, 2> X, float beta, View<std::type_identity_t<TC>, 2> C) {
+        static_assert(contract::bf16_gemm_output<TC>, "syrk_bf16: C is float or bf16");
+        contract::check_syrk<bf16>(X, C);
+        const index_t n = X.shape[0];
+        if (bf16_gemm_engine(Trans::no, Trans::yes, n) == GemmEngine::onednn) {
+            gemm_bf16<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C);
+            cpu_detail::mirror_lower(C);
+            return;
+        }
+        const Tensor<float, 2> x = widened(X);
+        with_f32_c(beta, C, [&](View<float, 2> c) { syrk<float>(alpha, x.view(), beta, c); });
     }
 
+private:
     /// gemm<float>, or gemm_bf16<TC>: one segment of the grouped products.
     template <class T, class TC = float>
     static void product(Trans ta, Trans tb, float alpha, View<const T, 2> A, View<const T, 2> B, float beta,

@@ -8,13 +8,14 @@
 //            natively (AVX512_BF16, AMX)
 //   widened  bf16 operands widened to f32 (exact), then the f32 product's own engine
 // Which is fastest depends on the CPU and on the product. On an Intel Xeon with AVX512_BF16 and no AMX, bf16
-// products run at half the f32 rate, so a large bf16 product is faster widened, and oneDNN's f32 kernels beat
-// Eigen's on X W^T but not on X W (docs/cpu_gemm.md). So the choice is measured, not guessed:
+// products run at half the f32 rate, so a large bf16 product is faster widened, and oneDNN's f32 kernels, in panels,
+// beat Eigen's on the large products of every form (docs/cpu_gemm.md). So the choice is measured, not guessed:
 // tools/gemm_rules.py times every engine on the benchmark suite's Kimi K2 products at one and two threads and prints
-// the rules below for the CPU it ran on; an engine other than the default is written only where it won at both
-// thread counts by a margin. A rule names the CPU (CPUID's vendor, family and model, and oneDNN's ISA, since a
-// hypervisor can hide AMX from one model), the operands' type, the transposes and the fewest rows of op(A) from
-// which it holds. Without a rule: f32 on the library, bf16 on oneDNN where native, else on the library.
+// the rules below for the CPU it ran on; an engine other than the default is written only where the geometric mean
+// of its time over the default's, across those products and both thread counts, is at most 0.95. A rule names the
+// CPU (CPUID's vendor, family and model, and oneDNN's ISA, since a hypervisor can hide AMX from one model), the
+// operands' type, the transposes and the range of rows of op(A) over which it holds. Without a rule: f32 on the
+// library, bf16 on oneDNN where native, else on the library.
 //
 // The choice depends on those alone, so on one machine a product's result stays bitwise repeatable for a fixed
 // thread count across calls and processes (replicas on the ranks of an MPI job compare exactly). Engines differ
@@ -218,11 +219,9 @@ inline bool bf16_gemm_uses_onednn() {
 }
 
 /// What a product of this kind runs on, for reports: "oneDNN bf16 (avx512_core_bf16)", "widened to f32, then
-/// oneDNN f32", "library (few rows)", "Eigen". (The few-rows kernel applies to X W^T with m <= 64, k >= 256 and
-/// n >= 64 on CPUs with AVX-512, cpu/blas.hpp.)
-inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m) {
-    const bool few =
-        ta == Trans::no && tb == Trans::yes && m <= cpu_detail::small_gemm_rows && cpu_detail::small_gemm_available();
+/// oneDNN f32", "library (few rows)", "Eigen", for C [m, n] = op(A) op(B) with k the inner size.
+inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, index_t n, index_t k) {
+    const bool few = cpu_detail::takes_small_gemm(ta, tb, m, n, k);
     const auto f32_name = [&] {
         if (f32_gemm_engine(ta, tb, m) == GemmEngine::onednn) return std::string("oneDNN f32");
         return std::string(few ? "library (few rows)" : "Eigen");

@@ -19,6 +19,7 @@
 
 #include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
+#include "../blas.hpp"
 #include "cpu_features.hpp"
 #include "threads.hpp"
 
@@ -54,6 +55,14 @@ struct SmallGemmAvailable {
     explicit operator bool() const noexcept { return small_gemm_available(); }
 };
 inline constexpr SmallGemmAvailable have_small_gemm{};
+
+/// Whether C = op(X) op(W) of this form and shape runs on gemm_small_nt: X W^T with a few rows of X against a weight
+/// big enough that packing it would cost more than the arithmetic (k >= 256, n >= 64), on a CPU with the kernel.
+/// gemm<float>, gemm_bf16 and the engine names of reports all ask this one question.
+inline bool takes_small_gemm(Trans ta, Trans tb, index_t m, index_t n, index_t k) {
+    return ta == Trans::no && tb == Trans::yes && m > 0 && m <= small_gemm_rows && k >= 256 && n >= 64 &&
+           small_gemm_available();
+}
 
 #if MOONMOE_SMALL_GEMM_AVX512
 /// The sum of the 16 lanes, halves first, then quarters, then pairs: the order of GCC's _mm512_reduce_add_ps, spelt

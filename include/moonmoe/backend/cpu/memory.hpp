@@ -4,18 +4,18 @@
 // hands out zero pages on first touch, so a 10 GB layer costs no up-front memset and its pages are faulted in by
 // the (parallel) code that first writes them. Medium blocks (64 KiB to 4 MiB) come from aligned_alloc in whole
 // 4 KiB pages, small ones from aligned_alloc as they are, cleared with memset. Released large and medium blocks are
-// kept in a cache (up to 4 GiB by default, set_cache_limit, trim) and handed out again, cleared with memset, to the
-// next request of about their size: a training step allocates the same activations every time, and faulting in
-// fresh pages costs several times a memset (measured: page faults and clearing took a third of an MoE backward
-// before the cache of large blocks; with medium blocks left to malloc, which returns them to the system, a small
-// layer's forward spent a fifth of its time in page faults, and two threads faulting at once were no faster than
-// one). A 64-byte header in front of each block records its allocated and requested sizes.
-// stats() counts the bytes of live tensors (current and peak; MemoryStats, backend/memory.hpp), for benchmarks and
-// memory reports.
+// kept in a cache (up to 4 GiB by default, set_cache_limit, trim) and handed out again, cleared with memset (on the
+// pool's threads from 4 MiB), to the next request of about their size: a training step allocates the same activations
+// every time, and faulting in fresh pages costs several times a memset (measured: page faults and clearing took a third
+// of an MoE backward before the cache of large blocks; with medium blocks left to malloc, which returns them to the
+// system, a small layer's forward spent a fifth of its time in page faults, and two threads faulting at once were no
+// faster than one). A 64-byte header in front of each block records its allocated and requested sizes. stats() counts
+// the bytes of live tensors (current and peak; MemoryStats, backend/memory.hpp), for benchmarks and memory reports.
 #pragma once
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +25,7 @@
 #include <optional>
 
 #include "../memory.hpp"
+#include "threads.hpp"
 
 namespace moonmoe::backend {
 
@@ -40,6 +41,20 @@ inline void return_block(void* base, std::size_t total) {
     if (total >= mmap_threshold) munmap(base, total);
     else
         std::free(base);
+}
+
+/// Zeroes a reused block: large ones in 1 MiB pieces on the pool (one core's memset leaves the other cores'
+/// bandwidth idle: a bf16 decode step at two threads spent a tenth of its time clearing its scratch on one).
+inline void clear_block(void* p, std::size_t bytes) {
+    constexpr std::size_t piece = std::size_t(1) << 20;
+    if (bytes < mmap_threshold) {
+        std::memset(p, 0, bytes);
+        return;
+    }
+    parallel_for(index_t((bytes + piece - 1) / piece), [&](index_t i) {
+        const std::size_t from = std::size_t(i) * piece;
+        std::memset(static_cast<std::byte*>(p) + from, 0, std::min(piece, bytes - from));
+    });
 }
 
 /// Released blocks by size, reused for requests of between 80% and 100% of a block's size.
@@ -98,7 +113,7 @@ struct Memory<cpu> {
         std::byte* base = total >= cached_threshold ? static_cast<std::byte*>(cache().take(total)) : nullptr;
         if (base) {  // a released block of about this size (maybe mapped, maybe not: its header says how large)
             total = reinterpret_cast<std::size_t*>(base)[0];
-            std::memset(base + alignment, 0, bytes);
+            clear_block(base + alignment, bytes);
         } else if (total >= mmap_threshold) {
             void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED) throw std::bad_alloc();

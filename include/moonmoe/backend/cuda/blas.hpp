@@ -258,6 +258,18 @@ struct BlasOps<cuda> {
                                           C.data, stride_c, count);
     }
 
+    /// C = alpha X X^T + beta C with a bf16 X [n, k] and a symmetric C [n, n] (f32 or bf16), each element rounded
+    /// once: cuBLAS has no bf16 SYRK, so one full gemm_bf16 (on tensor cores the whole product in one launch beats
+    /// blocks of the lower triangle, whose small GEMMs leave most SMs idle), then the upper triangle mirrored below,
+    /// so C is exactly symmetric.
+    template <class TC = bf16>
+    static void syrk_bf16(float alpha, View<const bf16, 2, cuda> X, float beta,
+                          View<std::type_identity_t<TC>, 2, cuda> C) {
+        contract::check_syrk<bf16>(X, C);
+        gemm_bf16<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C);
+        if (X.shape[0] > 0) MapOps<cuda>::map_indexed(cuda_detail::MirrorUpper<TC>{C.data, C.strides[0]}, C);
+    }
+
     /// Y[seg g] = alpha X[seg g] op(W_g) + beta Y[seg g], seg g = rows [offsets[g], offsets[g + 1]) (host offsets);
     /// W [groups, ., .]; T = float, or bf16 with Y f32 or bf16 (TC). Under nvcc bf16 operands go to one grouped
     /// cuBLAS call for all the segments (cuda/grouped_gemm.hpp; with an f32 Y only where this cuBLAS takes the mixed
