@@ -93,28 +93,33 @@ MOONMOE_TARGET_AVX512 inline __m512 load16(const bf16* p, index_t count) {
     return load16(t);
 }
 
+/// The loops over the tile's rows unrolled whatever the optimisation level, so its MR x NR accumulators stay in
+/// registers: GCC 12 at -O2 (CMake's RelWithDebInfo) kept them on the stack, a load and a store around every FMA,
+/// and ran 16 rows x 2048 x 7168 in 16.2 ms against 4.7 ms unrolled (-O3 unrolls them anyway: 5.1 ms).
+#define MOONMOE_UNROLL _Pragma("GCC unroll 4")
+
 /// out[i][j] = sum over [k0, k1) of x_i . w_j for MR rows of x (f32) and NR rows of w (f32 or bf16).
 template <int MR, int NR, class TW>
 MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const TW* w, index_t ldw, index_t k0,
                                            index_t k1, float (&out)[4][4]) {
     __m512 acc[MR][NR];
-    for (int i = 0; i < MR; ++i)
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+    MOONMOE_UNROLL for (int i = 0; i < MR; ++i) MOONMOE_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] =
+        _mm512_setzero_ps();
     index_t k = k0;
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[NR];
-        for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * ldw + k);
-        for (int i = 0; i < MR; ++i) {
+        MOONMOE_UNROLL for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * ldw + k);
+        MOONMOE_UNROLL for (int i = 0; i < MR; ++i) {
             const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
-            for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+            MOONMOE_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
     if (k < k1) {
         __m512 wv[NR];
-        for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * ldw + k, k1 - k);
-        for (int i = 0; i < MR; ++i) {
+        MOONMOE_UNROLL for (int j = 0; j < NR; ++j) wv[j] = load16(w + j * ldw + k, k1 - k);
+        MOONMOE_UNROLL for (int i = 0; i < MR; ++i) {
             const __m512 xv = load16(x + i * ldx + k, k1 - k);
-            for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+            MOONMOE_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
     for (int i = 0; i < MR; ++i)
@@ -189,6 +194,7 @@ void gemm_small_nt(float alpha, View<const float, 2> X, View<const TW, 2> W, flo
     }
 }
 #undef MOONMOE_TARGET_AVX512
+#undef MOONMOE_UNROLL
 #else
 template <class TW = float>
 inline void gemm_small_nt(float, View<const float, 2>, View<const TW, 2>, float, View<float, 2>) {}
