@@ -331,7 +331,7 @@ TEST_CASE_TEMPLATE("BlasOps::syrk_bf16: C = alpha X X^T + beta C, exactly symmet
     check(host(C32), false);
     Tensor<float, 2, B> wrong({n, n + 1});
     CHECK_THROWS_WITH_AS(Ops::template syrk_bf16<float>(alpha, x, 0.0f, wrong.view()),
-                         doctest::Contains("syrk: A [300, 200] gives an [300, 300] result, C is [300, 301]"),
+                         doctest::Contains("syrk_bf16: A [300, 200] gives an [300, 300] result, C is [300, 301]"),
                          shape_error);
 }
 

@@ -111,12 +111,12 @@ inline void check_batch(const char* op, index_t count, index_t stride_a, index_t
 
 /// Checks C [n, n] = A A^T, A [n, k] (A and C of one type, or bf16 A and an f32 or bf16 C for syrk_bf16).
 template <class T, class TC, class Bk>
-void check_syrk(const View<const T, 2, Bk>& A, const View<TC, 2, Bk>& C) {
-    require_rows("syrk", "A", A.strides[1]);
-    require_rows("syrk", "C", C.strides[1]);
+void check_syrk(const char* op, const View<const T, 2, Bk>& A, const View<TC, 2, Bk>& C) {
+    require_rows(op, "A", A.strides[1]);
+    require_rows(op, "C", C.strides[1]);
     const index_t n = A.shape[0];
     if (C.shape[0] != n || C.shape[1] != n)
-        throw shape_error("syrk: A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
+        throw shape_error(std::string(op) + ": A " + shape_string(A.shape) + " gives an [" + std::to_string(n) + ", " +
                           std::to_string(n) + "] result, C is " + shape_string(C.shape));
 }
 

@@ -203,7 +203,7 @@ struct BlasOps<cpu> {
     static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2> A,
                      std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2> C) {
         using namespace cpu_detail;
-        contract::check_syrk<T>(A, C);
+        contract::check_syrk<T>("syrk", A, C);
         const index_t n = A.shape[0], k = A.shape[1];
         constexpr index_t block = 256;
         const index_t nb = (n + block - 1) / block;
@@ -217,8 +217,7 @@ struct BlasOps<cpu> {
                     View<const T, 2>(A.data + j * A.strides[0], {bj, k}, A.strides), beta,
                     View<T, 2>(C.data + i * C.strides[0] + j, {bi, bj}, C.strides));
         });
-        auto c = as_matrix<T>(C);
-        c.template triangularView<Eigen::StrictlyUpper>() = c.transpose();
+        mirror_lower(C);
     }
 
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
@@ -328,7 +327,7 @@ struct BlasOps<cpu> {
     template <class TC = bf16>
     static void syrk_bf16(float alpha, View<const bf16, 2> X, float beta, View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "syrk_bf16: C is float or bf16");
-        contract::check_syrk<bf16>(X, C);
+        contract::check_syrk<bf16>("syrk_bf16", X, C);
         const index_t n = X.shape[0];
         if (bf16_gemm_engine(Trans::no, Trans::yes, n) == GemmEngine::onednn) {
             gemm_bf16<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C);

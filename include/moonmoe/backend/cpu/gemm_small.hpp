@@ -103,8 +103,9 @@ template <int MR, int NR, class TW>
 MOONMOE_TARGET_AVX512 inline void dot_tile(const float* x, index_t ldx, const TW* w, index_t ldw, index_t k0,
                                            index_t k1, float (&out)[4][4]) {
     __m512 acc[MR][NR];
-    MOONMOE_UNROLL for (int i = 0; i < MR; ++i) MOONMOE_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] =
-        _mm512_setzero_ps();
+    MOONMOE_UNROLL for (int i = 0; i < MR; ++i) {
+        MOONMOE_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+    }
     index_t k = k0;
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[NR];

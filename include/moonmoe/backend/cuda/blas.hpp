@@ -189,7 +189,7 @@ struct BlasOps<cuda> {
     template <class T = float>
     static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2, cuda> A,
                      std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2, cuda> C) {
-        contract::check_syrk<T>(A, C);
+        contract::check_syrk<T>("syrk", A, C);
         const index_t n = A.shape[0], k = A.shape[1];
         cuda_detail::require_pitch("syrk", "A", n, k, A.strides[0]);
         cuda_detail::require_pitch("syrk", "C", n, n, C.strides[0]);
@@ -265,7 +265,7 @@ struct BlasOps<cuda> {
     template <class TC = bf16>
     static void syrk_bf16(float alpha, View<const bf16, 2, cuda> X, float beta,
                           View<std::type_identity_t<TC>, 2, cuda> C) {
-        contract::check_syrk<bf16>(X, C);
+        contract::check_syrk<bf16>("syrk_bf16", X, C);
         gemm_bf16<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C);
         if (X.shape[0] > 0) MapOps<cuda>::map_indexed(cuda_detail::MirrorUpper<TC>{C.data, C.strides[0]}, C);
     }
