@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "support/backends.hpp"
@@ -44,6 +46,32 @@ TEST_CASE_TEMPLATE("Memory: zeroed allocations, copies within the backend, the c
     backend::Memory<B>::release(nullptr);
 }
 
+TEST_CASE_TEMPLATE("Tensor::for_overwrite: the shape and the byte count of a tensor, the contents left to the writer",
+                   B, MOONMOE_TEST_BACKENDS) {
+    auto& stats = backend::Memory<B>::stats();
+    const std::size_t before = stats.current.load();
+    {
+        auto t = Tensor<float, 2, B>::for_overwrite({300, 500});
+        CHECK(t.shape() == Shape<2>{300, 500});
+        CHECK(stats.current.load() == before + 300 * 500 * sizeof(float));
+        if constexpr (std::is_same_v<B, moonmoe::cuda>) {
+            if (backend::Memory<B>::in_host_memory) {  // the emulation marks it: NaN until written
+                const std::vector<float> host = to_host(t);
+                CHECK(std::all_of(host.begin(), host.end(), [](float x) { return std::isnan(x); }));
+            }
+        }
+        std::vector<float> values(std::size_t(t.numel()));
+        for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i % 13);
+        copy_to_device(std::span<const float>(values), t.view());
+        CHECK(to_host(t) == values);
+        CHECK(to_host(t.clone()) == values);  // clone writes all of its copy
+        using Vec = Tensor<float, 1, B>;
+        CHECK(Vec::for_overwrite({0}).empty());
+        CHECK_THROWS_AS(Vec::for_overwrite({-1}), shape_error);
+    }
+    CHECK(stats.current.load() == before);
+}
+
 TEST_CASE("Memory<cpu>: released medium and large blocks are reused, cleared, for requests of about their size") {
     using Memory = backend::Memory<cpu>;
     Memory::trim();
@@ -65,6 +93,22 @@ TEST_CASE("Memory<cpu>: released medium and large blocks are reused, cleared, fo
         Memory::release(q);
         Memory::trim();
         CHECK(Memory::cached_bytes() == 0);
+    }
+    // Init::overwritten takes a reused block as it is; the next zeroed request for it is cleared again
+    for (const std::size_t bytes : {std::size_t(300) << 10, std::size_t(7) << 20}) {
+        CAPTURE(bytes);
+        auto* p = static_cast<unsigned char*>(Memory::allocate(bytes));
+        std::memset(p, 0xab, bytes);
+        Memory::release(p);
+        auto* q = static_cast<unsigned char*>(Memory::allocate(bytes, backend::Init::overwritten));
+        REQUIRE(q == p);
+        CHECK(std::all_of(q, q + bytes, [](unsigned char b) { return b == 0xab; }));
+        Memory::release(q);
+        auto* r = static_cast<unsigned char*>(Memory::allocate(bytes));
+        REQUIRE(r == p);
+        CHECK(std::all_of(r, r + bytes, [](unsigned char b) { return b == 0; }));
+        Memory::release(r);
+        Memory::trim();
     }
     // Small blocks are not kept; a cache limit of 0 keeps nothing
     Memory::release(Memory::allocate(1000));

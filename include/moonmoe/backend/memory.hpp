@@ -1,7 +1,13 @@
 // moonmoe/backend/memory.hpp: where a backend keeps tensors, and the only ways data crosses to and from the host.
 //
 // Memory<B> (one specialisation per backend, backend/<name>/memory.hpp):
-//   allocate(bytes) -> void*     zeroed, 64-byte aligned; null for 0 bytes
+//   allocate(bytes, init = Init::zeroed) -> void*
+//                                64-byte aligned, null for 0 bytes; zeroed, or with Init::overwritten contents left
+//                                unspecified, for a tensor whose every element is written before it is read
+//                                (Tensor::for_overwrite: a widened copy, a product's output); the CPU backend then
+//                                skips clearing a reused block, the CUDA backend its memset, and the emulated CUDA
+//                                backend fills it with 0xff bytes (NaN in float and bf16), so that a kernel reading
+//                                such memory before writing it fails the tests
 //   release(void*)               null is a no-op; never throws (Tensor's destructor calls it): the CUDA backend
 //                                records a failure for its next checked call to throw (cuda/error.hpp)
 //   copy(dst, src, bytes)        within the backend's memory
@@ -27,6 +33,9 @@ namespace moonmoe::backend {
 
 template <class B>
 inline constexpr bool missing_backend = false;
+
+/// What Memory<B>::allocate leaves in a new block: zeros, or whatever was there (the caller overwrites it all).
+enum class Init { zeroed, overwritten };
 
 /// Bytes held by a backend's live tensors (their requested sizes), and the most held at once since reset_peak().
 struct MemoryStats {

@@ -45,7 +45,7 @@ void accumulate_rounded(NumberFormat f, View<float, 2, B> y, View<const float, 2
 /// A contiguous bf16 copy of a matrix (each value rounded to nearest even; exact for bf16 values).
 template <class B>
 Tensor<bf16, 2, B> bf16_copy(View<const float, 2, B> x) {
-    Tensor<bf16, 2, B> out(x.shape);
+    auto out = Tensor<bf16, 2, B>::for_overwrite(x.shape);
     backend::Ops<B>::template cast<bf16, float>(x, out.view());
     return out;
 }

@@ -80,7 +80,8 @@ struct View {
     }
 };
 
-/// Owning, contiguous, row-major. Zero-initialised on construction.
+/// Owning, contiguous, row-major. Zero-initialised on construction; Tensor::for_overwrite leaves the contents
+/// unspecified, for a tensor that is written whole before it is read (backend/memory.hpp, Init::overwritten).
 template <class T, int Rank, class B = cpu>
 class Tensor {
 public:
@@ -88,13 +89,11 @@ public:
     static constexpr int rank = Rank;
 
     Tensor() = default;
-    explicit Tensor(Shape<Rank> s) : shape_(s) {
-        for (index_t d : s)
-            if (d < 0) throw shape_error("Tensor: negative extent in shape " + shape_string(s));
-        const std::size_t n = checked_bytes(moonmoe::numel<Rank>(s), sizeof(T), "Tensor " + shape_string(s));
-        data_ = static_cast<T*>(backend::Memory<B>::allocate(n));
-    }
+    explicit Tensor(Shape<Rank> s) : Tensor(s, backend::Init::zeroed) {}
     Tensor(std::initializer_list<index_t> s) : Tensor(to_shape(s)) {}
+    /// A tensor of shape s whose contents are unspecified (not cleared): every element must be written before it is
+    /// read (a widened copy, a cast's or a product's output).
+    static Tensor for_overwrite(Shape<Rank> s) { return Tensor(s, backend::Init::overwritten); }
     ~Tensor() { backend::Memory<B>::release(data_); }
 
     Tensor(Tensor&& o) noexcept : data_(std::exchange(o.data_, nullptr)), shape_(std::exchange(o.shape_, {})) {}
@@ -110,7 +109,7 @@ public:
     Tensor& operator=(const Tensor&) = delete;
 
     Tensor clone() const {
-        Tensor t(shape_);
+        Tensor t = for_overwrite(shape_);
         backend::Memory<B>::copy(t.data_, data_, bytes());
         return t;
     }
@@ -151,6 +150,13 @@ public:
     void zero() { backend::Memory<B>::fill_zero(data_, bytes()); }
 
 private:
+    Tensor(Shape<Rank> s, backend::Init init) : shape_(s) {
+        for (index_t d : s)
+            if (d < 0) throw shape_error("Tensor: negative extent in shape " + shape_string(s));
+        const std::size_t n = checked_bytes(moonmoe::numel<Rank>(s), sizeof(T), "Tensor " + shape_string(s));
+        data_ = static_cast<T*>(backend::Memory<B>::allocate(n, init));
+    }
+
     static Shape<Rank> to_shape(std::initializer_list<index_t> s) {
         if (s.size() != std::size_t(Rank))
             throw shape_error("Tensor: " + std::to_string(s.size()) + " extents given for a rank-" +

@@ -259,7 +259,7 @@ struct AttentionOps<cpu> {
         // share the latent keys): scores [H, L] = q K^T, the exact softmax, P times the latent values, each product
         // on the pool, so the keys are read once per token, not once per head.
         const index_t rows = q.shape[0];
-        Tensor<float, 2> queries({rows * H, W});
+        auto queries = Tensor<float, 2>::for_overwrite({rows * H, W});
         MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = lengths.data[s] + n;
@@ -267,7 +267,7 @@ struct AttentionOps<cpu> {
             for (index_t i = 0; i < n; ++i)
                 std::memcpy(c.data + (lengths.data[s] + i) * c.strides[0], fresh.data + (t0 + i) * fresh.strides[0],
                             std::size_t(W) * sizeof(bf16));
-            Tensor<float, 2> keys({L, W});
+            auto keys = Tensor<float, 2>::for_overwrite({L, W});
             MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(c.data, {L, W}, c.strides), keys.view());
             std::vector<float> buffer;
             for (index_t i = 0; i < n; ++i) {

@@ -350,7 +350,7 @@ private:
 
     /// A contiguous f32 copy of a bf16 matrix (exact).
     static Tensor<float, 2> widened(View<const bf16, 2> v) {
-        Tensor<float, 2> out(v.shape);
+        auto out = Tensor<float, 2>::for_overwrite(v.shape);
         MapOps<cpu>::cast<float, bf16>(v, out.view());
         return out;
     }

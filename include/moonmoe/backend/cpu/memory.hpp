@@ -1,4 +1,5 @@
-// moonmoe/backend/cpu/memory.hpp: host memory for Backend<cpu>: zeroed, 64-byte aligned (one cache line, one zmm).
+// moonmoe/backend/cpu/memory.hpp: host memory for Backend<cpu>: zeroed (unless asked for Init::overwritten), 64-byte
+// aligned (one cache line, one zmm).
 //
 // Large blocks (>= 4 MiB) come from mmap, in whole 2 MiB units with transparent huge pages requested: the kernel
 // hands out zero pages on first touch, so a 10 GB layer costs no up-front memset and its pages are faulted in by
@@ -102,7 +103,7 @@ struct Memory<cpu> {
     static constexpr std::size_t alignment = 64;
     static constexpr bool in_host_memory = true;
 
-    static void* allocate(std::size_t bytes) {
+    static void* allocate(std::size_t bytes, Init init = Init::zeroed) {
         using namespace cpu_detail;
         if (bytes == 0) return nullptr;
         std::size_t total = alignment + (bytes + alignment - 1) / alignment * alignment;
@@ -113,7 +114,7 @@ struct Memory<cpu> {
         std::byte* base = total >= cached_threshold ? static_cast<std::byte*>(cache().take(total)) : nullptr;
         if (base) {  // a released block of about this size (maybe mapped, maybe not: its header says how large)
             total = reinterpret_cast<std::size_t*>(base)[0];
-            clear_block(base + alignment, bytes);
+            if (init == Init::zeroed) clear_block(base + alignment, bytes);
         } else if (total >= mmap_threshold) {
             void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED) throw std::bad_alloc();
@@ -124,7 +125,7 @@ struct Memory<cpu> {
         } else {
             base = static_cast<std::byte*>(std::aligned_alloc(alignment, total));
             if (!base) throw std::bad_alloc();
-            std::memset(base, 0, alignment + bytes);
+            std::memset(base, 0, init == Init::zeroed ? alignment + bytes : alignment);
         }
         auto* header = reinterpret_cast<std::size_t*>(base);
         header[0] = total;

@@ -243,7 +243,7 @@ struct Memory<cuda> {
     /// Zeroed device memory from the pool, ordered on the current stream (cudaMallocAsync aligns to 256 bytes at
     /// least). Out of memory, the pool's unused memory goes back to the driver and the request is tried once more
     /// (cuda_detail::allocate_or_reclaim); then cuda_error gives the request and the pool's reserved and used bytes.
-    static void* allocate(std::size_t bytes) {
+    static void* allocate(std::size_t bytes, Init init = Init::zeroed) {
         if (bytes == 0) return nullptr;
         cuda_detail::configure_pool();
         void* p = nullptr;
@@ -264,7 +264,8 @@ struct Memory<cuda> {
                 const cuda_detail::PoolUsage u = cuda_detail::pool_usage();
                 return cuda_detail::out_of_memory_message(bytes, u.reserved, u.used);
             });
-        if (const cudaError_t e = cudaMemsetAsync(p, 0, bytes, current_stream()); e != cudaSuccess) {
+        if (const cudaError_t e = init == Init::zeroed ? cudaMemsetAsync(p, 0, bytes, current_stream()) : cudaSuccess;
+            e != cudaSuccess) {
             (void)cudaFreeAsync(p, current_stream());  // never handed out; its own failure would only repeat e's
             cuda_detail::check(e, "cudaMemsetAsync(p, 0, bytes, current_stream())", __FILE__, __LINE__);
         }
@@ -348,15 +349,18 @@ struct Memory<cuda> {
     static constexpr std::size_t alignment = 64;
     static constexpr bool in_host_memory = true;  ///< the emulation's "device" memory is the host's
 
-    /// Zeroed, 64-byte aligned host memory, with a header in front recording the requested size (for stats).
-    static void* allocate(std::size_t bytes) {
+    /// 64-byte aligned host memory, zeroed or (Init::overwritten) filled with 0xff bytes, with a header in front
+    /// recording the requested size (for stats).
+    static void* allocate(std::size_t bytes, Init init = Init::zeroed) {
         if (bytes == 0) return nullptr;
         cuda_detail::check(cuda_detail::emulated_call(), "cudaMallocAsync(&p, bytes, current_stream())", __FILE__,
                            __LINE__);
         const std::size_t total = alignment + (bytes + alignment - 1) / alignment * alignment;
         auto* base = static_cast<std::byte*>(std::aligned_alloc(alignment, total));
         if (!base) throw std::bad_alloc();
-        std::memset(base, 0, total);
+        std::memset(base, 0, alignment);
+        // Init::overwritten: NaN bytes, so that reading before writing shows in the tests' results
+        std::memset(base + alignment, init == Init::zeroed ? 0 : 0xff, total - alignment);
         reinterpret_cast<std::size_t*>(base)[0] = bytes;
         stats().add(bytes);
         return base + alignment;
