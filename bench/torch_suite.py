@@ -8,6 +8,9 @@ for bench/compare.py.
     python3 bench/torch_suite.py --list [--quick]     # the names, nothing run
     python3 bench/torch_suite.py --check              # semantic checks on small shapes (causality, decode, Muon)
 
+Without --out, the whole suite writes results/torch.json (what bench/compare.py reads) and a partial run (--filter,
+--quick) results/torch_partial.json, so re-timing a few rows never replaces the whole suite's file.
+
 Each family (the first name component) runs in its own subprocess, so one family's memory is returned before the
 next starts; the subprocess's peak RSS (which includes Python, torch and transformers, a few hundred MiB) is
 recorded with every row of that family as `peak_rss_MiB_family`.
@@ -701,6 +704,11 @@ def run_family(args) -> None:
         torch.set_float32_matmul_precision("highest")
     names = selected(args.quick, args.filter, args.family)
     index, rows = args.index_base, []
+
+    def write(complete):  # after every benchmark: a family killed later (out of memory) keeps the rows it finished
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+        Path(args.out).write_text(json.dumps(dict(rows=rows, peak_rss_MiB=peak, complete=complete)))
+
     for name in names:
         words, a = parse_name(name)
         torch.manual_seed(0)  # per benchmark: forward and forward_backward of a config get the same weights
@@ -721,9 +729,9 @@ def run_family(args) -> None:
             print(f"[{index}/{args.total}] {name}{extra} ... {f'{ms:.1f}' if ms >= 100 else f'{ms:.4g}'} ms "
                   f"({r['iterations']} it{pairs})", file=sys.stderr, flush=True)
             rows.append(r)
+        write(False)
         gc.collect()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-    Path(args.out).write_text(json.dumps(dict(rows=rows, peak_rss_MiB=peak)))
+    write(True)
 
 
 # =====================================================================================================================
@@ -777,12 +785,18 @@ def run_suite(args) -> None:
         try:
             result = json.loads(Path(tmp_path).read_text())
         except (OSError, ValueError):
-            print(f"  family {family}: no results (exit code {proc.returncode})", file=sys.stderr)
-            continue
+            result = None
         finally:
             Path(tmp_path).unlink(missing_ok=True)
+        if not result or not result["rows"]:
+            print(f"  family {family}: no results (exit code {proc.returncode})", file=sys.stderr)
+            continue
         peak = round(result["peak_rss_MiB"], 1)
-        print(f"  family {family}: peak RSS {peak:.0f} MiB", file=sys.stderr)
+        if not result.get("complete"):
+            print(f"  family {family}: stopped (exit code {proc.returncode}{', killed: out of memory?' if proc.returncode == -9 else ''}) "
+                  f"after {len(result['rows'])} rows; those are kept, peak RSS at least {peak:.0f} MiB", file=sys.stderr)
+        else:
+            print(f"  family {family}: peak RSS {peak:.0f} MiB", file=sys.stderr)
         for r in result["rows"]:
             r["peak_rss_MiB_family"] = peak
             benchmarks.append(r)
@@ -967,7 +981,8 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where PyTorch runs")
     ap.add_argument("--dtypes", help="comma-separated, of f32 and bf16: one row per dtype (default: f32 on the CPU, "
                                      "f32,bf16 on cuda)")
-    ap.add_argument("--out", help="default: results/torch.json (cpu) or results/torch_cuda.json (cuda)")
+    ap.add_argument("--out", help="default: results/torch.json (cpu) or results/torch_cuda.json (cuda); with --filter "
+                                  "or --quick, results/torch_partial.json or results/torch_cuda_partial.json")
     ap.add_argument("--list", action="store_true", help="print the selected names and exit")
     ap.add_argument("--check", action="store_true", help="verify the semantics on small shapes and exit")
     ap.add_argument("--family", choices=FAMILIES, help=argparse.SUPPRESS)     # child mode
@@ -980,7 +995,12 @@ def main() -> None:
     if not set(DTYPES) <= {"f32", "bf16"}:
         ap.error(f"--dtypes: f32 and bf16 only, got {args.dtypes}")
     if args.out is None:
-        args.out = str(Path(__file__).resolve().parent / "results" / ("torch_cuda.json" if DEVICE == "cuda" else "torch.json"))
+        # a partial run (--filter, --quick) does not replace the whole suite's file that bench/compare.py reads
+        stem = "torch_cuda" if DEVICE == "cuda" else "torch"
+        partial = args.filter or args.quick
+        args.out = str(Path(__file__).resolve().parent / "results" / (f"{stem}_partial.json" if partial else f"{stem}.json"))
+        if partial and not (args.list or args.check or args.family):
+            print(f"torch_suite.py: a partial run (--filter/--quick) writes {args.out} (--out to choose)", file=sys.stderr)
     if args.list:
         for n in selected(args.quick, args.filter):
             print(n)

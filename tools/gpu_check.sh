@@ -50,13 +50,15 @@ work=${GPU_WORK:-$root/build-gpu-work}
 # CUDA_HOME, else the toolkit of the nvcc on PATH, else /usr/local/cuda
 cuda=${CUDA_HOME:-$(p=$(command -v nvcc 2>/dev/null) && dirname "$(dirname "$(readlink -f "$p")")" || echo /usr/local/cuda)}
 arch=${ARCH:-sm_90}
-# What a device run gets; `prepare --check` compiles the same code faster, as a check only (header)
-optimize=(-O2 -lineinfo)
+# The one option, read here once: `prepare --check` compiles the same code faster, as a check only (header); a device
+# run gets -O2
 check_only=0
-if [ "${1:-}" = prepare ] && [ "${2:-}" = --check ]; then
+if [ "${1:-}" = prepare ] && [ $# -gt 1 ]; then
+    { [ $# -eq 2 ] && [ "$2" = --check ]; } || { echo "usage: tools/gpu_check.sh prepare [--check]" >&2; exit 2; }
     check_only=1
-    optimize=(-O0 -Xptxas -O1)
 fi
+optimize=(-O2 -lineinfo)
+[ $check_only = 0 ] || optimize=(-O0 -Xptxas -O1)
 jobs=${JOBS:-$(nproc)}
 limit_mib=48
 
@@ -695,9 +697,7 @@ PY
 }
 
 case "${1:-}" in
-    prepare)
-        [ $# -le 1 ] || [ "$2" = --check ] || { echo "usage: tools/gpu_check.sh prepare [--check]" >&2; exit 2; }
-        prepare ;;
+    prepare) prepare ;;
     device) device ;;
     bench) bench ;;
     *) echo "usage: tools/gpu_check.sh prepare [--check] | device | bench" >&2; exit 2 ;;
