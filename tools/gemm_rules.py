@@ -5,13 +5,13 @@ include/moonmoe/backend/cpu/gemm_engine.hpp (its header comment says what a rule
     python3 tools/gemm_rules.py [--bench build/bench/bench_gemm] [--min-time 0.3] [--repetitions 2]
 
 Runs the benchmark suite's Kimi K2 products (bench/gemm.cpp: the MLA projections at 1024 tokens, an expert's gate at
-64 and 16 tokens, o_proj for one decoded token, the backward forms X W and dY^T X) with every engine forced in turn
-(MOONMOE_F32_GEMM, MOONMOE_BF16_GEMM), at one and at two threads (MOONMOE_BENCH_THREADS), each row the best of its
-repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: tiny m <= 16, decoding and
-sparse experts; few 17..64; many >= 256). In a group, an engine replaces the default only where the geometric mean
-of its time over the default's, over the group's rows at both thread counts, is at most 1 - MARGIN. f32 is decided
-first; the bf16 "widened" engine then runs on the f32 engine chosen for its group. Prints a markdown table of the
-times and the C++ rules. Takes about 6 minutes on 2 cores; run it on a quiet machine.
+192, 64 and 16 tokens, o_proj for one decoded token, the backward forms X W and dY^T X) with every engine forced in
+turn (MOONMOE_F32_GEMM, MOONMOE_BF16_GEMM), at one and at two threads (MOONMOE_BENCH_THREADS), each row the best of
+its repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: tiny m <= 16, decoding and
+sparse experts; few 17..255, busier experts; many >= 256). In a group, an engine replaces the default only where the
+geometric mean of its time over the default's, over the group's rows at both thread counts, is at most 1 - MARGIN.
+f32 is decided first; the bf16 "widened" engine then runs on the f32 engine chosen for its group. Prints a markdown
+table of the times and the C++ rules. Takes about 12 minutes on 2 cores; run it on a quiet machine.
 """
 import argparse
 import json
@@ -23,14 +23,14 @@ import sys
 
 MARGIN = 0.05
 # classes of rows of op(A): (name, fewest, most) as the rules write them; rows between the classes keep the default
-CLASSES = (("tiny", 1, 16), ("few", 17, 64), ("many", 256, None))
-ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|1024|2048)/n:[0-9]+/k:[0-9]+$"
+CLASSES = (("tiny", 1, 16), ("few", 17, 255), ("many", 256, None))
+ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|192|1024|2048)/n:[0-9]+/k:[0-9]+$"
 
 
 def run(bench, env_extra, threads, min_time, reps, bf16):
     env = dict(os.environ, MOONMOE_BENCH_THREADS=str(threads), **env_extra)
     family = "gemm_bf16" if bf16 else "gemm"
-    out = subprocess.run([bench, f"--benchmark_filter=^{family}/(nn|nt|tn)/m:(1|16|64|1024|2048)/",
+    out = subprocess.run([bench, f"--benchmark_filter=^{family}/(nn|nt|tn)/m:(1|16|64|192|1024|2048)/",
                           f"--benchmark_min_time={min_time}", f"--benchmark_repetitions={reps}",
                           "--benchmark_format=json"], env=env, check=True, capture_output=True, text=True)
     data = json.loads(out.stdout)
@@ -63,9 +63,11 @@ def main():
     if not os.access(a.bench, os.X_OK):
         sys.exit(f"gemm_rules.py: no benchmark binary {a.bench} (cmake --build build --target bench_gemm)")
 
-    f32_engines = {"library": {"MOONMOE_F32_GEMM": "library"}, "onednn": {"MOONMOE_F32_GEMM": "onednn"}}
+    f32_engines = {"library": {"MOONMOE_F32_GEMM": "library"}, "onednn": {"MOONMOE_F32_GEMM": "onednn"},
+                   "packed": {"MOONMOE_F32_GEMM": "packed"}}
     bf16_engines = {"onednn": {"MOONMOE_BF16_GEMM": "onednn"},
                     "library": {"MOONMOE_BF16_GEMM": "library", "MOONMOE_F32_GEMM": "library"},
+                    "packed": {"MOONMOE_BF16_GEMM": "packed"},
                     "widened/library": {"MOONMOE_BF16_GEMM": "f32", "MOONMOE_F32_GEMM": "library"},
                     "widened/onednn": {"MOONMOE_BF16_GEMM": "f32", "MOONMOE_F32_GEMM": "onednn"}}
     times = {}  # (bf16, engine, threads) -> {row: ms}
@@ -94,7 +96,10 @@ def main():
             members = [r for r in rows if group_of(r) == (form, size)]
             default = "library" if not bf16 else "onednn"
             widened = "widened/" + f32_choice.get((form, size), "library")
-            candidates = ["onednn"] if not bf16 else (["library", widened] if size != "many" else [widened])
+            if widened not in bf16_engines:  # widened onto the packed kernel: the packed bf16 engine does it better
+                widened = "widened/library"
+            candidates = (["onednn", "packed"] if not bf16 else
+                          (["library", "packed", widened] if size != "many" else ["packed", widened]))
             best, best_ratio = default, 1.0
             for c in candidates:
                 ratio = geomean([times[bf16, c, t][r] / times[bf16, default, t][r] for r in members for t in (1, 2)])

@@ -1,10 +1,11 @@
 // The engines of the CPU backend's products (backend/cpu/gemm_engine.hpp): gemm<float> on Eigen / the few-rows
-// kernel and on oneDNN's f32 matmul; gemm_bf16 on oneDNN's native bf16 matmul (where the build has oneDNN and the
-// CPU multiplies bf16 natively), on the few-rows kernel with W widened in registers, and on operands widened to
-// f32. Each against products summed in double over the same operands, on shapes that cross the panel cuts of the
-// pool and the kernels' tails, every transpose, alpha and beta, f32 and bf16 C, pitched views; the oneDNN engines
-// repeatable bit for bit; the measured rules' lookup; the CPU's identity against /proc/cpuinfo. The cases that need
-// oneDNN say so and check nothing more where this build or CPU lacks it (the message names which).
+// kernel, on the packed AVX-512 kernel and on oneDNN's f32 matmul; gemm_bf16 on oneDNN's native bf16 matmul (where
+// the build has oneDNN and the CPU multiplies bf16 natively), on the few-rows kernel with W widened in registers, on
+// the packed kernel (widened as it packs) and on operands widened to f32. Each against products summed in double over
+// the same operands, on shapes that cross the panel cuts of the pool and the kernels' tails, every transpose, alpha and
+// beta, f32 and bf16 C, pitched views; the oneDNN engines repeatable bit for bit; the measured rules' lookup; the CPU's
+// identity against /proc/cpuinfo. The cases that need oneDNN say so and check nothing more where this build or CPU
+// lacks it (the message names which).
 #include <doctest/doctest.h>
 
 #include <array>
@@ -128,9 +129,11 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
 std::vector<Case> cases() {
     std::vector<Case> out;
     // the last three take the few-rows kernel as X W^T: k tails past whole SIMD widths, n past whole tiles of 4,
-    // and more than one k-chunk (2048)
-    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},       {3, 300, 129}, {300, 40, 64},
-                                                        {64, 1100, 257}, {5, 130, 300}, {1, 70, 2100}};
+    // and more than one k-chunk (2048); the packed kernel (gemm_packed.hpp: micro-tiles of 12 x 32, blocks of
+    // k 512 and 512 columns, op(B) transposed in 16 x 16 tiles) meets row and column tails in each, more than one
+    // column block in {64, 1100, 257} and more than one k block, with a tail of one tile and two, in {13, 530, 530}
+    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},     {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
+                                                        {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
     for (const auto& s : shapes)
         for (Trans ta : {Trans::no, Trans::yes})
             for (Trans tb : {Trans::no, Trans::yes})
@@ -213,6 +216,11 @@ TEST_CASE(
     backend::set_bf16_gemm(Bf16Gemm::library);
     check_path<float>("library (few rows where it applies)");
     check_path<bf16>("library (few rows where it applies)");
+    if (backend::cpu_detail::packed_gemm_available()) {
+        backend::set_bf16_gemm(Bf16Gemm::packed);
+        check_path<float>("packed");
+        check_path<bf16>("packed");
+    }
     backend::set_bf16_gemm(Bf16Gemm::automatic);
     check_path<float>("automatic");
     if (!backend::bf16_gemm_uses_onednn()) {
@@ -265,6 +273,13 @@ TEST_CASE("gemm on the CPU, f32 on each engine: every transpose, alpha and beta,
     const Bf16GemmChoice restore;
     backend::set_f32_gemm(F32Gemm::library);
     check_path<float, float>("library");
+    if (backend::cpu_detail::packed_gemm_available()) {
+        backend::set_f32_gemm(F32Gemm::packed);
+        check_path<float, float>("packed");
+    } else {
+        CHECK_THROWS_WITH_AS(backend::set_f32_gemm(F32Gemm::packed), doctest::Contains("needs AVX-512"),
+                             std::runtime_error);
+    }
     if (!backend::cpu_detail::onednn_built()) {
         MESSAGE("built without oneDNN");
         return;
@@ -291,6 +306,28 @@ TEST_CASE("gemm and gemm_bf16 through oneDNN and the few-rows kernel: repeatable
         if (!backend::cpu_detail::native_bf16()) continue;
         backend::set_bf16_gemm(Bf16Gemm::onednn);
         repeatable(Case{300, 1100, 257, Trans::no, Trans::yes, 1.0f, 0.0f, 0}, bf16{});
+    }
+}
+
+TEST_CASE("gemm and gemm_bf16 on the packed kernel: the same bits at one thread and at two, wherever C is cut") {
+    const Bf16GemmChoice restore;
+    const testing::ThreadCount restore_threads;
+    if (!backend::cpu_detail::packed_gemm_available()) {
+        MESSAGE("no AVX-512 here: the packed kernel does not run");
+        return;
+    }
+    backend::set_f32_gemm(F32Gemm::packed);
+    backend::set_bf16_gemm(Bf16Gemm::packed);
+    // columns cut into parts (1100 columns), rows cut (40 columns, 400 rows), and X W^T of 64 rows over three k blocks
+    for (const Case& c : {Case{100, 1100, 530, Trans::no, Trans::yes, 1.0f, 0.0f, 0},
+                          Case{400, 40, 530, Trans::yes, Trans::no, 0.5f, 1.0f, 1},
+                          Case{64, 300, 1030, Trans::no, Trans::yes, 1.0f, 0.0f, 0}}) {
+        CAPTURE(c.m);
+        set_threads(1);
+        const Run<float> f32_one = run<float, float>(c, 11), bf16_one = run<float, bf16>(c, 11);
+        set_threads(2);
+        CHECK(run<float, float>(c, 11).got == f32_one.got);
+        CHECK(run<float, bf16>(c, 11).got == bf16_one.got);
     }
 }
 

@@ -1,9 +1,10 @@
 // moonmoe/backend/cpu/blas.hpp: BlasOps<cpu> (backend/blas.hpp), on Eigen.
 //
 // GEMM goes to the engine gemm_engine.hpp chooses for the CPU and the product: Eigen's GEBP kernel (or BLAS when
-// built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); or oneDNN's
-// matmul (onednn.hpp). For a fixed thread count every result is a function of the inputs alone: GEMMs are split
-// into panels by shape and thread count, each panel one single-threaded product.
+// built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); the library's
+// packed AVX-512 kernel (gemm_packed.hpp); or oneDNN's matmul (onednn.hpp). For a fixed thread count every result
+// is a function of the inputs alone: GEMMs are split into panels by shape and thread count, each panel one
+// single-threaded product.
 #pragma once
 
 #include <Eigen/Core>
@@ -18,6 +19,7 @@
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
 #include "gemm_engine.hpp"
+#include "gemm_packed.hpp"
 #include "gemm_small.hpp"
 #include "map.hpp"
 #include "memory.hpp"  // gemm_bf16 widens its operands into f32 tensors
@@ -174,6 +176,10 @@ struct BlasOps<cpu> {
                 return;
             }
 #endif
+            if (f32_gemm_engine(ta, tb, m) == GemmEngine::packed) {
+                gemm_packed<float, float>(ta, tb, alpha, A, B, beta, C);  // on the pool (gemm_packed.hpp)
+                return;
+            }
             if (takes_small_gemm(ta, tb, m, n, k)) {
                 gemm_small_nt(alpha, A, B, beta, C);  // few rows against a big weight: no packing (gemm_small.hpp)
                 return;
@@ -289,9 +295,15 @@ struct BlasOps<cpu> {
             return;
         }
 #endif
+        const bool few = cpu_detail::takes_small_gemm(ta, tb, shape.m, shape.n, shape.k);
+        if (engine == GemmEngine::packed) {  // widened as it is packed (gemm_packed.hpp)
+            if (shape.m == 0 || shape.n == 0) return;
+            with_f32_c(beta, C,
+                       [&](View<float, 2> c) { cpu_detail::gemm_packed<bf16, bf16>(ta, tb, alpha, A, B, beta, c); });
+            return;
+        }
         const Tensor<float, 2> a = widened(A);
-        if (engine == GemmEngine::library &&
-            cpu_detail::takes_small_gemm(ta, tb, shape.m, shape.n, shape.k)) {  // B streams by, widened in registers
+        if (engine == GemmEngine::library && few) {  // B streams by, widened in registers
             with_f32_c(beta, C,
                        [&](View<float, 2> c) { cpu_detail::gemm_small_nt<bf16>(alpha, a.view(), B, beta, c); });
             return;

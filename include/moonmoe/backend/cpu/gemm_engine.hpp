@@ -4,11 +4,14 @@
 //   library  Eigen's GEBP kernel in panels on the pool, and the unpacked kernel for X W^T with few rows of X
 //            (gemm_small.hpp), which also takes a bf16 W, widened in registers as it streams by (for bf16 operands
 //            the engine is that kernel where it applies, else `widened`)
+//   packed   the library's packed AVX-512 GEMM in panels on the pool (gemm_packed.hpp), f32 or bf16 operands, bf16
+//            widened as it is packed (on a CPU without AVX-512: `library`)
 //   onednn   oneDNN's matmul on the operands as stored (onednn.hpp): f32, or bf16 where the CPU multiplies bf16
 //            natively (AVX512_BF16, AMX)
 //   widened  bf16 operands widened to f32 (exact), then the f32 product's own engine
 // Which is fastest depends on the CPU and on the product. On an Intel Xeon with AVX512_BF16 and no AMX, bf16
-// products run at half the f32 rate, so a large bf16 product is faster widened, and oneDNN's f32 kernels, in panels,
+// products run at half the f32 rate, so a bf16 product of more than a few rows is faster on f32 FMAs (the packed
+// kernel, which widens as it packs, ahead of widening whole operands first), and oneDNN's f32 kernels, in panels,
 // beat Eigen's on the large products of every form (docs/cpu_gemm.md). So the choice is measured, not guessed:
 // tools/gemm_rules.py times every engine on the benchmark suite's Kimi K2 products at one and two threads and prints
 // the rules below for the CPU it ran on; an engine other than the default is written only where the geometric mean
@@ -21,8 +24,8 @@
 // thread count across calls and processes (replicas on the ranks of an MPI job compare exactly). Engines differ
 // in their f32 summation order only.
 //
-// Overrides for every product: set_f32_gemm / MOONMOE_F32_GEMM=library|onednn and set_bf16_gemm /
-// MOONMOE_BF16_GEMM=onednn|library|f32 (read on first use).
+// Overrides for every product: set_f32_gemm / MOONMOE_F32_GEMM=library|packed|onednn and set_bf16_gemm /
+// MOONMOE_BF16_GEMM=onednn|library|packed|f32 (read on first use).
 #pragma once
 
 #include <cstdlib>
@@ -37,21 +40,23 @@
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
 #include "cpu_features.hpp"
+#include "gemm_packed.hpp"
 #include "gemm_small.hpp"
 #include "onednn.hpp"
 
 namespace moonmoe::backend {
 
 /// An engine of the CPU backend's products (header comment).
-enum class GemmEngine { library, onednn, widened };
+enum class GemmEngine { library, onednn, widened, packed };
 
 /// How BlasOps<cpu>::gemm (f32) multiplies: `automatic` follows the measured rules; the others insist.
-enum class F32Gemm { automatic, library, onednn };
+enum class F32Gemm { automatic, library, onednn, packed };
 
 /// How BlasOps<cpu>::gemm_bf16 multiplies: `automatic` follows the measured rules (oneDNN where native unless a
 /// rule says otherwise); `onednn` insists (an error where it cannot); `library` takes the library's few-rows kernel
-/// where it applies and widens elsewhere; `widened_f32` always widens both operands to f32.
-enum class Bf16Gemm { automatic, onednn, library, widened_f32 };
+/// where it applies and widens elsewhere; `packed` takes the packed kernel, which widens as it packs; `widened_f32`
+/// always widens both operands to f32.
+enum class Bf16Gemm { automatic, onednn, library, widened_f32, packed };
 
 /// One measured choice (header comment): on `cpu`, products of `bf16` (else f32) operands with these transposes
 /// and min_rows <= m <= max_rows rows of op(A) run on `engine`.
@@ -69,18 +74,21 @@ inline constexpr index_t max_rows = index_t(1) << 62;
 /// The rules measured so far, one block per CPU (tools/gemm_rules.py printed them; docs/cpu_gemm.md has the runs).
 inline constexpr GemmRule measured_gemm_rules[] = {
     // Intel Xeon family 6 model 207 (Emerald Rapids) with AVX512_BF16, AMX hidden (KVM guest, 2 vCPUs); oneDNN
-    // 2.6.3; tools/gemm_rules.py on 2026-11-27 (docs/cpu_gemm.md): f32 X W^T, X W and dY^T X on oneDNN from 256
-    // rows (0.72-0.91x Eigen's time) and X W^T on it from 17 to 64 rows; bf16 widened to f32 from 256 rows
-    // (0.67-0.70x the native bf16 time: bf16 products run at half the f32 rate on this CPU), and X W^T up to 16
-    // rows on the library's kernel (0.87x).
+    // 2.6.3; tools/gemm_rules.py twice on 2026-11-28 (docs/cpu_gemm.md, "The library's packed kernel"): f32 X W^T,
+    // X W and dY^T X on oneDNN from 256 rows (0.83-0.87x the library's time) and X W^T on it from 17 to 255 rows
+    // (0.83x at 64 rows; 0.90x with 192 rows added); bf16 on the packed kernel from 256 rows (0.50-0.53x oneDNN's
+    // native bf16 time, which runs at half the f32 rate on this CPU; widened to f32 and oneDNN's f32 kernels
+    // 0.54-0.56x, and a 268 MB f32 copy of o_proj's operands per call) and for X W^T from 17 to 255 rows
+    // (0.62-0.70x), and X W^T up to 16 rows on the library's few-rows kernel (0.80-0.82x).
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
-    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 17, 64, GemmEngine::onednn},
+    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 17, 255, GemmEngine::onednn},
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::onednn},
-    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 256, max_rows, GemmEngine::widened},
-    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::widened},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 256, max_rows, GemmEngine::packed},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 17, 255, GemmEngine::packed},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::packed},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
-    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::widened},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
 };
 
 namespace cpu_detail {
@@ -153,30 +161,43 @@ E choice_from_env(const char* name, std::initializer_list<std::pair<std::string_
 
 /// The process-wide choices: the environment's on first use, then set_f32_gemm / set_bf16_gemm.
 inline F32Gemm& f32_gemm_choice() {
-    static F32Gemm choice =
-        choice_from_env<F32Gemm>("MOONMOE_F32_GEMM", {{"library", F32Gemm::library}, {"onednn", F32Gemm::onednn}});
+    static F32Gemm choice = choice_from_env<F32Gemm>(
+        "MOONMOE_F32_GEMM", {{"library", F32Gemm::library}, {"onednn", F32Gemm::onednn}, {"packed", F32Gemm::packed}});
     return choice;
 }
 inline Bf16Gemm& bf16_gemm_choice() {
-    static Bf16Gemm choice = choice_from_env<Bf16Gemm>(
-        "MOONMOE_BF16_GEMM",
-        {{"onednn", Bf16Gemm::onednn}, {"library", Bf16Gemm::library}, {"f32", Bf16Gemm::widened_f32}});
+    static Bf16Gemm choice = choice_from_env<Bf16Gemm>("MOONMOE_BF16_GEMM", {{"onednn", Bf16Gemm::onednn},
+                                                                             {"library", Bf16Gemm::library},
+                                                                             {"packed", Bf16Gemm::packed},
+                                                                             {"f32", Bf16Gemm::widened_f32}});
     return choice;
+}
+
+/// The engine to run where `packed` was asked for: packed where the CPU has AVX-512, else library.
+inline GemmEngine packed_or_library() { return packed_gemm_available() ? GemmEngine::packed : GemmEngine::library; }
+
+/// The error of asking for the packed engine on a CPU without AVX-512.
+inline void require_packed(const char* what) {
+    if (!packed_gemm_available())
+        throw std::runtime_error(std::string(what) +
+                                 "(packed): the packed kernel needs AVX-512, which this CPU (or this build) lacks");
 }
 
 }  // namespace cpu_detail
 
 /// Sets how f32 products multiply from now on (the default: automatic, or MOONMOE_F32_GEMM). Asking for oneDNN in
-/// a build without it is an error.
+/// a build without it, or for the packed kernel on a CPU without AVX-512, is an error.
 inline void set_f32_gemm(F32Gemm g) {
     if (g == F32Gemm::onednn && !cpu_detail::onednn_built())
         throw std::runtime_error("set_f32_gemm(onednn): moonmoe was built without oneDNN (MOONMOE_WITH_ONEDNN)");
+    if (g == F32Gemm::packed) cpu_detail::require_packed("set_f32_gemm");
     cpu_detail::f32_gemm_choice() = g;
 }
 
 /// Sets how gemm_bf16 multiplies from now on (the default: automatic, or MOONMOE_BF16_GEMM). Asking for onednn
-/// where it cannot run is an error naming why.
+/// or packed where it cannot run is an error naming why.
 inline void set_bf16_gemm(Bf16Gemm g) {
+    if (g == Bf16Gemm::packed) cpu_detail::require_packed("set_bf16_gemm");
 #if MOONMOE_WITH_ONEDNN
     if (g == Bf16Gemm::onednn && !cpu_detail::native_bf16())
         throw std::runtime_error("set_bf16_gemm(onednn): this CPU has no native bf16 products (oneDNN's ISA: " +
@@ -188,27 +209,31 @@ inline void set_bf16_gemm(Bf16Gemm g) {
     cpu_detail::bf16_gemm_choice() = g;
 }
 
-/// The engine of an f32 product C [m, .] = op(A) op(B): library or onednn.
+/// The engine of an f32 product C [m, .] = op(A) op(B): library, packed or onednn.
 inline GemmEngine f32_gemm_engine(Trans ta, Trans tb, index_t m) {
     switch (cpu_detail::f32_gemm_choice()) {
     case F32Gemm::library: return GemmEngine::library;
     case F32Gemm::onednn: return GemmEngine::onednn;
+    case F32Gemm::packed: return cpu_detail::packed_or_library();
     case F32Gemm::automatic: break;
     }
-    return cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), false, ta, tb, m, GemmEngine::library);
+    const GemmEngine e = cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), false, ta, tb, m, GemmEngine::library);
+    return e == GemmEngine::packed ? cpu_detail::packed_or_library() : e;
 }
 
 /// The engine of a bf16 product C [m, .] = op(A) op(B): onednn (native bf16), library (the few-rows kernel where
-/// the shape allows it, else widened) or widened.
+/// the shape allows it, else widened), packed or widened.
 inline GemmEngine bf16_gemm_engine(Trans ta, Trans tb, index_t m) {
     switch (cpu_detail::bf16_gemm_choice()) {
     case Bf16Gemm::onednn: return cpu_detail::native_bf16() ? GemmEngine::onednn : GemmEngine::library;
     case Bf16Gemm::library: return GemmEngine::library;
+    case Bf16Gemm::packed: return cpu_detail::packed_or_library();
     case Bf16Gemm::widened_f32: return GemmEngine::widened;
     case Bf16Gemm::automatic: break;
     }
     if (!cpu_detail::native_bf16()) return GemmEngine::library;
-    return cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), true, ta, tb, m, GemmEngine::onednn);
+    const GemmEngine e = cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), true, ta, tb, m, GemmEngine::onednn);
+    return e == GemmEngine::packed ? cpu_detail::packed_or_library() : e;
 }
 
 /// Whether gemm_bf16 may run on oneDNN's native bf16 kernels now (the choice, the build and the CPU together; the
@@ -223,8 +248,11 @@ inline bool bf16_gemm_uses_onednn() {
 inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, index_t n, index_t k) {
     const bool few = cpu_detail::takes_small_gemm(ta, tb, m, n, k);
     const auto f32_name = [&] {
-        if (f32_gemm_engine(ta, tb, m) == GemmEngine::onednn) return std::string("oneDNN f32");
-        return std::string(few ? "library (few rows)" : "Eigen");
+        switch (f32_gemm_engine(ta, tb, m)) {
+        case GemmEngine::onednn: return std::string("oneDNN f32");
+        case GemmEngine::packed: return std::string("library (packed)");
+        default: return std::string(few ? "library (few rows)" : "Eigen");
+        }
     };
     if (!bf16) return f32_name();
     switch (bf16_gemm_engine(ta, tb, m)) {
@@ -232,6 +260,7 @@ inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, in
     case GemmEngine::library:
         if (few) return "library (few rows, bf16 W)";
         break;
+    case GemmEngine::packed: return "library (packed, bf16 widened as packed)";
     case GemmEngine::widened: break;
     }
     return "widened to f32, then " + f32_name();

@@ -102,8 +102,8 @@ MOONMOE_TARGET_AVX512 inline __m512 load16(const bf16* p, index_t count) {
 /// Where to prefetch a tile's rows of w while its loop is at k: prefetch_bytes further along each row, and near a
 /// row's end as far into the rows of the next tile (w + NR rows), which the same thread takes next. One core streams
 /// w from memory at 10-13 GB/s on its own and at 12-15 GB/s with these prefetches (an Intel Xeon with 2 vCPUs:
-/// X W^T of one token with a bf16 o_proj, 117 MB, 9.0-9.8 -> 8.1-8.4 ms; q_b's short rows, 38 MB, 3.6-4.6 ->
-/// 2.9-3.3 ms; docs/cpu_gemm.md), since the hardware prefetchers alone leave part of the core's outstanding misses
+/// X W^T of one token with a bf16 o_proj, 117 MB, 9.0-9.8 -> 8.1-8.4 ms; q_b's short rows, 38 MB, 3.45-4.62 ->
+/// 3.06-3.13 ms; docs/cpu_gemm.md), since the hardware prefetchers alone leave part of the core's outstanding misses
 /// unused. Prefetching past the end of w is harmless (a prefetch never faults).
 inline constexpr index_t prefetch_bytes = 512;
 template <int NR, class TW>
