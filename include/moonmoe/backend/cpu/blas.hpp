@@ -3,8 +3,9 @@
 // GEMM goes to the engine gemm_engine.hpp chooses for the CPU and the product: Eigen's GEBP kernel (or BLAS when
 // built with EIGEN_USE_BLAS), except X W^T with few rows of X, which skips packing (gemm_small.hpp); the library's
 // packed AVX-512 kernel (gemm_packed.hpp); or oneDNN's matmul (onednn.hpp). For a fixed thread count every result
-// is a function of the inputs alone: GEMMs are split into panels by shape and thread count, each panel one
-// single-threaded product.
+// is a function of the inputs alone: Eigen's and oneDNN's GEMMs are split into panels by shape and thread count, each
+// panel one single-threaded product; the packed kernel cuts C into parts of its own and sums every element in one
+// order, so its results do not depend on the thread count at all.
 #pragma once
 
 #include <Eigen/Core>
@@ -295,13 +296,13 @@ struct BlasOps<cpu> {
             return;
         }
 #endif
-        const bool few = cpu_detail::takes_small_gemm(ta, tb, shape.m, shape.n, shape.k);
         if (engine == GemmEngine::packed) {  // widened as it is packed (gemm_packed.hpp)
             if (shape.m == 0 || shape.n == 0) return;
             with_f32_c(beta, C,
                        [&](View<float, 2> c) { cpu_detail::gemm_packed<bf16, bf16>(ta, tb, alpha, A, B, beta, c); });
             return;
         }
+        const bool few = cpu_detail::takes_small_gemm(ta, tb, shape.m, shape.n, shape.k);
         const Tensor<float, 2> a = widened(A);
         if (engine == GemmEngine::library && few) {  // B streams by, widened in registers
             with_f32_c(beta, C,

@@ -4,8 +4,8 @@
 //   library  Eigen's GEBP kernel in panels on the pool, and the unpacked kernel for X W^T with few rows of X
 //            (gemm_small.hpp), which also takes a bf16 W, widened in registers as it streams by (for bf16 operands
 //            the engine is that kernel where it applies, else `widened`)
-//   packed   the library's packed AVX-512 GEMM in panels on the pool (gemm_packed.hpp), f32 or bf16 operands, bf16
-//            widened as it is packed (on a CPU without AVX-512: `library`)
+//   packed   the library's packed AVX-512 GEMM (gemm_packed.hpp), C cut into parts of its own on the pool; f32 or
+//            bf16 operands, bf16 widened as it is packed (on a CPU without AVX-512: `library`)
 //   onednn   oneDNN's matmul on the operands as stored (onednn.hpp): f32, or bf16 where the CPU multiplies bf16
 //            natively (AVX512_BF16, AMX)
 //   widened  bf16 operands widened to f32 (exact), then the f32 product's own engine

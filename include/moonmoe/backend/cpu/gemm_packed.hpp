@@ -20,8 +20,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdint>
-#include <cstring>
 
 #include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
@@ -54,10 +52,6 @@ struct PackedBlocking {
 namespace packed {
 
 using P = PackedBlocking;
-
-/// The f32 value of one element (bf16 widened: its bits are the high half of the f32's).
-inline float widen(float x) { return x; }
-inline float widen(bf16 x) { return x.to_float(); }
 
 /// Transposes the 16 x 16 tile held as 16 rows in r: row i of the result is column i of the tile.
 MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[16]) {
@@ -99,8 +93,10 @@ MOONMOE_TARGET_AVX512 inline void micro_kernel(index_t kc, const float* a, const
     MOONMOE_UNROLL_ALL for (int i = 0; i < M; ++i) {
         c0[i] = _mm512_setzero_ps();
         c1[i] = _mm512_setzero_ps();
-        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
+        if (i < rows) {  // rows past C's end are not even addressed
+            _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
+        }
     }
     for (index_t k = 0; k < kc; ++k) {
         const __m512 b0 = _mm512_load_ps(b + k * P::nr), b1 = _mm512_load_ps(b + k * P::nr + 16);
@@ -143,13 +139,13 @@ MOONMOE_TARGET_AVX512 inline void pack_a(Trans ta, View<const T, 2> A, index_t i
             const T* s = A.data + (i0 + i) * lda + k0;
             index_t k = 0;
             for (; k + 16 <= kc; k += 16) _mm512_storeu_ps(d + k, load16(s + k));
-            for (; k < kc; ++k) d[k] = widen(s[k]);
+            for (; k < kc; ++k) d[k] = convert<float>(s[k]);
         }
     } else {
         for (index_t k = 0; k < kc; ++k) {
             const T* s = A.data + (k0 + k) * lda + i0;
             float* d = dst + k * P::mr;
-            for (index_t i = 0; i < P::mr; ++i) d[i] = i < rows ? widen(s[i]) : 0.0f;
+            for (index_t i = 0; i < P::mr; ++i) d[i] = i < rows ? convert<float>(s[i]) : 0.0f;
         }
     }
 }
@@ -171,7 +167,7 @@ MOONMOE_TARGET_AVX512 inline void pack_b(Trans tb, View<const T, 2> B, index_t k
                     _mm512_store_ps(d + kk * P::nr, load16(s));
                     _mm512_store_ps(d + kk * P::nr + 16, load16(s + 16));
                 } else {
-                    for (index_t j = 0; j < P::nr; ++j) d[kk * P::nr + j] = j < w ? widen(s[j]) : 0.0f;
+                    for (index_t j = 0; j < P::nr; ++j) d[kk * P::nr + j] = j < w ? convert<float>(s[j]) : 0.0f;
                 }
             }
             continue;
@@ -192,7 +188,7 @@ MOONMOE_TARGET_AVX512 inline void pack_b(Trans tb, View<const T, 2> B, index_t k
         }
         for (; kk < kc; ++kk)
             for (index_t j = 0; j < P::nr; ++j)
-                d[kk * P::nr + j] = j < w ? widen(B.data[(j0 + jp + j) * ldb + k0 + kk]) : 0.0f;
+                d[kk * P::nr + j] = j < w ? convert<float>(B.data[(j0 + jp + j) * ldb + k0 + kk]) : 0.0f;
     }
 }
 
