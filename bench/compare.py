@@ -16,7 +16,10 @@ each a ratio within one run: every K2 product at least as fast as PyTorch's (`ge
 `gemm_bf16/...` against its bf16 matmul), our bf16 decode step of one sequence (`mla/decode_step_bf16/k2/sequences:1/...`,
 bf16 weights and latent cache, as the issue asks decoding to run) 1.5x PyTorch's decode row (`mla/decode/k2/...`,
 which has no bf16 step of its own) and 70 % of the copy bandwidth its binary measured (`of_copy`), the Muon step with bf16 Newton-Schulz (`muon_bf16/...`) 1.2x
-torch.optim.Muon. A row short of its goal reads "**below**" and is listed under the table. With --one-thread FILE (ours again at 1 thread), a column gives each row's two-thread speed-up
+torch.optim.Muon. A row short of its goal reads "**below**" and is listed under the table. A K2 row that streams
+memory (its `of_read`, bytes per second over the rate at which its binary read as many bytes, at least 0.5) says how
+close it reads to that rate, and for a product PyTorch's rate on the same bytes beside it: where both are near 1, the
+memory, not the code, sets the row's time. With --one-thread FILE (ours again at 1 thread), a column gives each row's two-thread speed-up
 (its 1-thread time / this time; goal 1.8 on K2 rows, meaningful on a quiet machine only).
 """
 
@@ -47,6 +50,7 @@ SMALL_SHAPES = re.compile(r"/small/|m:256/n:256/k:256|n:256/k:256|tokens:64/|row
 TWO_THREAD_GOAL = 1.8
 DECODE_STEP = re.compile(r"^mla/decode_step_bf16/k2/sequences:1/")  # the decode rows with issue 28's goals
 DECODE_COPY_GOAL = 0.70  # the decode row's bytes per second over the same run's copy bandwidth (`of_copy`)
+READ_NOTE = 0.5  # rows reading at least this fraction of the read rate for their bytes (`of_read`) say so in notes
 
 
 def k2_row(name: str) -> bool:
@@ -239,6 +243,12 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
             overhead = counter(r, "overhead")
             if overhead is not None:
                 notes.append(f"overhead {overhead * 100:.1f}%" if overhead <= 1.0 else f"overhead {sig3(overhead)}")
+        if (of_read := counter(r, "of_read")) is not None and of_read >= READ_NOTE and k2_row(name):
+            # a row that streams memory: how close it reads to the machine's rate for as many bytes, and PyTorch's
+            # same product (the same bytes) beside it
+            same_bytes = family in ("gemm", "gemm_bf16") and t_ms
+            notes.append(f"reads at {of_read:.2f} of the read rate"
+                         + (f" (PyTorch {of_read * ms / t_ms:.2f})" if same_bytes else ""))
         flops = counter(r, "FLOP/s")
         of_sgemm = counter(r, "of_sgemm")
         target = ""

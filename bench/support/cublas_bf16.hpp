@@ -118,6 +118,9 @@ inline double copy_bandwidth() {
 
 inline double host_bf16_rate() { return 0; }
 
+/// The read-only yardstick is the host's (below); on the GPU the copy bandwidth stands alone: no counter.
+inline double read_bandwidth(double) { return 0; }
+
 #else
 
 inline double bf16_cublas_rate() { return 0; }
@@ -168,7 +171,7 @@ inline double copy_bandwidth() {
         double best = 1e30;
         for (int rep = 0; rep < 7; ++rep) {
             const auto t = Clock::now();
-            moonmoe::backend::cpu_detail::parallel_for(slices, [&](moonmoe::index_t k) {
+            moonmoe::backend::cpu_detail::parallel_chunks(slices, [&](moonmoe::index_t k) {
                 const std::size_t from = std::size_t(k) * slice, n = std::min(slice, bytes - std::min(bytes, from));
                 if (n) std::memcpy(b.data() + from, a.data() + from, n);
             });
@@ -176,6 +179,46 @@ inline double copy_bandwidth() {
         }
         return 2.0 * double(bytes) / best;
     }();
+    return rate;
+}
+
+/// The host's read rate for `bytes`, the yardstick of rows that only stream memory (one decoded token's product reads
+/// a weight and writes a few KiB): bytes read per second summing a buffer of that size as 64-bit words, the suite's
+/// threads each reading an equal slice as four streams side by side, best of six after one warm-up. Measured at the
+/// row's own size because the rate depends on it: this host's L3 is large and shared, and one core read 30 GB/s
+/// from 32 MiB, 23 GB/s from 117 MiB and 14 GB/s from 256 MiB or more (four streams; one stream: about half).
+/// Measured once per size, for rows of up to 256 MiB (0, no counter, above: the buffer would add to the RSS that
+/// run_suite.sh reports); the buffer is freed before the row goes on.
+inline double read_bandwidth(double bytes) {
+    constexpr std::size_t streams = 4, line = 8;  // words per 64-byte cache line
+    if (bytes <= 0 || bytes > double(std::size_t(256) << 20)) return 0;
+    static std::vector<std::pair<double, double>> measured;  // (bytes, rate)
+    for (const auto& [size, rate] : measured)
+        if (size == bytes) return rate;
+    const moonmoe::index_t slices = moonmoe::index_t(moonmoe::threads());
+    const std::size_t part = std::max<std::size_t>(  // words per stream
+        line, std::size_t(bytes) / sizeof(std::uint64_t) / (std::size_t(slices) * streams) / line * line);
+    std::vector<std::uint64_t> a(part * streams * std::size_t(slices), 1);
+    std::vector<std::uint64_t> sums(static_cast<std::size_t>(slices), 0);
+    double best = 1e30;
+    for (int rep = 0; rep < 7; ++rep) {
+        const auto t = Clock::now();
+        moonmoe::backend::cpu_detail::parallel_chunks(slices, [&](moonmoe::index_t k) {
+            const std::uint64_t* p = a.data() + std::size_t(k) * streams * part;
+            std::uint64_t acc[line] = {};
+            for (std::size_t o = 0; o < part; o += line)
+                for (std::size_t s = 0; s < streams; ++s)
+                    for (std::size_t w = 0; w < line; ++w) acc[w] += p[s * part + o + w];
+            std::uint64_t sum = 0;
+            for (std::uint64_t v : acc) sum += v;
+            sums[std::size_t(k)] = sum;
+        });
+        if (rep > 0) best = std::min(best, seconds_since(t));
+    }
+    std::uint64_t total = 0;  // used, so that the reads are not optimised away
+    for (std::uint64_t v : sums) total += v;
+    const double rate = total == a.size() ? double(a.size() * sizeof(std::uint64_t)) / best : 0.0;
+    measured.emplace_back(bytes, rate);
     return rate;
 }
 

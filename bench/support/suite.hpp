@@ -11,8 +11,8 @@
 //   denominator of every `of_sgemm` counter (recorded in the JSON context as sgemm_GFLOP/s).
 // - measure(): times the benchmark loop itself and sets the counters FLOP/s, bytes/s, of_sgemm and peak_MiB (the
 //   most CPU tensor memory alive at once during the loop, weights included, from Memory<cpu>::stats()), of_copy,
-//   of_bf16_gemm (CPU) / of_bf16_cublas (GPU) against the yardsticks of cublas_bf16.hpp, and first_call_ms (the
-//   untimed first call, apart from the loop).
+//   of_read (host), of_bf16_gemm (CPU) / of_bf16_cublas (GPU) against the yardsticks of cublas_bf16.hpp, and
+//   first_call_ms (the untimed first call, apart from the loop).
 // - Names are registered as written in bench/SUITE.md, e.g. "mla/forward/k2/seq:1024" (Google Benchmark appends
 //   "/real_time"), by each file's register_benchmarks(), which MOONMOE_BENCH_MAIN() calls.
 #pragma once
@@ -175,6 +175,8 @@ inline void measure(benchmark::State& state, Work work, const std::function<void
     if (work.bytes > 0) state.counters["bytes/s"] = C(work.bytes, C::kIsIterationInvariantRate, C::kIs1024);
     if (const double copy = copy_bandwidth(); work.bytes > 0 && copy > 0)
         state.counters["of_copy"] = C(work.bytes * iters / elapsed / copy);
+    if (const double read = read_bandwidth(work.bytes); read > 0)
+        state.counters["of_read"] = C(work.bytes * iters / elapsed / read);
     state.counters["peak_MiB"] = C(double(mem.peak.load()) / (1024.0 * 1024.0));
 }
 

@@ -129,9 +129,11 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
 std::vector<Case> cases() {
     std::vector<Case> out;
     // the last three take the few-rows kernel as X W^T: k tails past whole SIMD widths, n past whole tiles of 4,
-    // and more than one k-chunk (2048); the packed kernel (gemm_packed.hpp: micro-tiles of 12 x 32, blocks of
-    // k 512 and 512 columns, op(B) transposed in 16 x 16 tiles) meets row and column tails in each, more than one
-    // column block in {64, 1100, 257} and more than one k block, with a tail of one tile and two, in {13, 530, 530}
+    // and more than one k-chunk (2048); as X W (gemm_small_nn, up to 16 rows) every shape of 16 rows or fewer, with
+    // strips of 64 columns whole and cut short (7, 70, 130, 300, 530 columns) and tiles of 1 to 4 rows; the packed
+    // kernel (gemm_packed.hpp: micro-tiles of 12 x 32, blocks of k 512 and 512 columns, op(B) transposed in 16 x 16
+    // tiles) meets row and column tails in each, more than one column block in {64, 1100, 257} and more than one k
+    // block, with a tail of one tile and two, in {13, 530, 530}
     const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},     {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
                                                         {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
     for (const auto& s : shapes)

@@ -255,28 +255,43 @@ struct AttentionOps<cpu> {
                                   std::to_string(lengths.data[s]) + " rows; " +
                                   std::to_string(offsets[s + 1] - offsets[s]) + " more exceed its extent of " +
                                   std::to_string(extents[std::size_t(s)]));
-        // Widened copies: every cache's visible rows and the queries. Then per new token, all heads at once (they
-        // share the latent keys): scores [H, L] = q K^T, the exact softmax, P times the latent values, each product
-        // on the pool, so the keys are read once per token, not once per head.
+        // Per new token, all heads at once (they share the latent keys): scores [H, L] = q K^T, the exact softmax,
+        // P times the latent values, each product on the pool, so the keys are read once per token, not once per
+        // head. With AVX-512 the products read the bf16 cache as it is (the packed kernel widens the keys block by
+        // block as it packs them, gemm_packed.hpp); else every cache's visible rows are widened into a copy first.
         const index_t rows = q.shape[0];
         auto queries = Tensor<float, 2>::for_overwrite({rows * H, W});
         MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
+        const bool packed = packed_gemm_available();
+        std::vector<float> buffer;
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = lengths.data[s] + n;
             const LatentRows<cpu>& c = caches[std::size_t(s)];
             for (index_t i = 0; i < n; ++i)
                 std::memcpy(c.data + (lengths.data[s] + i) * c.strides[0], fresh.data + (t0 + i) * fresh.strides[0],
                             std::size_t(W) * sizeof(bf16));
-            auto keys = Tensor<float, 2>::for_overwrite({L, W});
-            MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(c.data, {L, W}, c.strides), keys.view());
-            std::vector<float> buffer;
+            Tensor<float, 2> keys;
+            if (!packed) {
+                keys = Tensor<float, 2>::for_overwrite({L, W});
+                MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(c.data, {L, W}, c.strides), keys.view());
+            }
             for (index_t i = 0; i < n; ++i) {
                 const index_t visible = L - n + i + 1;
-                const View<const float, 2> query = queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H),
-                                           key = keys.view().slice(0, 0, visible);
+                const View<const float, 2> query = queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H);
+                const View<float, 2> out(o.data + (t0 + i) * o.strides[0], {H, value_dim}, {o.strides[1], 1});
+                if (packed) {
+                    buffer.resize(static_cast<std::size_t>(H * visible));
+                    const View<float, 2> P(buffer.data(), {H, visible});
+                    gemm_packed<float, bf16>(Trans::no, Trans::yes, scale, query,
+                                             View<const bf16, 2>(c.data, {visible, W}, c.strides), 0.0f, P);
+                    parallel_for(H, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
+                    gemm_packed<float, bf16>(Trans::no, Trans::no, 1.0f, View<const float, 2>(P),
+                                             View<const bf16, 2>(c.data, {visible, value_dim}, c.strides), 0.0f, out);
+                    continue;
+                }
+                const View<const float, 2> key = keys.view().slice(0, 0, visible);
                 decode_token(1, &query, &key, View<const float, 2>(keys.data(), {visible, value_dim}, {W, 1}), scale,
-                             buffer,
-                             View<float, 2>(o.data + (t0 + i) * o.strides[0], {H, value_dim}, {o.strides[1], 1}));
+                             buffer, out);
             }
         }
     }

@@ -309,6 +309,11 @@ struct BlasOps<cpu> {
                        [&](View<float, 2> c) { cpu_detail::gemm_small_nt<bf16>(alpha, a.view(), B, beta, c); });
             return;
         }
+        if (engine == GemmEngine::library && cpu_detail::takes_small_gemm_nn(ta, tb, shape.m)) {  // X W, the same
+            with_f32_c(beta, C,
+                       [&](View<float, 2> c) { cpu_detail::gemm_small_nn<bf16>(alpha, a.view(), B, beta, c); });
+            return;
+        }
         // X X^T and A A (Newton-Schulz) multiply a matrix by itself: widened once
         const bool same = B.data == A.data && B.shape == A.shape && B.strides == A.strides;
         const Tensor<float, 2> b = same ? Tensor<float, 2>() : widened(B);

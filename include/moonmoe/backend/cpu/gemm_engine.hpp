@@ -79,7 +79,9 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     // (0.83x at 64 rows; 0.90x with 192 rows added); bf16 on the packed kernel from 256 rows (0.50-0.53x oneDNN's
     // native bf16 time, which runs at half the f32 rate on this CPU; widened to f32 and oneDNN's f32 kernels
     // 0.54-0.56x, and a 268 MB f32 copy of o_proj's operands per call) and for X W^T from 17 to 255 rows
-    // (0.62-0.70x), and X W^T up to 16 rows on the library's few-rows kernel (0.80-0.82x).
+    // (0.62-0.70x), and X W^T up to 16 rows on the library's few-rows kernel (0.80-0.82x). bf16 X W of up to 16 rows
+    // on the few-rows X W kernel (gemm_small_nn): MLA's absorbed decode, q_nope [1, 128] W_UK[h] [128, 512] for 64
+    // heads, 0.173 against oneDNN's 0.234 ms (2026-11-28, later; docs/cpu_gemm.md, "The decode step").
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 17, 255, GemmEngine::onednn},
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},
@@ -88,6 +90,7 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 17, 255, GemmEngine::packed},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::packed},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
 };
 
@@ -246,7 +249,8 @@ inline bool bf16_gemm_uses_onednn() {
 /// What a product of this kind runs on, for reports: "oneDNN bf16 (avx512_core_bf16)", "widened to f32, then
 /// oneDNN f32", "library (few rows)", "Eigen", for C [m, n] = op(A) op(B) with k the inner size.
 inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, index_t n, index_t k) {
-    const bool few = cpu_detail::takes_small_gemm(ta, tb, m, n, k);
+    const bool few = cpu_detail::takes_small_gemm(ta, tb, m, n, k),
+               few_nn = bf16 && cpu_detail::takes_small_gemm_nn(ta, tb, m);
     const auto f32_name = [&] {
         switch (f32_gemm_engine(ta, tb, m)) {
         case GemmEngine::onednn: return std::string("oneDNN f32");
@@ -258,7 +262,7 @@ inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, in
     switch (bf16_gemm_engine(ta, tb, m)) {
     case GemmEngine::onednn: return "oneDNN bf16 (" + cpu_detail::onednn_isa() + ")";
     case GemmEngine::library:
-        if (few) return "library (few rows, bf16 W)";
+        if (few || few_nn) return "library (few rows, bf16 W)";
         break;
     case GemmEngine::packed: return "library (packed, bf16 widened as packed)";
     case GemmEngine::widened: break;

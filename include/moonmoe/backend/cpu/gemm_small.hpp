@@ -65,6 +65,12 @@ inline bool takes_small_gemm(Trans ta, Trans tb, index_t m, index_t n, index_t k
            small_gemm_available();
 }
 
+/// Whether C = X W (no transposes) runs on gemm_small_nn: up to 16 rows of X (a decoded token's), on a CPU with the
+/// kernel. Asked by gemm_bf16 where its engine is `library`.
+inline bool takes_small_gemm_nn(Trans ta, Trans tb, index_t m) {
+    return ta == Trans::no && tb == Trans::no && m > 0 && m <= 16 && small_gemm_available();
+}
+
 #if MOONMOE_SMALL_GEMM_AVX512
 /// The sum of the 16 lanes, halves first, then quarters, then pairs: the order of GCC's _mm512_reduce_add_ps, spelt
 /// out because GCC 12's reads an undefined register (_mm256_undefined_pd), which -Wall reports as uninitialised in
@@ -211,11 +217,71 @@ void gemm_small_nt(float alpha, View<const float, 2> X, View<const TW, 2> W, flo
         for (index_t k0 = 0; k0 < k; k0 += kc) parallel_for(blocks, [&](index_t b) { block(b, k0); });
     }
 }
+/// Rows [i0, i0 + MR) and columns [j0, j0 + 64) of C = alpha X W + beta C (C unread when beta is 0), `cols` (1..64)
+/// of them inside C: for each k, four vectors of W's row k, each multiplied by the MR elements X[i, k].
+template <int MR, class TW>
+MOONMOE_TARGET_AVX512 inline void axpy_tile(float alpha, const float* x, index_t ldx, const TW* w, index_t ldw,
+                                            index_t k, float beta, float* c, index_t ldc, index_t cols) {
+    constexpr int V = 4;
+    __m512 acc[MR][V];
+    MOONMOE_UNROLL for (int i = 0; i < MR; ++i) {
+        MOONMOE_UNROLL for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (index_t p = 0; p < k; ++p) {
+        const TW* row = w + p * ldw;
+        __m512 wv[V];
+        MOONMOE_UNROLL for (int v = 0; v < V; ++v) {  // (no lambda: it would not inherit the AVX-512 target)
+            const index_t left = cols - 16 * v;
+            wv[v] = left >= 16 ? load16(row + 16 * v) : left > 0 ? load16(row + 16 * v, left) : _mm512_setzero_ps();
+        }
+        MOONMOE_UNROLL for (int i = 0; i < MR; ++i) {
+            const __m512 xi = _mm512_set1_ps(x[i * ldx + p]);
+            MOONMOE_UNROLL for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(xi, wv[v], acc[i][v]);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < V; ++v) {
+            const index_t left = std::min<index_t>(cols - 16 * v, 16);
+            if (left <= 0) break;
+            const __mmask16 mask = __mmask16((1u << unsigned(left)) - 1u);
+            float* ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, ci), r);
+            _mm512_mask_storeu_ps(ci, mask, r);
+        }
+}
+
+/// C [m, n] = alpha X [m, k] W [k, n] + beta C with few rows of X (m <= small_gemm_rows), rows of every operand
+/// contiguous; W f32, or bf16 widened in registers as it streams by. No packing: strips of 64 columns of C (on the
+/// pool), each reading its columns of W's rows once per four rows of X. What X W with one token's rows needs, as MLA's
+/// absorbed decode does per head (q_nope W_UK[h]). Call only when small_gemm_available().
+template <class TW = float>
+void gemm_small_nn(float alpha, View<const float, 2> X, View<const TW, 2> W, float beta, View<float, 2> C) {
+    const index_t m = X.shape[0], k = X.shape[1], n = W.shape[1];
+    if (m == 0 || n == 0) return;
+    parallel_for((n + 63) / 64, [&](index_t strip) {
+        const index_t j0 = 64 * strip, cols = std::min<index_t>(64, n - j0);
+        for (index_t i0 = 0; i0 < m; i0 += 4) {
+            const float* x = X.data + i0 * X.strides[0];
+            const TW* w = W.data + j0;
+            float* c = C.data + i0 * C.strides[0] + j0;
+            switch (std::min<index_t>(4, m - i0)) {
+            case 1: axpy_tile<1, TW>(alpha, x, X.strides[0], w, W.strides[0], k, beta, c, C.strides[0], cols); break;
+            case 2: axpy_tile<2, TW>(alpha, x, X.strides[0], w, W.strides[0], k, beta, c, C.strides[0], cols); break;
+            case 3: axpy_tile<3, TW>(alpha, x, X.strides[0], w, W.strides[0], k, beta, c, C.strides[0], cols); break;
+            default: axpy_tile<4, TW>(alpha, x, X.strides[0], w, W.strides[0], k, beta, c, C.strides[0], cols); break;
+            }
+        }
+    });
+}
 #undef MOONMOE_TARGET_AVX512
 #undef MOONMOE_UNROLL
 #else
 template <class TW = float>
 inline void gemm_small_nt(float, View<const float, 2>, View<const TW, 2>, float, View<float, 2>) {}
+template <class TW = float>
+inline void gemm_small_nn(float, View<const float, 2>, View<const TW, 2>, float, View<float, 2>) {}
 #endif
 
 }  // namespace moonmoe::backend::cpu_detail
