@@ -470,7 +470,8 @@ device() {
     # The device information comes first: whatever fails later, the summary says what ran where.
     local gpu=no
     {
-        echo "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown) (build-gpu: $(sed -n 2p "$build/manifest.tsv" | sed 's/^# //'))"
+        # the binaries' commit is prepare's (the manifest); the device's copy of the tree may report another HEAD
+        echo "- binaries: $(sed -n 2p "$build/manifest.tsv" | sed 's/^# //') (tools/gpu_check.sh prepare); the tree they run against: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'no git here')"
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
             gpu=yes
             echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1) (name, memory, driver)"
