@@ -7,8 +7,8 @@ include/moonmoe/backend/cpu/gemm_engine.hpp (its header comment says what a rule
 Runs the benchmark suite's Kimi K2 products (bench/gemm.cpp: the MLA projections at 1024 tokens, an expert's gate at
 192, 64 and 16 tokens, o_proj for one decoded token, the backward forms X W and dY^T X) with every engine forced in
 turn (MOONMOE_F32_GEMM, MOONMOE_BF16_GEMM), at one and at two threads (MOONMOE_BENCH_THREADS), each row the best of
-its repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: tiny m <= 16, decoding and
-sparse experts; few 17..255, busier experts; many >= 256). In a group, an engine replaces the default only where the
+its repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: one, a decoded token;
+tiny 2..16, sparse experts; few 17..255, busier experts; many >= 256). In a group, an engine replaces the default only where the
 geometric mean of its time over the default's, over the group's rows at both thread counts, is at most 1 - MARGIN.
 f32 is decided first; the bf16 "widened" engine then runs on the f32 engine chosen for its group. Prints a markdown
 table of the times and the C++ rules. Takes about 12 minutes on 2 cores; run it on a quiet machine.
@@ -23,7 +23,7 @@ import sys
 
 MARGIN = 0.05
 # classes of rows of op(A): (name, fewest, most) as the rules write them; rows between the classes keep the default
-CLASSES = (("tiny", 1, 16), ("few", 17, 255), ("many", 256, None))
+CLASSES = (("one", 1, 1), ("tiny", 2, 16), ("few", 17, 255), ("many", 256, None))
 ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|192|1024|2048)/n:[0-9]+/k:[0-9]+$"
 
 
@@ -43,6 +43,15 @@ def run(bench, env_extra, threads, min_time, reps, bf16):
             continue
         best[name] = min(best.get(name, math.inf), b["real_time"])  # ms
     return best, data["context"]
+
+
+def has_amx():
+    """Whether this CPU has AMX-BF16 (then the bf16 "amx" engine is timed too; elsewhere it would run as "packed")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return re.search(r"\bamx_bf16\b", f.read()) is not None
+    except OSError:
+        return False
 
 
 def group_of(name):
@@ -68,6 +77,7 @@ def main():
     bf16_engines = {"onednn": {"MOONMOE_BF16_GEMM": "onednn"},
                     "library": {"MOONMOE_BF16_GEMM": "library", "MOONMOE_F32_GEMM": "library"},
                     "packed": {"MOONMOE_BF16_GEMM": "packed"},
+                    **({"amx": {"MOONMOE_BF16_GEMM": "amx"}} if has_amx() else {}),
                     "widened/library": {"MOONMOE_BF16_GEMM": "f32", "MOONMOE_F32_GEMM": "library"},
                     "widened/onednn": {"MOONMOE_BF16_GEMM": "f32", "MOONMOE_F32_GEMM": "onednn"}}
     times = {}  # (bf16, engine, threads) -> {row: ms}
@@ -99,7 +109,8 @@ def main():
             if widened not in bf16_engines:  # widened onto the packed kernel: the packed bf16 engine does it better
                 widened = "widened/library"
             candidates = (["onednn", "packed"] if not bf16 else
-                          (["library", "packed", widened] if size != "many" else ["packed", widened]))
+                          (["library", "packed", widened] if size != "many" else ["packed", widened]) +
+                          [e for e in ("amx",) if e in bf16_engines])
             best, best_ratio = default, 1.0
             for c in candidates:
                 ratio = geomean([times[bf16, c, t][r] / times[bf16, default, t][r] for r in members for t in (1, 2)])

@@ -157,26 +157,33 @@ inline double host_bf16_rate() {
 #endif
 }
 
+/// The best of seven timings, after one warm-up that also touches every page, of `work(k)` for k = 0 .. threads - 1
+/// run on the pool (parallel_chunks: one item per thread; parallel_for would start inline and could run two on one).
+template <class Work>
+double best_time_per_thread_slice(Work work) {
+    double best = 1e30;
+    for (int rep = 0; rep < 7; ++rep) {
+        const auto t = Clock::now();
+        moonmoe::backend::cpu_detail::parallel_chunks(moonmoe::index_t(moonmoe::threads()), work);
+        if (rep > 0) best = std::min(best, seconds_since(t));
+    }
+    return best;
+}
+
 /// The host's copy bandwidth, the same yardstick for issue 28's decode target: bytes read plus bytes written per
 /// second copying 256 MiB (past any cache; MOONMOE_BENCH_COPY_MIB to change) into a second buffer, the suite's
-/// threads each copying an equal slice, best of six after one warm-up that also touches every page.
+/// threads each copying an equal slice.
 inline double copy_bandwidth() {
     static const double rate = [] {
         const char* env = std::getenv("MOONMOE_BENCH_COPY_MIB");
         const long mib = env && *env ? std::strtol(env, nullptr, 10) : 256;
         const std::size_t bytes = std::size_t(mib > 0 ? mib : 256) << 20;
         std::vector<char> a(bytes, 1), b(bytes);
-        const moonmoe::index_t slices = moonmoe::index_t(moonmoe::threads());
-        const std::size_t slice = (bytes + std::size_t(slices) - 1) / std::size_t(slices);
-        double best = 1e30;
-        for (int rep = 0; rep < 7; ++rep) {
-            const auto t = Clock::now();
-            moonmoe::backend::cpu_detail::parallel_chunks(slices, [&](moonmoe::index_t k) {
-                const std::size_t from = std::size_t(k) * slice, n = std::min(slice, bytes - std::min(bytes, from));
-                if (n) std::memcpy(b.data() + from, a.data() + from, n);
-            });
-            if (rep > 0) best = std::min(best, seconds_since(t));
-        }
+        const std::size_t slices = std::size_t(moonmoe::threads()), slice = (bytes + slices - 1) / slices;
+        const double best = best_time_per_thread_slice([&](moonmoe::index_t k) {
+            const std::size_t from = std::size_t(k) * slice, n = std::min(slice, bytes - std::min(bytes, from));
+            if (n) std::memcpy(b.data() + from, a.data() + from, n);
+        });
         return 2.0 * double(bytes) / best;
     }();
     return rate;
@@ -184,9 +191,9 @@ inline double copy_bandwidth() {
 
 /// The host's read rate for `bytes`, the yardstick of rows that only stream memory (one decoded token's product reads
 /// a weight and writes a few KiB): bytes read per second summing a buffer of that size as 64-bit words, the suite's
-/// threads each reading an equal slice as four streams side by side, best of six after one warm-up. Measured at the
-/// row's own size because the rate depends on it: this host's L3 is large and shared, and one core read 30 GB/s
-/// from 32 MiB, 23 GB/s from 117 MiB and 14 GB/s from 256 MiB or more (four streams; one stream: about half).
+/// threads each reading an equal slice as four streams side by side. Measured at the row's own size because the rate
+/// depends on it: this host's L3 is large and shared, and one core read 30 GB/s from 32 MiB, 23 GB/s from 117 MiB and
+/// 14 GB/s from 256 MiB or more (four streams; one stream: about half).
 /// Measured once per size, for rows of up to 256 MiB (0, no counter, above: the buffer would add to the RSS that
 /// run_suite.sh reports); the buffer is freed before the row goes on.
 inline double read_bandwidth(double bytes) {
@@ -200,21 +207,16 @@ inline double read_bandwidth(double bytes) {
         line, std::size_t(bytes) / sizeof(std::uint64_t) / (std::size_t(slices) * streams) / line * line);
     std::vector<std::uint64_t> a(part * streams * std::size_t(slices), 1);
     std::vector<std::uint64_t> sums(static_cast<std::size_t>(slices), 0);
-    double best = 1e30;
-    for (int rep = 0; rep < 7; ++rep) {
-        const auto t = Clock::now();
-        moonmoe::backend::cpu_detail::parallel_chunks(slices, [&](moonmoe::index_t k) {
-            const std::uint64_t* p = a.data() + std::size_t(k) * streams * part;
-            std::uint64_t acc[line] = {};
-            for (std::size_t o = 0; o < part; o += line)
-                for (std::size_t s = 0; s < streams; ++s)
-                    for (std::size_t w = 0; w < line; ++w) acc[w] += p[s * part + o + w];
-            std::uint64_t sum = 0;
-            for (std::uint64_t v : acc) sum += v;
-            sums[std::size_t(k)] = sum;
-        });
-        if (rep > 0) best = std::min(best, seconds_since(t));
-    }
+    const double best = best_time_per_thread_slice([&](moonmoe::index_t k) {
+        const std::uint64_t* p = a.data() + std::size_t(k) * streams * part;
+        std::uint64_t acc[line] = {};
+        for (std::size_t o = 0; o < part; o += line)
+            for (std::size_t s = 0; s < streams; ++s)
+                for (std::size_t w = 0; w < line; ++w) acc[w] += p[s * part + o + w];
+        std::uint64_t sum = 0;
+        for (std::uint64_t v : acc) sum += v;
+        sums[std::size_t(k)] = sum;
+    });
     std::uint64_t total = 0;  // used, so that the reads are not optimised away
     for (std::uint64_t v : sums) total += v;
     const double rate = total == a.size() ? double(a.size() * sizeof(std::uint64_t)) / best : 0.0;

@@ -1,11 +1,11 @@
 // The engines of the CPU backend's products (backend/cpu/gemm_engine.hpp): gemm<float> on Eigen / the few-rows
 // kernel, on the packed AVX-512 kernel and on oneDNN's f32 matmul; gemm_bf16 on oneDNN's native bf16 matmul (where
 // the build has oneDNN and the CPU multiplies bf16 natively), on the few-rows kernel with W widened in registers, on
-// the packed kernel (widened as it packs) and on operands widened to f32. Each against products summed in double over
-// the same operands, on shapes that cross the panel cuts of the pool and the kernels' tails, every transpose, alpha and
-// beta, f32 and bf16 C, pitched views; the oneDNN engines repeatable bit for bit; the measured rules' lookup; the CPU's
-// identity against /proc/cpuinfo. The cases that need oneDNN say so and check nothing more where this build or CPU
-// lacks it (the message names which).
+// the packed kernel (widened as it packs), on the AMX kernel (where the CPU has AMX-BF16) and on operands widened to
+// f32. Each against products summed in double over the same operands, on shapes that cross the panel cuts of the pool
+// and the kernels' tails, every transpose, alpha and beta, f32 and bf16 C, pitched views; the oneDNN engines
+// repeatable bit for bit; the measured rules' lookup; the CPU's identity against /proc/cpuinfo. The cases that need
+// oneDNN (or AMX) say so and check nothing more where this build or CPU lacks it (the message names which).
 #include <doctest/doctest.h>
 
 #include <array>
@@ -133,7 +133,9 @@ std::vector<Case> cases() {
     // strips of 64 columns whole and cut short (7, 70, 130, 300, 530 columns) and tiles of 1 to 4 rows; the packed
     // kernel (gemm_packed.hpp: micro-tiles of 12 x 32, blocks of k 512 and 512 columns, op(B) transposed in 16 x 16
     // tiles) meets row and column tails in each, more than one column block in {64, 1100, 257} and more than one k
-    // block, with a tail of one tile and two, in {13, 530, 530}
+    // block, with a tail of one tile and two, in {13, 530, 530}; the AMX kernel (gemm_amx.hpp: micro-tiles of 32 x 32,
+    // blocks of k 2048 padded to tiles of 32 and 128 columns) meets row tails (300 = 9 x 32 + 12), column tails, k
+    // short of a whole tile in every shape but {300, 40, 64}, and more than one k block in {1, 70, 2100}
     const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},     {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
                                                         {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
     for (const auto& s : shapes)
@@ -177,6 +179,15 @@ TEST_CASE("gemm_bf16 on the CPU: the path in use is reported, and asking for one
     backend::set_bf16_gemm(Bf16Gemm::library);
     CHECK_FALSE(backend::bf16_gemm_uses_onednn());
     CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::library);
+    if (backend::cpu_detail::amx_gemm_available()) {
+        backend::set_bf16_gemm(Bf16Gemm::amx);
+        CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::amx);
+        CHECK(backend::bf16_gemm_path() == "library (AMX tiles; chosen)");
+        CHECK(backend::gemm_engine_name(true, Trans::no, Trans::yes, 64, 64, 64) == "library (AMX tiles)");
+    } else {
+        CHECK_THROWS_WITH_AS(backend::set_bf16_gemm(Bf16Gemm::amx), doctest::Contains("needs AMX-BF16"),
+                             std::runtime_error);
+    }
     backend::set_bf16_gemm(Bf16Gemm::automatic);
 #if MOONMOE_WITH_ONEDNN
     CHECK_NOTHROW(backend::set_f32_gemm(F32Gemm::onednn));
@@ -223,6 +234,13 @@ TEST_CASE(
         check_path<float>("packed");
         check_path<bf16>("packed");
     }
+    if (backend::cpu_detail::amx_gemm_available()) {
+        backend::set_bf16_gemm(Bf16Gemm::amx);
+        check_path<float>("AMX");
+        check_path<bf16>("AMX");
+    } else {
+        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
+    }
     backend::set_bf16_gemm(Bf16Gemm::automatic);
     check_path<float>("automatic");
     if (!backend::bf16_gemm_uses_onednn()) {
@@ -235,8 +253,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "syrk_bf16 on the CPU, both of its ways (widened to the f32 SYRK, oneDNN's full product mirrored): "
-    "exactly symmetric, against double") {
+    "syrk_bf16 on the CPU, all of its ways (widened to the f32 SYRK, oneDNN's or the AMX kernel's full product "
+    "mirrored): exactly symmetric, against double") {
     const Bf16GemmChoice restore;
     const index_t n = 520, k = 96;  // three of the f32 SYRK's 256-row blocks, the last partial
     std::mt19937 gen(5);
@@ -262,6 +280,10 @@ TEST_CASE(
     };
     backend::set_bf16_gemm(Bf16Gemm::widened_f32);
     run("widened to f32, f32 SYRK");
+    if (backend::cpu_detail::amx_gemm_available()) {
+        backend::set_bf16_gemm(Bf16Gemm::amx);
+        run("AMX, mirrored");
+    }
     backend::set_bf16_gemm(Bf16Gemm::automatic);
     if (!backend::bf16_gemm_uses_onednn()) {
         MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());
@@ -330,6 +352,28 @@ TEST_CASE("gemm and gemm_bf16 on the packed kernel: the same bits at one thread 
         set_threads(2);
         CHECK(run<float, float>(c, 11).got == f32_one.got);
         CHECK(run<float, bf16>(c, 11).got == bf16_one.got);
+    }
+}
+
+TEST_CASE("gemm_bf16 on the AMX kernel: the same bits at one thread and at two, wherever C is cut") {
+    const Bf16GemmChoice restore;
+    const testing::ThreadCount restore_threads;
+    if (!backend::cpu_detail::amx_gemm_available()) {
+        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
+        return;
+    }
+    backend::set_bf16_gemm(Bf16Gemm::amx);
+    // columns cut into parts (1100 columns), rows cut (40 columns, 400 rows), X W^T of 64 rows over two k blocks
+    // (gemm_amx.hpp: 2048 each) the second cut short of a whole tile, and whole tiles (alpha 1, beta 0: C in the tiles
+    // between k blocks) beside tails (through the epilogue)
+    for (const Case& c : {Case{100, 1100, 530, Trans::no, Trans::yes, 1.0f, 0.0f, 0},
+                          Case{400, 40, 530, Trans::yes, Trans::no, 0.5f, 1.0f, 1},
+                          Case{64, 300, 2100, Trans::no, Trans::yes, 1.0f, 0.0f, 0}}) {
+        CAPTURE(c.m);
+        set_threads(1);
+        const Run<float> one = run<float, bf16>(c, 11);
+        set_threads(2);
+        CHECK(run<float, bf16>(c, 11).got == one.got);
     }
 }
 

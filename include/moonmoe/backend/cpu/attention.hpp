@@ -11,6 +11,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../../tensor/tensor.hpp"
@@ -80,18 +81,31 @@ View<T, 2> group_rows(const View<T, 3>& x, index_t r, index_t h0, index_t G) {
     return View<T, 2>(x.data + r * x.strides[0] + h0 * x.strides[1], {G, x.shape[2]}, {x.strides[1], 1});
 }
 
+/// C = alpha A op(B) + beta C for attention's rows A (queries or probabilities) against keys or values B: f32 on the
+/// CPU's f32 engine; f32 A and bf16 B (a latent cache as stored) on the packed kernel, which widens B block by block
+/// as it packs; bf16 A and B on the AMX kernel, which reads B, the cache, straight into its tiles (gemm_amx.hpp).
+template <class Q, class K>
+void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 2> b, float beta, View<float, 2> c) {
+    if constexpr (std::is_same_v<Q, bf16>) gemm_amx(Trans::no, tb, alpha, a, b, beta, c);
+    else if constexpr (std::is_same_v<K, float>)
+        BlasOps<cpu>::gemm<float>(Trans::no, tb, alpha, a, b, beta, c);
+    else
+        gemm_packed<float, K>(Trans::no, tb, alpha, a, b, beta, c);
+}
+
 /// One new token's G query heads that share their keys, against the L keys it sees: P [G, L] = scale
 /// sum_p Q_p [G, d_p] K_p [L, d_p]^T, the exact softmax of each row, O [G, d_v] = P V [L, d_v]; each product on the
-/// pool, so every key is read once for all G heads. `buffer` holds P (reused across tokens).
-inline void decode_token(int parts, const View<const float, 2>* q, const View<const float, 2>* k,
-                         View<const float, 2> v, float scale, std::vector<float>& buffer, View<float, 2> o) {
+/// pool, so every key is read once for all G heads. Queries, keys and values f32, or keys and values bf16 with f32
+/// or bf16 queries (attention_product); P f32. `buffer` holds P (reused across tokens).
+template <class Q, class K>
+void decode_token(int parts, const View<const Q, 2>* q, const View<const K, 2>* k, View<const K, 2> v, float scale,
+                  std::vector<float>& buffer, View<float, 2> o) {
     const index_t G = q[0].shape[0], L = k[0].shape[0];
     buffer.resize(static_cast<std::size_t>(G * L));
     View<float, 2> P(buffer.data(), {G, L});
-    for (int p = 0; p < parts; ++p)
-        BlasOps<cpu>::gemm<float>(Trans::no, Trans::yes, scale, q[p], k[p], p ? 1.0f : 0.0f, P);
+    for (int p = 0; p < parts; ++p) attention_product(Trans::yes, scale, q[p], k[p], p ? 1.0f : 0.0f, P);
     parallel_for(G, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
-    BlasOps<cpu>::gemm<float>(Trans::no, Trans::no, 1.0f, View<const float, 2>(P), v, 0.0f, o);
+    attention_product<float, K>(Trans::no, 1.0f, View<const float, 2>(P), v, 0.0f, o);
 }
 
 /// One head against its keys: P = softmax(scale sum_p Q_p K_p^T) with row 0 at key causal_first; O = P V.
@@ -258,11 +272,13 @@ struct AttentionOps<cpu> {
         // Per new token, all heads at once (they share the latent keys): scores [H, L] = q K^T, the exact softmax,
         // P times the latent values, each product on the pool, so the keys are read once per token, not once per
         // head. With AVX-512 the products read the bf16 cache as it is (the packed kernel widens the keys block by
-        // block as it packs them, gemm_packed.hpp); else every cache's visible rows are widened into a copy first.
+        // block as it packs them, gemm_packed.hpp); with AMX the scores take the bf16 queries and cache on its tiles
+        // (gemm_amx.hpp: the cache's rows loaded straight into them); else every cache's visible rows are widened
+        // into a copy first.
         const index_t rows = q.shape[0];
-        auto queries = Tensor<float, 2>::for_overwrite({rows * H, W});
-        MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
-        const bool packed = packed_gemm_available();
+        const bool packed = packed_gemm_available(), amx = amx_gemm_available();
+        auto queries = Tensor<float, 2>::for_overwrite({amx ? 0 : rows * H, W});
+        if (!amx) MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
         std::vector<float> buffer;
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = lengths.data[s] + n;
@@ -277,18 +293,20 @@ struct AttentionOps<cpu> {
             }
             for (index_t i = 0; i < n; ++i) {
                 const index_t visible = L - n + i + 1;
-                const View<const float, 2> query = queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H);
                 const View<float, 2> out(o.data + (t0 + i) * o.strides[0], {H, value_dim}, {o.strides[1], 1});
-                if (packed) {
-                    buffer.resize(static_cast<std::size_t>(H * visible));
-                    const View<float, 2> P(buffer.data(), {H, visible});
-                    gemm_packed<float, bf16>(Trans::no, Trans::yes, scale, query,
-                                             View<const bf16, 2>(c.data, {visible, W}, c.strides), 0.0f, P);
-                    parallel_for(H, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
-                    gemm_packed<float, bf16>(Trans::no, Trans::no, 1.0f, View<const float, 2>(P),
-                                             View<const bf16, 2>(c.data, {visible, value_dim}, c.strides), 0.0f, out);
+                if (packed) {  // the bf16 cache as it is (amx implies packed)
+                    const View<const bf16, 2> key(c.data, {visible, W}, c.strides),
+                        value(c.data, {visible, value_dim}, c.strides);
+                    if (amx) {
+                        const View<const bf16, 2> query(q.data + (t0 + i) * q.strides[0], {H, W}, {q.strides[1], 1});
+                        decode_token(1, &query, &key, value, scale, buffer, out);
+                    } else {
+                        const View<const float, 2> query = queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H);
+                        decode_token(1, &query, &key, value, scale, buffer, out);
+                    }
                     continue;
                 }
+                const View<const float, 2> query = queries.view().slice(0, (t0 + i) * H, (t0 + i + 1) * H);
                 const View<const float, 2> key = keys.view().slice(0, 0, visible);
                 decode_token(1, &query, &key, View<const float, 2>(keys.data(), {visible, value_dim}, {W, 1}), scale,
                              buffer, out);

@@ -3,8 +3,9 @@
 //
 // An instruction set counts only if the CPU has it (CPUID) and the operating system saves its registers on a
 // context switch (OSXSAVE, then XGETBV's XCR0): AVX needs the SSE and AVX state (XCR0 bits 1-2), AVX-512 also the
-// opmask and the upper ZMM state (bits 5-7). Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 1,
-// sections 14.3 (AVX) and 15.2 (AVX-512).
+// opmask and the upper ZMM state (bits 5-7), AMX the tile configuration and data (bits 17-18; Linux also asks each
+// process to request the tile data first: gemm_amx.hpp). Intel 64 and IA-32 Architectures Software Developer's Manual,
+// vol. 1, sections 14.3 (AVX) and 15.2 (AVX-512).
 //
 // Kernels chosen from these flags are compiled with function target attributes (gemm_small.hpp), not with the
 // compiler's -m flags, so the rest of the program keeps the instruction set the build chose. On one machine the
@@ -27,6 +28,7 @@ struct CpuFeatures {
     bool avx2 = false;
     bool fma = false;
     bool avx512f = false;
+    bool amx_bf16 = false;  // AMX-TILE and AMX-BF16, their tile state enabled in XCR0 (bits 17-18)
     char vendor[13] = {};
     unsigned family = 0, model = 0;
 };
@@ -59,6 +61,8 @@ inline CpuFeatures detect_cpu_features() noexcept {
     f.fma = ymm_state && fma;
     f.avx2 = ymm_state && ((r[1] >> 5) & 1u);
     f.avx512f = zmm_state && ((r[1] >> 16) & 1u);
+    const bool tile_state = (xcr0 & 0x60000u) == 0x60000u;                  // XTILECFG, XTILEDATA
+    f.amx_bf16 = tile_state && ((r[3] >> 22) & 1u) && ((r[3] >> 24) & 1u);  // EDX: AMX-BF16, AMX-TILE
 #endif
     return f;
 }

@@ -9,10 +9,13 @@
 //   onednn   oneDNN's matmul on the operands as stored (onednn.hpp): f32, or bf16 where the CPU multiplies bf16
 //            natively (AVX512_BF16, AMX)
 //   widened  bf16 operands widened to f32 (exact), then the f32 product's own engine
+//   amx      the library's bf16 GEMM on AMX tiles (gemm_amx.hpp), cut as the packed engine cuts C; bf16 operands
+//            only, on a CPU with AMX-BF16 (else as `packed`)
 // Which is fastest depends on the CPU and on the product. On an Intel Xeon with AVX512_BF16 and no AMX, bf16
 // products run at half the f32 rate, so a bf16 product of more than a few rows is faster on f32 FMAs (the packed
 // kernel, which widens as it packs, ahead of widening whole operands first), and oneDNN's f32 kernels, in panels,
-// beat Eigen's on the large products of every form (docs/cpu_gemm.md). So the choice is measured, not guessed:
+// beat Eigen's on the large products of every form; on a Xeon with AMX, the library's AMX kernel beats the AMX
+// kernels of the oneDNN it is built with (docs/cpu_gemm.md). So the choice is measured, not guessed:
 // tools/gemm_rules.py times every engine on the benchmark suite's Kimi K2 products at one and two threads and prints
 // the rules below for the CPU it ran on; an engine other than the default is written only where the geometric mean
 // of its time over the default's, across those products and both thread counts, is at most 0.95. A rule names the
@@ -25,7 +28,7 @@
 // in their f32 summation order only.
 //
 // Overrides for every product: set_f32_gemm / MOONMOE_F32_GEMM=library|packed|onednn and set_bf16_gemm /
-// MOONMOE_BF16_GEMM=onednn|library|packed|f32 (read on first use).
+// MOONMOE_BF16_GEMM=onednn|library|packed|amx|f32 (read on first use).
 #pragma once
 
 #include <cstdlib>
@@ -40,6 +43,7 @@
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
 #include "cpu_features.hpp"
+#include "gemm_amx.hpp"
 #include "gemm_packed.hpp"
 #include "gemm_small.hpp"
 #include "onednn.hpp"
@@ -47,16 +51,16 @@
 namespace moonmoe::backend {
 
 /// An engine of the CPU backend's products (header comment).
-enum class GemmEngine { library, onednn, widened, packed };
+enum class GemmEngine { library, onednn, widened, packed, amx };
 
 /// How BlasOps<cpu>::gemm (f32) multiplies: `automatic` follows the measured rules; the others insist.
 enum class F32Gemm { automatic, library, onednn, packed };
 
 /// How BlasOps<cpu>::gemm_bf16 multiplies: `automatic` follows the measured rules (oneDNN where native unless a
 /// rule says otherwise); `onednn` insists (an error where it cannot); `library` takes the library's few-rows kernel
-/// where it applies and widens elsewhere; `packed` takes the packed kernel, which widens as it packs; `widened_f32`
-/// always widens both operands to f32.
-enum class Bf16Gemm { automatic, onednn, library, widened_f32, packed };
+/// where it applies and widens elsewhere; `packed` takes the packed kernel, which widens as it packs; `amx` the AMX
+/// kernel (an error where the CPU lacks AMX); `widened_f32` always widens both operands to f32.
+enum class Bf16Gemm { automatic, onednn, library, widened_f32, packed, amx };
 
 /// One measured choice (header comment): on `cpu`, products of `bf16` (else f32) operands with these transposes
 /// and min_rows <= m <= max_rows rows of op(A) run on `engine`.
@@ -92,6 +96,21 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
+    // Intel Xeon family 6 model 167 with AMX (KVM guest, 2 vCPUs; oneDNN 2.6.3's ISA avx512_core_amx);
+    // tools/gemm_rules.py on 2026-11-28 (its table in docs/cpu_gemm.md, "The AMX kernel"): f32 as on model 207
+    // (oneDNN for X W, X W^T from 17 rows, 0.79-0.81x the library's time; dY^T X on the packed kernel, 0.72x); bf16
+    // on the library's AMX kernel for X W and X W^T from 256 rows (0.75x, 0.82x oneDNN 2.6.3's AMX kernels' time),
+    // X W^T of 17-255 rows (0.78x) and of 2-16 rows (0.54x: W read straight into the tiles); one token's X W^T on
+    // the few-rows kernel (0.90x); dY^T X stays on oneDNN (AMX 0.985x).
+    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 17, 255, GemmEngine::onednn},
+    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
+    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::no, 256, max_rows, GemmEngine::amx},
+    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 17, 255, GemmEngine::amx},
+    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::amx},
+    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 1, 1, GemmEngine::library},
+    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 2, 16, GemmEngine::amx},
 };
 
 namespace cpu_detail {
@@ -172,12 +191,16 @@ inline Bf16Gemm& bf16_gemm_choice() {
     static Bf16Gemm choice = choice_from_env<Bf16Gemm>("MOONMOE_BF16_GEMM", {{"onednn", Bf16Gemm::onednn},
                                                                              {"library", Bf16Gemm::library},
                                                                              {"packed", Bf16Gemm::packed},
+                                                                             {"amx", Bf16Gemm::amx},
                                                                              {"f32", Bf16Gemm::widened_f32}});
     return choice;
 }
 
 /// The engine to run where `packed` was asked for: packed where the CPU has AVX-512, else library.
 inline GemmEngine packed_or_library() { return packed_gemm_available() ? GemmEngine::packed : GemmEngine::library; }
+
+/// The engine to run where `amx` was asked for: amx where the CPU has AMX-BF16, else as `packed`.
+inline GemmEngine amx_or_packed() { return amx_gemm_available() ? GemmEngine::amx : packed_or_library(); }
 
 /// The error of asking for the packed engine on a CPU without AVX-512.
 inline void require_packed(const char* what) {
@@ -197,10 +220,14 @@ inline void set_f32_gemm(F32Gemm g) {
     cpu_detail::f32_gemm_choice() = g;
 }
 
-/// Sets how gemm_bf16 multiplies from now on (the default: automatic, or MOONMOE_BF16_GEMM). Asking for onednn
-/// or packed where it cannot run is an error naming why.
+/// Sets how gemm_bf16 multiplies from now on (the default: automatic, or MOONMOE_BF16_GEMM). Asking for onednn,
+/// packed or amx where it cannot run is an error naming why.
 inline void set_bf16_gemm(Bf16Gemm g) {
     if (g == Bf16Gemm::packed) cpu_detail::require_packed("set_bf16_gemm");
+    if (g == Bf16Gemm::amx && !cpu_detail::amx_gemm_available())
+        throw std::runtime_error(
+            "set_bf16_gemm(amx): the AMX kernel needs AMX-BF16 and AVX-512 with the tile state "
+            "granted to this process, which this CPU (or this build, or the kernel) lacks");
 #if MOONMOE_WITH_ONEDNN
     if (g == Bf16Gemm::onednn && !cpu_detail::native_bf16())
         throw std::runtime_error("set_bf16_gemm(onednn): this CPU has no native bf16 products (oneDNN's ISA: " +
@@ -231,11 +258,13 @@ inline GemmEngine bf16_gemm_engine(Trans ta, Trans tb, index_t m) {
     case Bf16Gemm::onednn: return cpu_detail::native_bf16() ? GemmEngine::onednn : GemmEngine::library;
     case Bf16Gemm::library: return GemmEngine::library;
     case Bf16Gemm::packed: return cpu_detail::packed_or_library();
+    case Bf16Gemm::amx: return cpu_detail::amx_or_packed();
     case Bf16Gemm::widened_f32: return GemmEngine::widened;
     case Bf16Gemm::automatic: break;
     }
     if (!cpu_detail::native_bf16()) return GemmEngine::library;
     const GemmEngine e = cpu_detail::ruled_engine(cpu_detail::cpu_gemm_rules(), true, ta, tb, m, GemmEngine::onednn);
+    if (e == GemmEngine::amx) return cpu_detail::amx_or_packed();
     return e == GemmEngine::packed ? cpu_detail::packed_or_library() : e;
 }
 
@@ -265,6 +294,7 @@ inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, in
         if (few || few_nn) return "library (few rows, bf16 W)";
         break;
     case GemmEngine::packed: return "library (packed, bf16 widened as packed)";
+    case GemmEngine::amx: return "library (AMX tiles)";
     case GemmEngine::widened: break;
     }
     return "widened to f32, then " + f32_name();
@@ -279,6 +309,9 @@ inline std::string bf16_gemm_path() {
     const Bf16Gemm c = cpu_detail::bf16_gemm_choice();
     if (bf16_gemm_uses_onednn()) return "oneDNN (" + cpu_detail::onednn_isa() + ")" + rules;
     if (c == Bf16Gemm::widened_f32) return "f32 (widened operands; chosen)";
+    if (c == Bf16Gemm::amx && cpu_detail::amx_gemm_available()) return "library (AMX tiles; chosen)";
+    if (c == Bf16Gemm::packed && cpu_detail::packed_gemm_available())
+        return "library (packed, bf16 widened as packed; chosen)";
     const std::string few = "f32 (widened operands, X W^T with few rows on the library's kernel; ";
     if (c == Bf16Gemm::library) return few + "chosen)";
     if (!cpu_detail::onednn_built()) return few + "built without oneDNN)";

@@ -39,6 +39,10 @@ namespace moonmoe::backend::cpu_detail {
 /// The fast path applies up to this many rows of X (beyond it a packing GEMM reuses W enough to win).
 inline constexpr index_t small_gemm_rows = 64;
 
+/// The most rows of X that gemm_small_nn takes (X W reads W once per four rows of X: beyond a decoded token's few
+/// rows, packing pays).
+inline constexpr index_t small_gemm_nn_rows = 16;
+
 /// Whether gemm_small_nt may be called: the running CPU has AVX-512 (or the build requires it anyway).
 inline bool small_gemm_available() noexcept {
 #if MOONMOE_SMALL_GEMM_AVX512 && defined(__AVX512F__)
@@ -68,7 +72,7 @@ inline bool takes_small_gemm(Trans ta, Trans tb, index_t m, index_t n, index_t k
 /// Whether C = X W (no transposes) runs on gemm_small_nn: up to 16 rows of X (a decoded token's), on a CPU with the
 /// kernel. Asked by gemm_bf16 where its engine is `library`.
 inline bool takes_small_gemm_nn(Trans ta, Trans tb, index_t m) {
-    return ta == Trans::no && tb == Trans::no && m > 0 && m <= 16 && small_gemm_available();
+    return ta == Trans::no && tb == Trans::no && m > 0 && m <= small_gemm_nn_rows && small_gemm_available();
 }
 
 #if MOONMOE_SMALL_GEMM_AVX512
@@ -252,7 +256,7 @@ MOONMOE_TARGET_AVX512 inline void axpy_tile(float alpha, const float* x, index_t
         }
 }
 
-/// C [m, n] = alpha X [m, k] W [k, n] + beta C with few rows of X (m <= small_gemm_rows), rows of every operand
+/// C [m, n] = alpha X [m, k] W [k, n] + beta C with few rows of X (m <= small_gemm_nn_rows), rows of every operand
 /// contiguous; W f32, or bf16 widened in registers as it streams by. No packing: strips of 64 columns of C (on the
 /// pool), each reading its columns of W's rows once per four rows of X. What X W with one token's rows needs, as MLA's
 /// absorbed decode does per head (q_nope W_UK[h]). Call only when small_gemm_available().

@@ -93,15 +93,21 @@ inline void sync_directory(int dir_fd, const std::string& where) {
     }
 }
 
+/// ".<stem>.tmp-": what every temporary name of `stem` starts with (stem cut to 200 bytes, under NAME_MAX).
+inline std::string temporary_prefix(std::string_view stem) {
+    // appended piece by piece: "." + std::string(...) drew GCC 12's false -Wrestrict warning in programs using this
+    std::string prefix = ".";
+    prefix += stem.substr(0, 200);
+    prefix += ".tmp-";
+    return prefix;
+}
+
 /// ".<stem>.tmp-<16 random hex digits>": hidden, and unpredictable, so it cannot be prepared in advance.
 inline std::string temporary_name(std::string_view stem) {
     static constexpr char hex[] = "0123456789abcdef";
     std::random_device random;
     std::uint64_t bits = (std::uint64_t(random()) << 32) ^ random();
-    // appended piece by piece: "." + std::string(...) drew GCC 12's false -Wrestrict warning in programs using this
-    std::string name = ".";
-    name += stem.substr(0, 200);  // 200: stay under NAME_MAX (255)
-    name += ".tmp-";
+    std::string name = temporary_prefix(stem);
     for (int i = 0; i < 16; ++i, bits >>= 4) name += hex[bits & 15];
     return name;
 }
@@ -126,9 +132,7 @@ inline std::string create_temporary_directory(int dir_fd, std::string_view stem,
 
 /// Whether `entry` is a name temporary_name(stem) gives: "." + stem + ".tmp-" + 16 hex digits.
 inline bool is_temporary_name(std::string_view entry, std::string_view stem) {
-    std::string prefix = ".";  // as temporary_name builds it
-    prefix += stem.substr(0, 200);
-    prefix += ".tmp-";
+    const std::string prefix = temporary_prefix(stem);
     if (entry.size() != prefix.size() + 16 || !entry.starts_with(prefix)) return false;
     return std::all_of(entry.begin() + std::ptrdiff_t(prefix.size()), entry.end(),
                        [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });

@@ -1,0 +1,375 @@
+// moonmoe/backend/cpu/gemm_amx.hpp: the library's bf16 GEMM on AMX tiles, C = alpha op(A) op(B) + beta C with bf16
+// operands and an f32 C, on the pool.
+//
+// Intel's Advanced Matrix Extensions (Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 1, chapter
+// 20; the instructions in vol. 2: LDTILECFG, TILELOADD, TDPBF16PS, TILESTORED) hold eight tiles of 16 rows x 64
+// bytes; TDPBF16PS adds to a 16 x 16 f32 tile the products of a 16 x 32 bf16 tile of A with a 32 x 16 bf16 tile of B,
+// B given as 16 rows of k-pairs ("VNNI" order: row p holds (B[2p][j], B[2p+1][j]) for j = 0..15). The blocking is
+// gemm_packed.hpp's (Goto and van de Geijn's) with AMX's tiles: op(A) packed once in micro-panels of 32 rows x kc
+// (rows contiguous), op(B) in blocks of kc x nc cut into micro-panels of kc x 32 in k-pair order; the micro-kernel
+// holds a 32 x 32 tile of C in four accumulator tiles and, per 32 values of k, loads two tiles of A and two of B for
+// four TDPBF16PS. Its sums leave the tiles through a 4 KiB buffer, scaled by alpha and added to C (beta C on the
+// first k block), so C stays f32 between k blocks and every element is summed in one order whatever the cut (where
+// alpha is 1 and beta 0 a whole tile goes to C and comes back into the tiles at the next k block instead).
+//
+// X W^T with few rows of X (up to amx_weight_rows) is computed the other way round, C^T = W X^T: W's rows are already
+// what a tile of A is (16 rows of 32 consecutive k), so W, the large operand, is read once, as stored, straight into
+// the tiles, and only X^T is packed; each 32 x 32 tile of C^T sums all of k in the tiles and is written to C
+// transposed. A decoded token's products and a sparse expert's few tokens read their weight at the memory's rate.
+//
+// Before a process may use the tiles, Linux must grant it their state (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA: Documentation/arch/x86/xstate.rst in the kernel's sources); amx_gemm_available() asks once. Each thread
+// loads the tile configuration before its part and releases the tiles after.
+//
+// TDPBF16PS multiplies bf16 exactly and sums in f32 with denormal inputs and results flushed to zero (SDM vol. 2,
+// TDPBF16PS), so results differ from the widened f32 kernels' in rounding only.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "../../numeric/bf16.hpp"
+#include "../../tensor/tensor.hpp"
+#include "../blas.hpp"
+#include "cpu_features.hpp"
+#include "gemm_packed.hpp"
+#include "memory.hpp"
+#include "threads.hpp"
+
+#if MOONMOE_PACKED_GEMM_AVX512 && defined(__linux__) && ((defined(__GNUC__) && __GNUC__ >= 11) || defined(__clang__))
+#define MOONMOE_AMX_GEMM 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define MOONMOE_TARGET_AMX __attribute__((target("avx512f,avx512bw,amx-tile,amx-bf16")))
+#else
+#define MOONMOE_AMX_GEMM 0
+#endif
+
+namespace moonmoe::backend::cpu_detail {
+
+/// Whether gemm_amx may be called: the CPU has AMX-TILE and AMX-BF16 with their state enabled by the operating
+/// system, it has AVX-512 (the packing and the epilogue), and Linux granted this process the tile data (asked once).
+inline bool amx_gemm_available() noexcept {
+#if MOONMOE_AMX_GEMM
+    static const bool granted = [] {
+        if (!cpu_features().amx_bf16 || !packed_gemm_available()) return false;
+        constexpr long request_permission = 0x1023, tile_data = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        return ::syscall(SYS_arch_prctl, request_permission, tile_data) == 0;
+    }();
+    return granted;
+#else
+    return false;
+#endif
+}
+
+/// The AMX kernel's blocking: a micro-tile of C of mr x nr (2 x 2 tiles of 16 x 16), op(A) packed in micro-panels
+/// of mr rows x kc, op(B) in blocks of kc x nc. An A micro-panel (32 KiB) stays in L1 and a B block (512 KiB) in L2.
+struct AmxBlocking {
+    static constexpr index_t mr = 32, nr = 32, kc = 2048, nc = 128, tile_k = 32;
+};
+
+#if MOONMOE_AMX_GEMM
+
+namespace amx {
+
+using P = AmxBlocking;
+
+/// LDTILECFG's 64 bytes (SDM vol. 1, section 20.5): palette 1, and per tile its rows and bytes per row.
+struct alignas(64) TileConfig {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t bytes_per_row[16] = {};
+    std::uint8_t rows[16] = {};
+};
+
+/// Tiles 0-3 hold C's four 16 x 16 f32 quarters, 4-5 two 16 x 32 bf16 tiles of A, 6-7 two tiles of B in k-pairs:
+/// all 16 rows of 64 bytes.
+inline TileConfig tile_config() {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+        c.bytes_per_row[t] = 64;
+        c.rows[t] = 16;
+    }
+    return c;
+}
+
+/// The kc values of a block rounded up to whole tiles (the packed operands are zero past kc).
+inline index_t padded(index_t kc) { return (kc + P::tile_k - 1) / P::tile_k * P::tile_k; }
+
+/// The micro-kernel: out [32][32] (f32, rows ld apart) = in + a b over kcp (a multiple of 32), in being out's own
+/// values or zero (in_c false); a 32 rows of bf16, lda apart (an A micro-panel, or 32 rows of a weight as stored), b a
+/// B micro-panel in k-pairs ([kcp / 2][32][2]).
+MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t lda, const bf16* b, bool in_c,
+                                            float* out, index_t ld) {
+    const std::size_t c_stride = std::size_t(ld) * sizeof(float);
+    if (in_c) {
+        _tile_loadd(0, out, c_stride);
+        _tile_loadd(1, out + 16, c_stride);
+        _tile_loadd(2, out + 16 * ld, c_stride);
+        _tile_loadd(3, out + 16 * ld + 16, c_stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    const std::size_t a_stride = std::size_t(lda) * sizeof(bf16);
+    constexpr std::size_t b_stride = 2 * P::nr * sizeof(bf16);
+    for (index_t k = 0; k < kcp; k += P::tile_k) {
+        _tile_loadd(4, a + k, a_stride);
+        _tile_loadd(5, a + 16 * lda + k, a_stride);
+        _tile_loadd(6, b + k * P::nr, b_stride);       // pair-rows k/2 .. k/2 + 15, columns 0-15
+        _tile_loadd(7, b + k * P::nr + 32, b_stride);  // columns 16-31
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, c_stride);
+    _tile_stored(1, out + 16, c_stride);
+    _tile_stored(2, out + 16 * ld, c_stride);
+    _tile_stored(3, out + 16 * ld + 16, c_stride);
+}
+
+/// C's tile at c (rows ldc apart; the first `rows` rows and the columns of masks lo, hi) gets alpha buf, plus beta C
+/// on the first k block (C unread when beta is 0), added to C on later ones.
+MOONMOE_TARGET_AMX inline void add_tile(const float* buf, float* c, index_t ldc, index_t rows, __mmask16 lo,
+                                        __mmask16 hi, bool first, float alpha, float beta) {
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (index_t i = 0; i < rows; ++i)
+        for (int h = 0; h < 2; ++h) {
+            const __mmask16 mask = h ? hi : lo;
+            float* ci = c + i * ldc + 16 * h;
+            __m512 r = _mm512_mul_ps(va, _mm512_load_ps(buf + i * P::nr + 16 * h));
+            if (!first) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, ci));
+            else if (beta != 0.0f)
+                r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, ci), r);
+            _mm512_mask_storeu_ps(ci, mask, r);
+        }
+}
+
+/// Packs rows [i0, i0 + rows) x columns [k0, k0 + kc) of op(A) into an A micro-panel at dst (32 rows P::kc apart,
+/// zero past `rows` and past kc up to whole tiles).
+inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i0, index_t rows, index_t k0, index_t kc, bf16* dst) {
+    const index_t lda = A.strides[0], kcp = padded(kc);
+    if (ta == Trans::yes)  // row k of A holds column k of op(A): read along it, write down the panel's rows
+        for (index_t k = 0; k < kc; ++k) {
+            const bf16* s = A.data + (k0 + k) * lda + i0;
+            for (index_t i = 0; i < rows; ++i) dst[i * P::kc + k] = s[i];
+        }
+    for (index_t i = 0; i < P::mr; ++i) {
+        bf16* d = dst + i * P::kc;
+        if (i >= rows) {
+            std::fill(d, d + kcp, bf16{});
+            continue;
+        }
+        if (ta == Trans::no) std::memcpy(d, A.data + (i0 + i) * lda + k0, std::size_t(kc) * sizeof(bf16));
+        std::fill(d + kc, d + kcp, bf16{});
+    }
+}
+
+/// Packs rows [k0, k0 + kc) x columns [j0, j0 + nc) of op(B) into B micro-panels in k-pairs ([kcp / 2][32][2] each,
+/// zero past kc and past nc) at dst.
+MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k0, index_t kc, index_t j0, index_t nc,
+                                      bf16* dst) {
+    const index_t ldb = B.strides[0], kcp = padded(kc);
+    const auto* raw = reinterpret_cast<const std::uint16_t*>(B.data);
+    for (index_t jp = 0; jp < nc; jp += P::nr) {
+        const index_t w = std::min(P::nr, nc - jp);
+        auto* d = reinterpret_cast<std::uint16_t*>(dst + jp * kcp);
+        if (tb == Trans::yes) {
+            // column j of op(B) is row j0 + jp + j of B, contiguous in k: a k-pair is one 32-bit word of that row, so
+            // 16 rows x 16 pairs transposed as 32-bit words give 16 pair-rows of 16 columns
+            for (index_t kk = 0; kk < kcp; kk += P::tile_k) {
+                const index_t left = std::clamp<index_t>(kc - kk, 0, P::tile_k);
+                const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+                for (index_t h = 0; h < 2; ++h) {
+                    __m512 r[16];
+                    for (int i = 0; i < 16; ++i) {
+                        const index_t j = 16 * h + i;
+                        r[i] = j < w ? _mm512_castsi512_ps(
+                                           _mm512_maskz_loadu_epi16(mask, raw + (j0 + jp + j) * ldb + k0 + kk))
+                                     : _mm512_setzero_ps();
+                    }
+                    packed::transpose16(r);
+                    for (int p = 0; p < 16; ++p)
+                        _mm512_store_si512(d + (kk / 2 + p) * 2 * P::nr + 32 * h, _mm512_castps_si512(r[p]));
+                }
+            }
+            continue;
+        }
+        // row k of op(B) is row k of B: rows k and k + 1 interleaved element by element
+        const __mmask32 mask = w >= 32 ? ~__mmask32(0) : (__mmask32(1) << w) - 1;
+        const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+        const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+        for (index_t p = 0; p < kcp / 2; ++p) {
+            const index_t k = 2 * p;
+            const __m512i r0 =
+                k < kc ? _mm512_maskz_loadu_epi16(mask, raw + (k0 + k) * ldb + j0 + jp) : _mm512_setzero_si512();
+            const __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(mask, raw + (k0 + k + 1) * ldb + j0 + jp)
+                                          : _mm512_setzero_si512();
+            _mm512_store_si512(d + p * 2 * P::nr, _mm512_permutex2var_epi16(r0, lo, r1));
+            _mm512_store_si512(d + p * 2 * P::nr + 32, _mm512_permutex2var_epi16(r0, hi, r1));
+        }
+    }
+}
+
+/// Columns [lo, hi) of C over all its m rows, with op(A) packed whole at ap (for each k block, its micro-panels in
+/// turn): for each nc columns and each k block, that block of op(B) packed into bp, then the micro-kernel over every
+/// A micro-panel and every B micro-panel. Loads the tile configuration first and releases the tiles after.
+MOONMOE_TARGET_AMX inline void columns(Trans tb, View<const bf16, 2> B, index_t k, float alpha, const bf16* ap,
+                                       float beta, View<float, 2> C, index_t lo, index_t hi, bf16* bp) {
+    const TileConfig config = tile_config();
+    _tile_loadconfig(&config);
+    alignas(64) float buf[P::mr * P::nr];
+    const bool direct = alpha == 1.0f && beta == 0.0f;  // else whole tiles also pass through buf
+    const index_t m = C.shape[0], panels = (m + P::mr - 1) / P::mr;
+    for (index_t j0 = lo; j0 < hi; j0 += P::nc) {
+        const index_t nc = std::min(P::nc, hi - j0);
+        for (index_t k0 = 0; k0 < k; k0 += P::kc) {
+            const index_t kc = std::min(P::kc, k - k0), kcp = padded(kc);
+            pack_b(tb, B, k0, kc, j0, nc, bp);
+            const bf16* a_block = ap + (k0 / P::kc) * panels * P::mr * P::kc;
+            for (index_t p = 0; p < panels; ++p) {
+                const index_t i0 = p * P::mr;
+                for (index_t jp = 0; jp < nc; jp += P::nr) {
+                    const index_t w = std::min(P::nr, nc - jp);
+                    const index_t rows = std::min(P::mr, m - i0);
+                    float* c = C.data + i0 * C.strides[0] + j0 + jp;
+                    const bf16 *a_panel = a_block + p * P::mr * P::kc, *b_panel = bp + jp * kcp;
+                    if (direct && rows == P::mr && w == P::nr) {  // the tiles go to C and come back
+                        micro_kernel(kcp, a_panel, P::kc, b_panel, k0 > 0, c, C.strides[0]);
+                        continue;
+                    }
+                    micro_kernel(kcp, a_panel, P::kc, b_panel, false, buf, P::nr);
+                    add_tile(buf, c, C.strides[0], rows, packed::lanes(w), packed::lanes(w - 16), k0 == 0, alpha, beta);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+/// Rows [r0, r0 + 32) of the weight W [n, k] (as stored) against every token of X, X^T packed whole at xp (token
+/// micro-panels of 32, k-pairs, kp = k padded to tiles): each 32 x 32 tile of C^T summed over all of k in the tiles
+/// (W's whole tiles of k read in place, its last part tile and any rows past n from a zero-padded copy), then written
+/// to C transposed, alpha times it plus beta C.
+MOONMOE_TARGET_AMX inline void weight_rows(View<const bf16, 2> W, index_t r0, const bf16* xp, index_t m, float alpha,
+                                           float beta, View<float, 2> C) {
+    const index_t n = W.shape[0], k = W.shape[1], kp = padded(k), rows = std::min(P::mr, n - r0);
+    const index_t whole = rows == P::mr ? k / P::tile_k * P::tile_k : 0;  // k read in place
+    alignas(64) float buf[P::mr * P::nr];
+    alignas(64) bf16 part[P::mr * P::tile_k];
+    for (index_t t0 = 0; t0 < m; t0 += P::nr) {
+        const bf16* b = xp + t0 * kp;
+        if (whole > 0) micro_kernel(whole, W.data + r0 * W.strides[0], W.strides[0], b, false, buf, P::nr);
+        for (index_t k0 = whole; k0 < kp; k0 += P::tile_k) {  // the rest, through a zero-padded copy
+            for (index_t i = 0; i < P::mr; ++i)
+                for (index_t q = 0; q < P::tile_k; ++q)
+                    part[i * P::tile_k + q] =
+                        i < rows && k0 + q < k ? W.data[(r0 + i) * W.strides[0] + k0 + q] : bf16{};
+            micro_kernel(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0, buf, P::nr);
+        }
+        for (index_t t = t0; t < std::min(m, t0 + P::nr); ++t) {
+            float* c = C.data + t * C.strides[0] + r0;
+            for (index_t i = 0; i < rows; ++i) {
+                const float v = alpha * buf[i * P::nr + (t - t0)];
+                c[i] = beta == 0.0f ? v : v + beta * c[i];
+            }
+        }
+    }
+}
+
+/// The tokens' side of gemm_amx_weights on this thread: the tile configuration, then weight_rows for every 32 rows
+/// of W in [lo, hi).
+MOONMOE_TARGET_AMX inline void weight_part(View<const bf16, 2> W, index_t lo, index_t hi, const bf16* xp, index_t m,
+                                           float alpha, float beta, View<float, 2> C) {
+    const TileConfig config = tile_config();
+    _tile_loadconfig(&config);
+    for (index_t r0 = lo; r0 < hi; r0 += P::mr) weight_rows(W, r0, xp, m, alpha, beta, C);
+    _tile_release();
+}
+
+}  // namespace amx
+
+/// The most rows of X for which gemm_amx runs X W^T with W's rows as the tiles of A (gemm_amx_weights).
+inline constexpr index_t amx_weight_rows = 64;
+
+/// C [m, n] = alpha X [m, k] W [n, k]^T + beta C with few rows of X: computed as C^T = W X^T, so that W, the large
+/// operand, is read once, as stored, straight into the tiles (no packing), and only X^T is packed (k-pairs); each
+/// 32 x 32 tile of C^T sums all of k in the tiles. The rows of W are cut into parts of whole 32-row panels on the
+/// pool. What a decoded token's projections and a sparse expert's few tokens need.
+inline void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta, View<float, 2> C) {
+    using P = AmxBlocking;
+    const index_t m = X.shape[0], n = W.shape[0], kp = amx::padded(X.shape[1]);
+    const index_t tokens = (m + P::nr - 1) / P::nr * P::nr;
+    auto xp = Tensor<bf16, 1>::for_overwrite(Shape<1>{tokens * kp});
+    amx::pack_b(Trans::yes, X, 0, X.shape[1], 0, m, xp.data());
+    const int t = parallel_depth > 0 ? 1 : threads();
+    const index_t panels = (n + P::mr - 1) / P::mr, parts = std::min<index_t>(panels, 4 * index_t(t));
+    const index_t per = (panels + parts - 1) / parts * P::mr;
+    parallel_chunks((n + per - 1) / per, [&](index_t c) {
+        amx::weight_part(W, c * per, std::min(n, c * per + per), xp.data(), m, alpha, beta, C);
+    });
+}
+
+/// C [m, n] = alpha op(A) op(B) + beta C, A and B bf16, C f32, rows of every operand contiguous, on the pool: op(A)
+/// packed once (its micro-panels shared out), then the columns of C cut into parts of whole micro-panels, each part
+/// packing its own blocks of op(B), as gemm_packed cuts them (with few columns, rows are cut instead). Call only
+/// when amx_gemm_available().
+inline void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
+                     View<float, 2> C) {
+    using P = AmxBlocking;
+    const index_t m = C.shape[0], n = C.shape[1], k = ta == Trans::no ? A.shape[1] : A.shape[0];
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // C = beta C (C unread when beta is 0)
+        for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j) {
+                float& c = C.data[i * C.strides[0] + j];
+                c = beta == 0.0f ? 0.0f : beta * c;
+            }
+        return;
+    }
+    if (ta == Trans::no && tb == Trans::yes && m <= amx_weight_rows) {
+        gemm_amx_weights(alpha, A, B, beta, C);
+        return;
+    }
+    const int t = parallel_depth > 0 ? 1 : threads();
+    const index_t nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
+    if (t > 1 && nr_panels < 2 * min_part && m >= 2 * 4 * P::mr) {  // narrow C: cut its rows instead
+        const index_t rows = ((m + 2 * t - 1) / (2 * t) + P::mr - 1) / P::mr * P::mr;
+        parallel_chunks((m + rows - 1) / rows, [&](index_t c) {
+            const index_t r0 = c * rows, r = std::min(rows, m - r0);
+            const View<const bf16, 2> a = ta == Trans::no
+                                              ? View<const bf16, 2>(A.data + r0 * A.strides[0], {r, k}, A.strides)
+                                              : View<const bf16, 2>(A.data + r0, {k, r}, A.strides);
+            // inside a chunk: runs on this thread
+            gemm_amx(ta, tb, alpha, a, B, beta, View<float, 2>(C.data + r0 * C.strides[0], {r, n}, C.strides));
+        });
+        return;
+    }
+    const index_t panels = (m + P::mr - 1) / P::mr, blocks = (k + P::kc - 1) / P::kc;
+    auto a = Tensor<bf16, 1>::for_overwrite(Shape<1>{blocks * panels * P::mr * P::kc});
+    parallel_for(blocks * panels, [&](index_t q) {
+        const index_t k0 = (q / panels) * P::kc, p = q % panels;
+        amx::pack_a(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0),
+                    a.data() + q * P::mr * P::kc);
+    });
+    const index_t parts = std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(t));
+    const index_t width = (nr_panels + parts - 1) / parts * P::nr;
+    const index_t b_values = P::kc * std::min(P::nc, width);
+    parallel_chunks((n + width - 1) / width, [&](index_t c) {
+        auto b = Tensor<bf16, 1>::for_overwrite(Shape<1>{b_values});
+        const index_t lo = c * width, hi = std::min(n, lo + width);
+        amx::columns(tb, B, k, alpha, a.data(), beta, C, lo, hi, b.data());
+    });
+}
+
+#undef MOONMOE_TARGET_AMX
+#else
+inline void gemm_amx(Trans, Trans, float, View<const bf16, 2>, View<const bf16, 2>, float, View<float, 2>) {}
+#endif
+
+}  // namespace moonmoe::backend::cpu_detail
