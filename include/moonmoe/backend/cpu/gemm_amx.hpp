@@ -226,8 +226,12 @@ MOONMOE_TARGET_AMX inline void columns(Trans tb, View<const bf16, 2> B, index_t 
     alignas(64) float buf[P::mr * P::nr];
     const bool direct = alpha == 1.0f && beta == 0.0f;  // else whole tiles also pass through buf
     const index_t m = C.shape[0], panels = (m + P::mr - 1) / P::mr;
-    for (index_t j0 = lo; j0 < hi; j0 += P::nc) {
-        const index_t nc = std::min(P::nc, hi - j0);
+    // blocks of equal width (whole micro-panels, at most P::nc), so that no last block is a narrow one that reads
+    // all of op(A) again for a few columns
+    const index_t blocks = (hi - lo + P::nc - 1) / P::nc;
+    const index_t width = ((hi - lo + blocks - 1) / blocks + P::nr - 1) / P::nr * P::nr;
+    for (index_t j0 = lo; j0 < hi; j0 += width) {
+        const index_t nc = std::min(width, hi - j0);
         for (index_t k0 = 0; k0 < k; k0 += P::kc) {
             const index_t kc = std::min(P::kc, k - k0), kcp = padded(kc);
             pack_b(tb, B, k0, kc, j0, nc, bp);
