@@ -169,6 +169,13 @@ inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i0, index_t rows, in
     }
 }
 
+// GCC 12 warns that the _mm512_undefined_ps() inside the unpack intrinsics of packed::transpose16 "may be used
+// uninitialized" where it is inlined here (a false positive: those lanes are all overwritten); the same transpose in
+// gemm_packed.hpp draws no warning.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /// Packs rows [k0, k0 + kc) x columns [j0, j0 + nc) of op(B) into B micro-panels in k-pairs ([kcp / 2][32][2] each,
 /// zero past kc and past nc) at dst.
 MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k0, index_t kc, index_t j0, index_t nc,
@@ -186,11 +193,11 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
                 const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
                 for (index_t h = 0; h < 2; ++h) {
                     __m512 r[16];
-                    for (int i = 0; i < 16; ++i) {
-                        const index_t j = 16 * h + i;
-                        r[i] = j < w ? _mm512_castsi512_ps(
-                                           _mm512_maskz_loadu_epi16(mask, raw + (j0 + jp + j) * ldb + k0 + kk))
-                                     : _mm512_setzero_ps();
+                    for (int i = 0; i < 16; ++i) {  // rows past w (columns of op(B) past nc) read as zero
+                        const index_t j = std::min(16 * h + i, w - 1);
+                        const __mmask32 row_mask = 16 * h + i < w ? mask : __mmask32(0);
+                        r[i] = _mm512_castsi512_ps(
+                            _mm512_maskz_loadu_epi16(row_mask, raw + (j0 + jp + j) * ldb + k0 + kk));
                     }
                     packed::transpose16(r);
                     for (int p = 0; p < 16; ++p)
@@ -215,6 +222,10 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
         }
     }
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 /// Columns [lo, hi) of C over all its m rows, with op(A) packed whole at ap (for each k block, its micro-panels in
 /// turn): for each nc columns and each k block, that block of op(B) packed into bp, then the micro-kernel over every
@@ -321,54 +332,25 @@ inline void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16
 
 /// C [m, n] = alpha op(A) op(B) + beta C, A and B bf16, C f32, rows of every operand contiguous, on the pool: op(A)
 /// packed once (its micro-panels shared out), then the columns of C cut into parts of whole micro-panels, each part
-/// packing its own blocks of op(B), as gemm_packed cuts them (with few columns, rows are cut instead). Call only
-/// when amx_gemm_available().
+/// packing its own blocks of op(B), as gemm_packed cuts them (packed_driver; with few columns, rows are cut instead).
+/// Call only when amx_gemm_available().
 inline void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
                      View<float, 2> C) {
     using P = AmxBlocking;
     const index_t m = C.shape[0], n = C.shape[1], k = ta == Trans::no ? A.shape[1] : A.shape[0];
     if (m == 0 || n == 0) return;
-    if (k == 0) {  // C = beta C (C unread when beta is 0)
-        for (index_t i = 0; i < m; ++i)
-            for (index_t j = 0; j < n; ++j) {
-                float& c = C.data[i * C.strides[0] + j];
-                c = beta == 0.0f ? 0.0f : beta * c;
-            }
-        return;
-    }
-    if (ta == Trans::no && tb == Trans::yes && m <= amx_weight_rows) {
-        gemm_amx_weights(alpha, A, B, beta, C);
-        return;
-    }
-    const int t = parallel_depth > 0 ? 1 : threads();
-    const index_t nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
-    if (t > 1 && nr_panels < 2 * min_part && m >= 2 * 4 * P::mr) {  // narrow C: cut its rows instead
-        const index_t rows = ((m + 2 * t - 1) / (2 * t) + P::mr - 1) / P::mr * P::mr;
-        parallel_chunks((m + rows - 1) / rows, [&](index_t c) {
-            const index_t r0 = c * rows, r = std::min(rows, m - r0);
-            const View<const bf16, 2> a = ta == Trans::no
-                                              ? View<const bf16, 2>(A.data + r0 * A.strides[0], {r, k}, A.strides)
-                                              : View<const bf16, 2>(A.data + r0, {k, r}, A.strides);
-            // inside a chunk: runs on this thread
-            gemm_amx(ta, tb, alpha, a, B, beta, View<float, 2>(C.data + r0 * C.strides[0], {r, n}, C.strides));
+    if (k == 0) return packed_driver::scale(beta, C);
+    if (ta == Trans::no && tb == Trans::yes && m <= amx_weight_rows) return gemm_amx_weights(alpha, A, B, beta, C);
+    const auto rows_part = [&](View<const bf16, 2> a, View<float, 2> c) { gemm_amx(ta, tb, alpha, a, B, beta, c); };
+    if (packed_driver::cut_rows<P>(ta, A, k, C, rows_part)) return;
+    packed_driver::run<P, bf16>(
+        m, n, k,
+        [&](index_t k0, index_t p, bf16* dst) {
+            amx::pack_a(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0), dst);
+        },
+        [&](const bf16* ap, index_t lo, index_t hi, bf16* bp) {
+            amx::columns(tb, B, k, alpha, ap, beta, C, lo, hi, bp);
         });
-        return;
-    }
-    const index_t panels = (m + P::mr - 1) / P::mr, blocks = (k + P::kc - 1) / P::kc;
-    auto a = Tensor<bf16, 1>::for_overwrite(Shape<1>{blocks * panels * P::mr * P::kc});
-    parallel_for(blocks * panels, [&](index_t q) {
-        const index_t k0 = (q / panels) * P::kc, p = q % panels;
-        amx::pack_a(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0),
-                    a.data() + q * P::mr * P::kc);
-    });
-    const index_t parts = std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(t));
-    const index_t width = (nr_panels + parts - 1) / parts * P::nr;
-    const index_t b_values = P::kc * std::min(P::nc, width);
-    parallel_chunks((n + width - 1) / width, [&](index_t c) {
-        auto b = Tensor<bf16, 1>::for_overwrite(Shape<1>{b_values});
-        const index_t lo = c * width, hi = std::min(n, lo + width);
-        amx::columns(tb, B, k, alpha, a.data(), beta, C, lo, hi, b.data());
-    });
 }
 
 #undef MOONMOE_TARGET_AMX

@@ -46,6 +46,62 @@ struct PackedBlocking {
     static constexpr index_t mr = 12, nr = 32, kc = 512, nc = 512;
 };
 
+/// What the library's packed GEMMs (gemm_packed, and gemm_amx.hpp's) do around their kernels, each in its own
+/// blocking P (mr, nr, kc, nc): the product with no k, the cut of a narrow C by rows, and the driver that packs op(A)
+/// once and shares C's columns out.
+namespace packed_driver {
+
+/// C = beta C (C unread when beta is 0): the product when k is 0.
+inline void scale(float beta, View<float, 2> C) {
+    for (index_t i = 0; i < C.shape[0]; ++i)
+        for (index_t j = 0; j < C.shape[1]; ++j) {
+            float& c = C.data[i * C.strides[0] + j];
+            c = beta == 0.0f ? 0.0f : beta * c;
+        }
+}
+
+/// With more than one thread and a C too narrow to cut into parts of columns (fewer than two parts of 128 columns)
+/// but tall: C's rows cut into up to two parts per thread of whole micro-panels, product(a, c) run on each part's
+/// rows of op(A) and of C, on its own thread. Returns whether it cut.
+template <class P, class TA, class Product>
+bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<float, 2> C, Product product) {
+    const int t = parallel_depth > 0 ? 1 : threads();
+    const index_t m = C.shape[0], n = C.shape[1], nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
+    if (t == 1 || nr_panels >= 2 * min_part || m < 2 * 4 * P::mr) return false;
+    const index_t rows = ((m + 2 * t - 1) / (2 * t) + P::mr - 1) / P::mr * P::mr;
+    parallel_chunks((m + rows - 1) / rows, [&](index_t c) {
+        const index_t r0 = c * rows, r = std::min(rows, m - r0);
+        const View<const TA, 2> a = ta == Trans::no ? View<const TA, 2>(A.data + r0 * A.strides[0], {r, k}, A.strides)
+                                                    : View<const TA, 2>(A.data + r0, {k, r}, A.strides);
+        product(a, View<float, 2>(C.data + r0 * C.strides[0], {r, n}, C.strides));  // runs on this thread
+    });
+    return true;
+}
+
+/// C [m, n] over k in blocking P with packed elements of type TP: op(A) packed once, whole, pack_a(k0, p, dst)
+/// writing the micro-panel p of the k block at k0 (the micro-panels shared out on the pool); then C's columns cut
+/// into parts of whole micro-panels (at least 128 columns, up to two parts per thread), each run as columns(ap, lo,
+/// hi, bp) on one thread with a buffer bp for its blocks of op(B).
+template <class P, class TP, class PackA, class Columns>
+void run(index_t m, index_t n, index_t k, PackA pack_a, Columns columns) {
+    const int t = parallel_depth > 0 ? 1 : threads();
+    const index_t nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
+    const index_t panels = (m + P::mr - 1) / P::mr, blocks = (k + P::kc - 1) / P::kc;
+    auto a = Tensor<TP, 1>::for_overwrite(Shape<1>{blocks * panels * P::mr * P::kc});
+    parallel_for(blocks * panels,
+                 [&](index_t q) { pack_a((q / panels) * P::kc, q % panels, a.data() + q * P::mr * P::kc); });
+    const index_t parts = std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(t));
+    const index_t width = (nr_panels + parts - 1) / parts * P::nr;
+    const index_t b_values = P::kc * std::min(P::nc, width);
+    parallel_chunks((n + width - 1) / width, [&](index_t c) {
+        auto b = Tensor<TP, 1>::for_overwrite(Shape<1>{b_values});
+        const index_t lo = c * width;
+        columns(static_cast<const TP*>(a.data()), lo, std::min(n, lo + width), b.data());
+    });
+}
+
+}  // namespace packed_driver
+
 #if MOONMOE_PACKED_GEMM_AVX512
 #define MOONMOE_UNROLL_ALL _Pragma("GCC unroll 16")
 
@@ -236,46 +292,21 @@ MOONMOE_TARGET_AVX512 void gemm_packed(Trans ta, Trans tb, float alpha, View<con
     using P = PackedBlocking;
     const index_t m = C.shape[0], n = C.shape[1], k = ta == Trans::no ? A.shape[1] : A.shape[0];
     if (m == 0 || n == 0) return;
-    if (k == 0) {  // C = beta C (C unread when beta is 0)
-        for (index_t i = 0; i < m; ++i)
-            for (index_t j = 0; j < n; ++j) {
-                float& c = C.data[i * C.strides[0] + j];
-                c = beta == 0.0f ? 0.0f : beta * c;
-            }
-        return;
-    }
-    const int t = parallel_depth > 0 ? 1 : threads();
-    const index_t nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
-    if (t > 1 && nr_panels < 2 * min_part && m >= 2 * 4 * P::mr) {  // narrow C: cut its rows instead
-        const index_t rows = ((m + 2 * t - 1) / (2 * t) + P::mr - 1) / P::mr * P::mr;
-        parallel_chunks((m + rows - 1) / rows, [&](index_t c) {
-            const index_t r0 = c * rows, r = std::min(rows, m - r0);
-            const View<const TA, 2> a = ta == Trans::no
-                                            ? View<const TA, 2>(A.data + r0 * A.strides[0], {r, k}, A.strides)
-                                            : View<const TA, 2>(A.data + r0, {k, r}, A.strides);
-            // inside a chunk: runs on this thread
-            gemm_packed<TA, TB>(ta, tb, alpha, a, B, beta,
-                                View<float, 2>(C.data + r0 * C.strides[0], {r, n}, C.strides));
+    if (k == 0) return packed_driver::scale(beta, C);
+    const auto rows_part = [&](View<const TA, 2> a, View<float, 2> c) {
+        gemm_packed<TA, TB>(ta, tb, alpha, a, B, beta, c);
+    };
+    if (packed_driver::cut_rows<P>(ta, A, k, C, rows_part)) return;
+    packed_driver::run<P, float>(
+        m, n, k,
+        [&](index_t k0, index_t p, float* dst) {
+            packed::pack_a<TA>(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0), dst);
+        },
+        [&](const float* ap, index_t lo, index_t hi, float* bp) {
+            if (ta == Trans::no) packed::columns<true, TB>(tb, B, k, alpha, ap, beta, C, lo, hi, bp);
+            else
+                packed::columns<false, TB>(tb, B, k, alpha, ap, beta, C, lo, hi, bp);
         });
-        return;
-    }
-    const index_t panels = (m + P::mr - 1) / P::mr, blocks = (k + P::kc - 1) / P::kc;
-    auto a = Tensor<float, 1>::for_overwrite(Shape<1>{blocks * panels * P::mr * P::kc});
-    parallel_for(blocks * panels, [&](index_t q) {
-        const index_t k0 = (q / panels) * P::kc, p = q % panels;
-        packed::pack_a<TA>(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0),
-                           a.data() + q * P::mr * P::kc);
-    });
-    const index_t parts = std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(t));
-    const index_t width = (nr_panels + parts - 1) / parts * P::nr;
-    const index_t b_floats = P::kc * std::min(P::nc, width);
-    parallel_chunks((n + width - 1) / width, [&](index_t c) {
-        auto b = Tensor<float, 1>::for_overwrite(Shape<1>{b_floats});
-        const index_t lo = c * width, hi = std::min(n, lo + width);
-        if (ta == Trans::no) packed::columns<true, TB>(tb, B, k, alpha, a.data(), beta, C, lo, hi, b.data());
-        else
-            packed::columns<false, TB>(tb, B, k, alpha, a.data(), beta, C, lo, hi, b.data());
-    });
 }
 #undef MOONMOE_TARGET_AVX512
 #undef MOONMOE_UNROLL_ALL
