@@ -146,9 +146,14 @@ std::vector<Case> cases() {
     return out;
 }
 
+/// The case of shape {m, n, k} with op(A) = A and the given op(B), alpha and beta, pitched by m % 3, onto `list`.
+void out_of(std::vector<Case>& list, const std::array<index_t, 3>& s, Trans tb, float alpha, float beta) {
+    list.push_back({s[0], s[1], s[2], Trans::no, tb, alpha, beta, index_t(s[0] % 3)});
+}
+
 template <class TC, class TA = bf16>
-void check_path(const char* path) {
-    for (const Case& c : cases()) {
+void check_path(const char* path, const std::vector<Case>& list = cases()) {
+    for (const Case& c : list) {
         const std::string path_name = path;
         CAPTURE(path_name);
         const std::string shape = std::to_string(c.m) + " x " + std::to_string(c.n) + " x " + std::to_string(c.k) +
@@ -253,20 +258,25 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "syrk_bf16 on the CPU, all of its ways (widened to the f32 SYRK, oneDNN's or the AMX kernel's full product "
-    "mirrored): exactly symmetric, against double") {
+    "syrk_bf16 on the CPU, all of its ways (widened to the f32 SYRK, the AMX kernel's lower tiles mirrored as written, "
+    "oneDNN's full product mirrored): exactly symmetric, f32 and bf16 C, against double") {
     const Bf16GemmChoice restore;
-    const index_t n = 520, k = 96;  // three of the f32 SYRK's 256-row blocks, the last partial
-    std::mt19937 gen(5);
-    const std::vector<bf16> x = random_bf16(std::size_t(n * k), gen);
-    const View<const bf16, 2> X(x.data(), {n, k}, {k, 1});
-    const auto run = [&](const char* way) {
+    // three of the f32 SYRK's 256-row blocks, the last partial; on the AMX kernel: X packed (k short of a tile) over
+    // two k blocks (2048) with row tails, X read in place (whole tiles) over three, and X W^T's few-rows path (n <= 64)
+    const std::vector<std::array<index_t, 2>> shapes = {{520, 96}, {100, 2100}, {256, 4128}, {40, 70}};
+    const auto run = [&]<class TC>(TC, const char* way, index_t n, index_t k) {
         CAPTURE(way);
-        std::vector<bf16> c(std::size_t(n * n), bf16::from_float(0.25f));  // symmetric C0
-        Ops::syrk_bf16<bf16>(2.0f, X, 3.0f, View<bf16, 2>(c.data(), {n, n}, {n, 1}));
+        CAPTURE(n);
+        std::mt19937 gen(5);
+        const std::vector<bf16> x = random_bf16(std::size_t(n * k), gen);
+        const View<const bf16, 2> X(x.data(), {n, k}, {k, 1});
+        std::vector<TC> c(std::size_t(n * n), convert<TC>(0.25f));  // symmetric C0
+        Ops::syrk_bf16<TC>(2.0f, X, 3.0f, View<TC, 2>(c.data(), {n, n}, {n, 1}));
+        std::size_t asymmetric = 0, bad = 0;
         for (index_t i = 0; i < n; ++i)
             for (index_t j = 0; j <= i; ++j) {
-                CHECK(c[std::size_t(i * n + j)].bits == c[std::size_t(j * n + i)].bits);
+                const double got = convert<float>(c[std::size_t(i * n + j)]);
+                asymmetric += got != convert<float>(c[std::size_t(j * n + i)]);
                 if ((i + j) % 11) continue;
                 double s = 0, mag = 0;
                 for (index_t p = 0; p < k; ++p) {
@@ -274,23 +284,89 @@ TEST_CASE(
                         double(x[std::size_t(i * k + p)].to_float()) * x[std::size_t(j * k + p)].to_float();
                     s += t, mag += std::abs(t);
                 }
-                const double want = 2 * s + 0.75, got = c[std::size_t(i * n + j)].to_float();
-                CHECK(std::abs(got - want) <= 2 * k * 6e-8 * (2 * mag + 0.75) + std::ldexp(std::abs(want), -8));
+                const double want = 2 * s + 0.75;
+                const double rounding = std::is_same_v<TC, bf16> ? std::ldexp(std::abs(want), -8) : 0.0;
+                bad += !(std::abs(got - want) <= 2 * double(k) * 6e-8 * (2 * mag + 0.75) + rounding);
             }
+        CHECK(asymmetric == 0);
+        CHECK(bad == 0);
+        return c;
     };
-    backend::set_bf16_gemm(Bf16Gemm::widened_f32);
-    run("widened to f32, f32 SYRK");
-    if (backend::cpu_detail::amx_gemm_available()) {
-        backend::set_bf16_gemm(Bf16Gemm::amx);
-        run("AMX, mirrored");
+    for (auto [n, k] : shapes) {
+        backend::set_bf16_gemm(Bf16Gemm::widened_f32);
+        run(bf16{}, "widened to f32, f32 SYRK", n, k);
+        run(0.0f, "widened to f32, f32 SYRK", n, k);
+        if (backend::cpu_detail::amx_gemm_available()) {
+            backend::set_bf16_gemm(Bf16Gemm::amx);
+            const std::vector<bf16> lower = run(bf16{}, "AMX, lower tiles", n, k);
+            run(0.0f, "AMX, lower tiles", n, k);
+            // the lower triangle holds the bits of the kernel's full product (a bf16 C's sums take the same path)
+            std::mt19937 gen(5);
+            const std::vector<bf16> x = random_bf16(std::size_t(n * k), gen);
+            const View<const bf16, 2> X(x.data(), {n, k}, {k, 1});
+            std::vector<bf16> full(std::size_t(n * n), bf16::from_float(0.25f));
+            Ops::gemm_bf16<bf16>(Trans::no, Trans::yes, 2.0f, X, X, 3.0f, View<bf16, 2>(full.data(), {n, n}, {n, 1}));
+            std::size_t differ = 0;
+            for (index_t i = 0; i < n; ++i)
+                for (index_t j = 0; j <= i; ++j)
+                    differ += lower[std::size_t(i * n + j)].bits != full[std::size_t(i * n + j)].bits;
+            CHECK(differ == 0);
+        }
+        if (!backend::cpu_detail::native_bf16()) continue;
+        backend::set_bf16_gemm(Bf16Gemm::onednn);
+        run(bf16{}, "oneDNN bf16, mirrored", n, k);
+        run(0.0f, "oneDNN bf16, mirrored", n, k);
     }
-    backend::set_bf16_gemm(Bf16Gemm::automatic);
-    if (!backend::bf16_gemm_uses_onednn()) {
-        MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());
+    if (!backend::cpu_detail::amx_gemm_available()) MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
+    if (!backend::cpu_detail::native_bf16()) MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());
+}
+
+TEST_CASE(
+    "gemm_bf16 on the AMX kernel: A's rows read in place, a bf16 C rounded once as bf16::from_float rounds, NaN as "
+    "0x7FC0") {
+    const Bf16GemmChoice restore;
+    if (!backend::cpu_detail::amx_gemm_available()) {
+        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
         return;
     }
-    backend::set_bf16_gemm(Bf16Gemm::onednn);
-    run("oneDNN bf16, mirrored");
+    backend::set_bf16_gemm(Bf16Gemm::amx);
+    // whole tiles of rows and of k: op(A) = A read where it is, over one k block and over two (2048 + 32), pitched
+    std::vector<Case> in_place;
+    for (const auto& s : std::vector<std::array<index_t, 3>>{{96, 70, 2080}, {256, 40, 512}})
+        for (Trans tb : {Trans::no, Trans::yes})
+            for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-2.0f, 0.25f}})
+                out_of(in_place, s, tb, alpha, beta);
+    check_path<float>("AMX, A in place", in_place);
+    check_path<bf16>("AMX, A in place", in_place);
+    // where C's tiles are whole and alpha 1, beta 0, an f32 C and a bf16 C take the same sums: the bf16 C is the f32
+    // C rounded, bit for bit
+    for (index_t k : {512, 2080}) {
+        CAPTURE(k);
+        const Case c{96, 64, k, Trans::no, Trans::yes, 1.0f, 0.0f, 0};
+        const Run<float> f = run<float>(c, 3);
+        const Run<bf16> h = run<bf16>(c, 3);
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < f.got.size(); ++i)
+            differ += bf16::from_float(float(f.got[i])).to_float() != float(h.got[i]);
+        CHECK(differ == 0);
+    }
+    // a NaN in a row of A makes that row of C NaN: bf16::from_float's 0x7FC0, whatever NaN the tiles produced
+    const index_t m = 64, n = 96, k = 64;
+    std::vector<bf16> a(std::size_t(m * k), bf16::from_float(1.0f)), b(std::size_t(k * n), bf16::from_float(-1.0f));
+    a[3 * k + 5] = bf16{0xFFC1};  // a negative NaN with a payload
+    std::vector<bf16> c(std::size_t(m * n), bf16::from_float(0.5f));
+    Ops::gemm_bf16<bf16>(Trans::no, Trans::no, 1.0f, View<const bf16, 2>(a.data(), {m, k}, {k, 1}),
+                         View<const bf16, 2>(b.data(), {k, n}, {n, 1}), 1.0f, View<bf16, 2>(c.data(), {m, n}, {n, 1}));
+    std::size_t nan = 0, other = 0;
+    for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+            const bf16 v = c[std::size_t(i * n + j)];
+            if (i == 3) nan += v.bits == 0x7FC0;
+            else
+                other += v.bits == bf16::from_float(-63.5f).bits;
+        }
+    CHECK(nan == std::size_t(n));
+    CHECK(other == std::size_t((m - 1) * n));
 }
 
 TEST_CASE("gemm on the CPU, f32 on each engine: every transpose, alpha and beta, pitched, against double") {

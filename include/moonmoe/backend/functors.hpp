@@ -213,6 +213,11 @@ struct RoundToBF16 {
     MOONMOE_HD void operator()(float& x) const { x = round_bf16(x); }
 };
 
+/// y = round_bf16(x): a value rounded to bf16 and kept in f32.
+struct RoundedCopy {
+    MOONMOE_HD void operator()(float& y, float x) const { y = round_bf16(x); }
+};
+
 /// out = round_bf16(a + b): a bf16 residual add.
 struct SumBF16 {
     MOONMOE_HD void operator()(float& out, float a, float b) const { out = round_bf16(a + b); }

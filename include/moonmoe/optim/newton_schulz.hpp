@@ -94,7 +94,7 @@ struct NSWorkspace {
 template <class B = cpu>
 struct NSWorkspaceBF16 {
     Tensor<float, 2, B> g32;  ///< G rounded to bf16, as f32 (the norm is the rounded values')
-    Tensor<bf16, 2, B> g16;   ///< G / norm in bf16, as stored (transposed into x when G is tall)
+    Tensor<bf16, 2, B> g16;   ///< a tall G / norm in bf16, as stored (transposed into x), and X^T at the end
     Tensor<bf16, 2, B> x, x_next, a, b;
     Tensor<double, 1, B> sum_squares{Shape<1>{1}};
     Tensor<float, 1, B> norm{Shape<1>{1}};
@@ -139,16 +139,18 @@ void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<fl
     if (out.shape != G.shape) throw_shape_mismatch("newton_schulz_bf16", out.shape, G.shape);
     const bool tall = rows > cols;
     ws.fit(rows, cols);
-    // X = bf16(G) / norm(bf16(G)), transposed when G is tall
-    Ops::template cast<bf16, float>(G, ws.g16.view());
-    Ops::template cast<float, bf16>(ws.g16.view(), ws.g32.view());
+    // X = bf16(G) / norm(bf16(G)), transposed when G is tall: G rounded (kept in f32 for the norm), then divided
+    Ops::map(fn::RoundedCopy{}, ws.g32.view(), G);
     Ops::template sum_squares<float>(ws.g32.view(), ws.sum_squares.view());
     Ops::map(detail::BF16Norm{float(clamp_eps)}, ws.norm.template reshape<2>({1, 1}),
              View<const double, 2, B>(ws.sum_squares.template reshape<2>({1, 1})));
-    Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.g16.view(), View<const float, 2, B>(ws.g32.view()));
-    if (tall) Ops::template transpose<bf16>(ws.g16.view(), ws.x.view());
-    else
-        Ops::template copy<bf16>(ws.g16.view(), ws.x.view());
+    const View<const float, 2, B> rounded(ws.g32.view());
+    if (tall) {
+        Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.g16.view(), rounded);
+        Ops::template transpose<bf16>(ws.g16.view(), ws.x.view());
+    } else {
+        Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.x.view(), rounded);
+    }
     for (int it = 0; it < steps; ++it) {
         const NSCoefficients k = detail::coefficients<Coeffs>(it);
         // A = X X^T, then B = c A A + b A, each rounded once (torch's mm and addmm)

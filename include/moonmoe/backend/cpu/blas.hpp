@@ -298,7 +298,7 @@ struct BlasOps<cpu> {
 #endif
         if (engine == GemmEngine::amx) {  // on AMX tiles (gemm_amx.hpp)
             if (shape.m == 0 || shape.n == 0) return;
-            with_f32_c(beta, C, [&](View<float, 2> c) { cpu_detail::gemm_amx(ta, tb, alpha, A, B, beta, c); });
+            cpu_detail::gemm_amx<TC>(ta, tb, alpha, A, B, beta, C);  // a bf16 C rounded in its epilogue
             return;
         }
         if (engine == GemmEngine::packed) {  // widened as it is packed (gemm_packed.hpp)
@@ -344,16 +344,21 @@ struct BlasOps<cpu> {
 
     /// C = alpha X X^T + beta C with a bf16 X [n, k] and a symmetric C [n, n] (f32 or bf16), each element rounded
     /// once. Where gemm_bf16 would widen X X^T to f32 (cpu/gemm_engine.hpp), X is widened once and the f32 SYRK runs
-    /// on it (half the FLOPs of the product); on oneDNN's native bf16 kernels or the AMX kernel, one full product,
-    /// its lower triangle then mirrored above (blocks of the lower triangle ran slower on oneDNN than the whole
-    /// product: docs/precision.md). Either way C comes out exactly symmetric.
+    /// on it (half the FLOPs of the product); on the AMX kernel, its tiles on and below the diagonal, each mirrored
+    /// as it is written (half the FLOPs too); on oneDNN's native bf16 kernels, one full product, its lower triangle
+    /// then mirrored above (blocks of the lower triangle ran slower on oneDNN than the whole product:
+    /// docs/precision.md). Either way C comes out exactly symmetric.
     template <class TC = bf16>
     static void syrk_bf16(float alpha, View<const bf16, 2> X, float beta, View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "syrk_bf16: C is float or bf16");
         contract::check_syrk<bf16>("syrk_bf16", X, C);
         const index_t n = X.shape[0];
-        if (const GemmEngine e = bf16_gemm_engine(Trans::no, Trans::yes, n);
-            e == GemmEngine::onednn || e == GemmEngine::amx) {
+        const GemmEngine e = bf16_gemm_engine(Trans::no, Trans::yes, n);
+        if (e == GemmEngine::amx) {  // the tiles on and below the diagonal, each mirrored as it is written
+            cpu_detail::gemm_amx<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C, true);
+            return;
+        }
+        if (e == GemmEngine::onednn) {
             gemm_bf16<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C);
             cpu_detail::mirror_lower(C);
             return;

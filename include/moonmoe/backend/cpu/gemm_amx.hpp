@@ -10,7 +10,11 @@
 // holds a 32 x 32 tile of C in four accumulator tiles and, per 32 values of k, loads two tiles of A and two of B for
 // four TDPBF16PS. Its sums leave the tiles through a 4 KiB buffer, scaled by alpha and added to C (beta C on the
 // first k block), so C stays f32 between k blocks and every element is summed in one order whatever the cut (where
-// alpha is 1 and beta 0 a whole tile goes to C and comes back into the tiles at the next k block instead).
+// alpha is 1 and beta 0 a whole tile goes to C and comes back into the tiles at the next k block instead). A bf16 C
+// (Newton-Schulz's products, as torch's bf16 mm and addmm: one rounding of alpha A B + beta C) keeps its tiles' sums
+// in an f32 scratch between k blocks and is rounded once at the last, with no f32 copy of C. A symmetric product
+// X X^T (Newton-Schulz's X X^T and A A) computes only the tiles on and below the diagonal and writes each also
+// transposed above it: half the products, and C exactly symmetric.
 //
 // X W^T with few rows of X (up to amx_weight_rows) is computed the other way round, C^T = W X^T: W's rows are already
 // what a tile of A is (16 rows of 32 consecutive k), so W, the large operand, is read once, as stored, straight into
@@ -68,6 +72,9 @@ inline bool amx_gemm_available() noexcept {
 /// of mr rows x kc, op(B) in blocks of kc x nc. An A micro-panel (32 KiB) stays in L1 and a B block (512 KiB) in L2.
 struct AmxBlocking {
     static constexpr index_t mr = 32, nr = 32, kc = 2048, nc = 128, tile_k = 32;
+    /// An A micro-panel's rows 4 KiB + 64 bytes apart: at 4 KiB, the 16 rows of a tile load all fall in one set of
+    /// L1 (of 64 sets of 64-byte lines)
+    static constexpr index_t a_ld = kc + 32;
 };
 
 #if MOONMOE_AMX_GEMM
@@ -97,17 +104,17 @@ inline TileConfig tile_config() {
 /// The kc values of a block rounded up to whole tiles (the packed operands are zero past kc).
 inline index_t padded(index_t kc) { return (kc + P::tile_k - 1) / P::tile_k * P::tile_k; }
 
-/// The micro-kernel: out [32][32] (f32, rows ld apart) = in + a b over kcp (a multiple of 32), in being out's own
-/// values or zero (in_c false); a 32 rows of bf16, lda apart (an A micro-panel, or 32 rows of a weight as stored), b a
-/// B micro-panel in k-pairs ([kcp / 2][32][2]).
-MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t lda, const bf16* b, bool in_c,
-                                            float* out, index_t ld) {
-    const std::size_t c_stride = std::size_t(ld) * sizeof(float);
-    if (in_c) {
-        _tile_loadd(0, out, c_stride);
-        _tile_loadd(1, out + 16, c_stride);
-        _tile_loadd(2, out + 16 * ld, c_stride);
-        _tile_loadd(3, out + 16 * ld + 16, c_stride);
+/// The micro-kernel: out [32][32] (f32, rows ld_out apart) = in + a b over kcp (a multiple of 32), in [32][32] (rows
+/// ld_in apart; may be out itself) or zero (in null); a 32 rows of bf16, lda apart (an A micro-panel, or 32 rows of a
+/// weight as stored), b a B micro-panel in k-pairs ([kcp / 2][32][2]).
+MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t lda, const bf16* b, const float* in,
+                                            index_t ld_in, float* out, index_t ld_out) {
+    if (in) {
+        const std::size_t in_stride = std::size_t(ld_in) * sizeof(float);
+        _tile_loadd(0, in, in_stride);
+        _tile_loadd(1, in + 16, in_stride);
+        _tile_loadd(2, in + 16 * ld_in, in_stride);
+        _tile_loadd(3, in + 16 * ld_in + 16, in_stride);
     } else {
         _tile_zero(0);
         _tile_zero(1);
@@ -126,10 +133,73 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, out, c_stride);
-    _tile_stored(1, out + 16, c_stride);
-    _tile_stored(2, out + 16 * ld, c_stride);
-    _tile_stored(3, out + 16 * ld + 16, c_stride);
+    const std::size_t out_stride = std::size_t(ld_out) * sizeof(float);
+    _tile_stored(0, out, out_stride);
+    _tile_stored(1, out + 16, out_stride);
+    _tile_stored(2, out + 16 * ld_out, out_stride);
+    _tile_stored(3, out + 16 * ld_out + 16, out_stride);
+}
+
+// GCC 12 warns that the _mm512_undefined_*() inside intrinsics (the unpacks of packed::transpose16, the cast of
+// load_c) "may be used uninitialized" where they are inlined below (a false positive: those lanes are all
+// overwritten or never read); the same transpose in gemm_packed.hpp draws no warning.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+/// 16 elements of C at c (the lanes of mask; the others read as zero), widened to f32 from a bf16 C.
+MOONMOE_TARGET_AMX inline __m512 load_c(const float* c, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, c); }
+MOONMOE_TARGET_AMX inline __m512 load_c(const bf16* c, __mmask16 mask) {
+    const __m256i raw = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(__mmask32(mask), c));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+/// Stores the lanes of mask of v at c, rounded to a bf16 C as bf16::from_float rounds (to nearest even, every NaN
+/// as 0x7FC0).
+MOONMOE_TARGET_AMX inline void store_c(float* c, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(c, mask, v); }
+MOONMOE_TARGET_AMX inline void store_c(bf16* c, __mmask16 mask, __m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+    _mm512_mask_cvtepi32_storeu_epi16(c, mask, r);
+}
+
+/// The last step of a tile whose sums are all in buf ([32][32]): C's tile at (i0, j0) (its first `rows` rows and `w`
+/// columns) = alpha buf + beta C (C unread when beta is 0), rounded once where C is bf16. With `mirror` (a symmetric
+/// product), only its elements on and below C's diagonal, each written also at its mirror image above the diagonal
+/// (the tile transposed in registers), so that C comes out exactly symmetric; C is read on and below it only.
+template <class TC>
+MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index_t j0, index_t rows, index_t w,
+                                    float alpha, float beta, bool mirror) {
+    const index_t ldc = C.strides[0];
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (index_t i = 0; i < rows; ++i)
+        for (index_t h = 0; h < 2; ++h) {
+            const index_t width = mirror ? std::min(w, i0 + i - j0 + 1) : w;  // columns j0 + j <= row i0 + i
+            const __mmask16 mask = packed::lanes(width - 16 * h);
+            if (!mask) continue;
+            TC* c = C.data + (i0 + i) * ldc + j0 + 16 * h;
+            __m512 r = _mm512_mul_ps(va, _mm512_load_ps(buf + i * P::nr + 16 * h));
+            if (beta != 0.0f) r = _mm512_fmadd_ps(vb, load_c(c, mask), r);
+            store_c(c, mask, r);
+            if (mirror) _mm512_store_ps(buf + i * P::nr + 16 * h, r);
+        }
+    if (!mirror) return;
+    for (index_t qi = 0; qi < 2; ++qi)
+        for (index_t qj = 0; qj < 2; ++qj) {
+            const index_t r0 = i0 + 16 * qi, c0 = j0 + 16 * qj;              // the quarter's first row and column in C
+            if (16 * qi >= rows || 16 * qj >= w || r0 + 15 <= c0) continue;  // nothing strictly below the diagonal
+            __m512 r[16];
+            for (int x = 0; x < 16; ++x) r[x] = _mm512_load_ps(buf + (16 * qi + x) * P::nr + 16 * qj);
+            packed::transpose16(r);  // r[y]: column c0 + y of the quarter, rows r0 .. r0 + 15
+            const __mmask16 valid = packed::lanes(rows - 16 * qi);
+            for (index_t y = 0; y < std::min<index_t>(16, w - 16 * qj); ++y) {
+                const __mmask16 below = valid & __mmask16(~packed::lanes(c0 + y - r0 + 1));  // rows r0 + x > c0 + y
+                if (below) store_c(C.data + (c0 + y) * ldc + r0, below, r[y]);
+            }
+        }
 }
 
 /// C's tile at c (rows ldc apart; the first `rows` rows and the columns of masks lo, hi) gets alpha buf, plus beta C
@@ -149,17 +219,17 @@ MOONMOE_TARGET_AMX inline void add_tile(const float* buf, float* c, index_t ldc,
         }
 }
 
-/// Packs rows [i0, i0 + rows) x columns [k0, k0 + kc) of op(A) into an A micro-panel at dst (32 rows P::kc apart,
+/// Packs rows [i0, i0 + rows) x columns [k0, k0 + kc) of op(A) into an A micro-panel at dst (32 rows P::a_ld apart,
 /// zero past `rows` and past kc up to whole tiles).
 inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i0, index_t rows, index_t k0, index_t kc, bf16* dst) {
     const index_t lda = A.strides[0], kcp = padded(kc);
     if (ta == Trans::yes)  // row k of A holds column k of op(A): read along it, write down the panel's rows
         for (index_t k = 0; k < kc; ++k) {
             const bf16* s = A.data + (k0 + k) * lda + i0;
-            for (index_t i = 0; i < rows; ++i) dst[i * P::kc + k] = s[i];
+            for (index_t i = 0; i < rows; ++i) dst[i * P::a_ld + k] = s[i];
         }
     for (index_t i = 0; i < P::mr; ++i) {
-        bf16* d = dst + i * P::kc;
+        bf16* d = dst + i * P::a_ld;
         if (i >= rows) {
             std::fill(d, d + kcp, bf16{});
             continue;
@@ -169,13 +239,6 @@ inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i0, index_t rows, in
     }
 }
 
-// GCC 12 warns that the _mm512_undefined_ps() inside the unpack intrinsics of packed::transpose16 "may be used
-// uninitialized" where it is inlined here (a false positive: those lanes are all overwritten); the same transpose in
-// gemm_packed.hpp draws no warning.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 /// Packs rows [k0, k0 + kc) x columns [j0, j0 + nc) of op(B) into B micro-panels in k-pairs ([kcp / 2][32][2] each,
 /// zero past kc and past nc) at dst.
 MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k0, index_t kc, index_t j0, index_t nc,
@@ -223,20 +286,24 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
     }
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 /// Columns [lo, hi) of C over all its m rows, with op(A) packed whole at ap (for each k block, its micro-panels in
 /// turn): for each nc columns and each k block, that block of op(B) packed into bp, then the micro-kernel over every
-/// A micro-panel and every B micro-panel. Loads the tile configuration first and releases the tiles after.
-MOONMOE_TARGET_AMX inline void columns(Trans tb, View<const bf16, 2> B, index_t k, float alpha, const bf16* ap,
-                                       float beta, View<float, 2> C, index_t lo, index_t hi, bf16* bp) {
+/// A micro-panel and every B micro-panel (with `lower`, those on or below C's diagonal only, finished by
+/// finish_tile's mirror). An f32 C of a general product takes its sums between k blocks (whole tiles straight into
+/// the tiles where alpha is 1 and beta 0, else through add_tile); a bf16 C or a symmetric product keeps them in acc
+/// (m rounded up to tiles x nc, f32; only needed with more than one k block) and finishes each tile after the last.
+/// Loads the tile configuration first and releases the tiles after.
+template <class TC>
+MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16, 2> B, index_t k, float alpha,
+                                const bf16* ap, float beta, View<TC, 2> C, index_t lo, index_t hi, bf16* bp, float* acc,
+                                bool lower) {
     const TileConfig config = tile_config();
     _tile_loadconfig(&config);
     alignas(64) float buf[P::mr * P::nr];
-    const bool direct = alpha == 1.0f && beta == 0.0f;  // else whole tiles also pass through buf
+    const bool direct = alpha == 1.0f && beta == 0.0f;          // else whole tiles also pass through buf
+    const bool finished = !std::is_same_v<TC, float> || lower;  // each tile finished after the last k block
     const index_t m = C.shape[0], panels = (m + P::mr - 1) / P::mr;
+    const index_t lda = A.strides[0], a_ld = ap ? P::a_ld : lda;  // an A micro-panel's rows: packed, or A's own
     // blocks of equal width (whole micro-panels, at most P::nc), so that no last block is a narrow one that reads
     // all of op(A) again for a few columns
     const index_t blocks = (hi - lo + P::nc - 1) / P::nc;
@@ -245,21 +312,39 @@ MOONMOE_TARGET_AMX inline void columns(Trans tb, View<const bf16, 2> B, index_t 
         const index_t nc = std::min(width, hi - j0);
         for (index_t k0 = 0; k0 < k; k0 += P::kc) {
             const index_t kc = std::min(P::kc, k - k0), kcp = padded(kc);
+            const bool last = k0 + kc == k;
             pack_b(tb, B, k0, kc, j0, nc, bp);
-            const bf16* a_block = ap + (k0 / P::kc) * panels * P::mr * P::kc;
-            for (index_t p = 0; p < panels; ++p) {
+            const bf16* a_block = ap ? ap + (k0 / P::kc) * panels * P::mr * P::a_ld : nullptr;
+            for (index_t p = lower ? j0 / P::mr : 0; p < panels; ++p) {  // with lower, from the first that reaches j0
                 const index_t i0 = p * P::mr;
                 for (index_t jp = 0; jp < nc; jp += P::nr) {
+                    if (lower && i0 + P::mr <= j0 + jp) continue;  // wholly above the diagonal
                     const index_t w = std::min(P::nr, nc - jp);
                     const index_t rows = std::min(P::mr, m - i0);
-                    float* c = C.data + i0 * C.strides[0] + j0 + jp;
-                    const bf16 *a_panel = a_block + p * P::mr * P::kc, *b_panel = bp + jp * kcp;
-                    if (direct && rows == P::mr && w == P::nr) {  // the tiles go to C and come back
-                        micro_kernel(kcp, a_panel, P::kc, b_panel, k0 > 0, c, C.strides[0]);
+                    const bf16* b_panel = bp + jp * kcp;
+                    const bf16* a_panel = ap ? a_block + p * P::mr * P::a_ld : A.data + i0 * lda + k0;
+                    if (finished) {
+                        float* sums = acc + i0 * P::nc + jp;  // this tile's sums over the k blocks so far
+                        const float* in = k0 > 0 ? sums : nullptr;
+                        if (!last) {
+                            micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, sums, P::nc);
+                            continue;
+                        }
+                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, buf, P::nr);
+                        finish_tile(buf, C, i0, j0 + jp, rows, w, alpha, beta, lower);
                         continue;
                     }
-                    micro_kernel(kcp, a_panel, P::kc, b_panel, false, buf, P::nr);
-                    add_tile(buf, c, C.strides[0], rows, packed::lanes(w), packed::lanes(w - 16), k0 == 0, alpha, beta);
+                    if constexpr (std::is_same_v<TC, float>) {
+                        float* c = C.data + i0 * C.strides[0] + j0 + jp;
+                        if (direct && rows == P::mr && w == P::nr) {  // the tiles go to C and come back
+                            micro_kernel(kcp, a_panel, a_ld, b_panel, k0 > 0 ? c : nullptr, C.strides[0], c,
+                                         C.strides[0]);
+                            continue;
+                        }
+                        micro_kernel(kcp, a_panel, a_ld, b_panel, nullptr, 0, buf, P::nr);
+                        add_tile(buf, c, C.strides[0], rows, packed::lanes(w), packed::lanes(w - 16), k0 == 0, alpha,
+                                 beta);
+                    }
                 }
             }
         }
@@ -267,31 +352,36 @@ MOONMOE_TARGET_AMX inline void columns(Trans tb, View<const bf16, 2> B, index_t 
     _tile_release();
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 /// Rows [r0, r0 + 32) of the weight W [n, k] (as stored) against every token of X, X^T packed whole at xp (token
 /// micro-panels of 32, k-pairs, kp = k padded to tiles): each 32 x 32 tile of C^T summed over all of k in the tiles
 /// (W's whole tiles of k read in place, its last part tile and any rows past n from a zero-padded copy), then written
-/// to C transposed, alpha times it plus beta C.
-MOONMOE_TARGET_AMX inline void weight_rows(View<const bf16, 2> W, index_t r0, const bf16* xp, index_t m, float alpha,
-                                           float beta, View<float, 2> C) {
+/// to C transposed, alpha times it plus beta C, rounded once where C is bf16.
+template <class TC>
+MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf16* xp, index_t m, float alpha,
+                                    float beta, View<TC, 2> C) {
     const index_t n = W.shape[0], k = W.shape[1], kp = padded(k), rows = std::min(P::mr, n - r0);
     const index_t whole = rows == P::mr ? k / P::tile_k * P::tile_k : 0;  // k read in place
     alignas(64) float buf[P::mr * P::nr];
     alignas(64) bf16 part[P::mr * P::tile_k];
     for (index_t t0 = 0; t0 < m; t0 += P::nr) {
         const bf16* b = xp + t0 * kp;
-        if (whole > 0) micro_kernel(whole, W.data + r0 * W.strides[0], W.strides[0], b, false, buf, P::nr);
+        if (whole > 0) micro_kernel(whole, W.data + r0 * W.strides[0], W.strides[0], b, nullptr, 0, buf, P::nr);
         for (index_t k0 = whole; k0 < kp; k0 += P::tile_k) {  // the rest, through a zero-padded copy
             for (index_t i = 0; i < P::mr; ++i)
                 for (index_t q = 0; q < P::tile_k; ++q)
                     part[i * P::tile_k + q] =
                         i < rows && k0 + q < k ? W.data[(r0 + i) * W.strides[0] + k0 + q] : bf16{};
-            micro_kernel(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0, buf, P::nr);
+            micro_kernel(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0 ? buf : nullptr, P::nr, buf, P::nr);
         }
         for (index_t t = t0; t < std::min(m, t0 + P::nr); ++t) {
-            float* c = C.data + t * C.strides[0] + r0;
+            TC* c = C.data + t * C.strides[0] + r0;
             for (index_t i = 0; i < rows; ++i) {
                 const float v = alpha * buf[i * P::nr + (t - t0)];
-                c[i] = beta == 0.0f ? v : v + beta * c[i];
+                c[i] = convert<TC>(beta == 0.0f ? v : v + beta * convert<float>(c[i]));
             }
         }
     }
@@ -299,8 +389,9 @@ MOONMOE_TARGET_AMX inline void weight_rows(View<const bf16, 2> W, index_t r0, co
 
 /// The tokens' side of gemm_amx_weights on this thread: the tile configuration, then weight_rows for every 32 rows
 /// of W in [lo, hi).
-MOONMOE_TARGET_AMX inline void weight_part(View<const bf16, 2> W, index_t lo, index_t hi, const bf16* xp, index_t m,
-                                           float alpha, float beta, View<float, 2> C) {
+template <class TC>
+MOONMOE_TARGET_AMX void weight_part(View<const bf16, 2> W, index_t lo, index_t hi, const bf16* xp, index_t m,
+                                    float alpha, float beta, View<TC, 2> C) {
     const TileConfig config = tile_config();
     _tile_loadconfig(&config);
     for (index_t r0 = lo; r0 < hi; r0 += P::mr) weight_rows(W, r0, xp, m, alpha, beta, C);
@@ -316,7 +407,8 @@ inline constexpr index_t amx_weight_rows = 64;
 /// operand, is read once, as stored, straight into the tiles (no packing), and only X^T is packed (k-pairs); each
 /// 32 x 32 tile of C^T sums all of k in the tiles. The rows of W are cut into parts of whole 32-row panels on the
 /// pool. What a decoded token's projections and a sparse expert's few tokens need.
-inline void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta, View<float, 2> C) {
+template <class TC>
+void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta, View<TC, 2> C) {
     using P = AmxBlocking;
     const index_t m = X.shape[0], n = W.shape[0], kp = amx::padded(X.shape[1]);
     const index_t tokens = (m + P::nr - 1) / P::nr * P::nr;
@@ -330,32 +422,49 @@ inline void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16
     });
 }
 
-/// C [m, n] = alpha op(A) op(B) + beta C, A and B bf16, C f32, rows of every operand contiguous, on the pool: op(A)
-/// packed once (its micro-panels shared out), then the columns of C cut into parts of whole micro-panels, each part
-/// packing its own blocks of op(B), as gemm_packed cuts them (packed_driver; with few columns, rows are cut instead).
-/// Call only when amx_gemm_available().
-inline void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
-                     View<float, 2> C) {
+/// C [m, n] = alpha op(A) op(B) + beta C, A and B bf16, C f32 or bf16 (each element rounded once, from f32 sums), rows
+/// of every operand contiguous, on the pool: op(A) packed once (its micro-panels shared out), then the columns of C
+/// cut into parts of whole micro-panels, each part packing its own blocks of op(B), as gemm_packed cuts them
+/// (packed_driver; with few columns, rows are cut instead). `symmetric`: C = alpha X X^T + beta C (A = B = X, Trans
+/// no and yes) with a symmetric C, of which only the tiles on and below the diagonal are computed (half the FLOPs),
+/// and C read there only; it comes out exactly symmetric. Call only when amx_gemm_available().
+template <class TC = float>
+void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta, View<TC, 2> C,
+              bool symmetric = false) {
     using P = AmxBlocking;
     const index_t m = C.shape[0], n = C.shape[1], k = ta == Trans::no ? A.shape[1] : A.shape[0];
     if (m == 0 || n == 0) return;
     if (k == 0) return packed_driver::scale(beta, C);
-    if (ta == Trans::no && tb == Trans::yes && m <= amx_weight_rows) return gemm_amx_weights(alpha, A, B, beta, C);
-    const auto rows_part = [&](View<const bf16, 2> a, View<float, 2> c) { gemm_amx(ta, tb, alpha, a, B, beta, c); };
-    if (packed_driver::cut_rows<P>(ta, A, k, C, rows_part)) return;
+    if (ta == Trans::no && tb == Trans::yes && m <= amx_weight_rows) {
+        gemm_amx_weights(alpha, A, B, beta, C);
+        if (symmetric)  // computed whole: the lower triangle mirrored, as the larger products' tiles are
+            for (index_t i = 0; i < m; ++i)
+                for (index_t j = 0; j < i; ++j) C.data[j * C.strides[0] + i] = C.data[i * C.strides[0] + j];
+        return;
+    }
+    const auto rows_part = [&](View<const bf16, 2> a, View<TC, 2> c) { gemm_amx<TC>(ta, tb, alpha, a, B, beta, c); };
+    if (!symmetric && packed_driver::cut_rows<P>(ta, A, k, C, rows_part)) return;
+    const index_t sums = std::is_same_v<TC, float> && !symmetric ? 0 : (m + P::mr - 1) / P::mr * P::mr * P::nc;
+    const auto columns = [&](const bf16* ap, index_t lo, index_t hi, bf16* bp) {
+        // a bf16 C's or a symmetric product's sums between k blocks
+        auto acc = Tensor<float, 1>::for_overwrite(Shape<1>{k > P::kc ? sums : 0});
+        amx::columns<TC>(A, tb, B, k, alpha, ap, beta, C, lo, hi, bp, acc.data(), symmetric);
+    };
+    // A's own rows are what the tiles of A take where they fill whole tiles (32 rows, k in whole tiles): no packing
+    if (ta == Trans::no && m % P::mr == 0 && k % P::tile_k == 0)
+        return packed_driver::run<P, bf16>(m, n, k, nullptr, columns, symmetric);
     packed_driver::run<P, bf16>(
         m, n, k,
         [&](index_t k0, index_t p, bf16* dst) {
             amx::pack_a(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0), dst);
         },
-        [&](const bf16* ap, index_t lo, index_t hi, bf16* bp) {
-            amx::columns(tb, B, k, alpha, ap, beta, C, lo, hi, bp);
-        });
+        columns, symmetric);
 }
 
 #undef MOONMOE_TARGET_AMX
 #else
-inline void gemm_amx(Trans, Trans, float, View<const bf16, 2>, View<const bf16, 2>, float, View<float, 2>) {}
+template <class TC = float>
+void gemm_amx(Trans, Trans, float, View<const bf16, 2>, View<const bf16, 2>, float, View<TC, 2>, bool = false) {}
 #endif
 
 }  // namespace moonmoe::backend::cpu_detail

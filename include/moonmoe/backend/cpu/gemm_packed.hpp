@@ -20,6 +20,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
 
 #include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
@@ -44,6 +47,7 @@ inline bool packed_gemm_available() noexcept { return small_gemm_available(); }
 /// blocks of kc x nc. kc = 512 and nc = 512 measured best of 256..1024 on the products of docs/cpu_gemm.md.
 struct PackedBlocking {
     static constexpr index_t mr = 12, nr = 32, kc = 512, nc = 512;
+    static constexpr index_t a_ld = kc;  ///< values from one row of an A micro-panel to the next
 };
 
 /// What the library's packed GEMMs (gemm_packed, and gemm_amx.hpp's) do around their kernels, each in its own
@@ -52,19 +56,20 @@ struct PackedBlocking {
 namespace packed_driver {
 
 /// C = beta C (C unread when beta is 0): the product when k is 0.
-inline void scale(float beta, View<float, 2> C) {
+template <class TC>
+void scale(float beta, View<TC, 2> C) {
     for (index_t i = 0; i < C.shape[0]; ++i)
         for (index_t j = 0; j < C.shape[1]; ++j) {
-            float& c = C.data[i * C.strides[0] + j];
-            c = beta == 0.0f ? 0.0f : beta * c;
+            TC& c = C.data[i * C.strides[0] + j];
+            c = convert<TC>(beta == 0.0f ? 0.0f : beta * convert<float>(c));
         }
 }
 
 /// With more than one thread and a C too narrow to cut into parts of columns (fewer than two parts of 128 columns)
 /// but tall: C's rows cut into up to two parts per thread of whole micro-panels, product(a, c) run on each part's
 /// rows of op(A) and of C, on its own thread. Returns whether it cut.
-template <class P, class TA, class Product>
-bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<float, 2> C, Product product) {
+template <class P, class TA, class TC, class Product>
+bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<TC, 2> C, Product product) {
     const int t = parallel_depth > 0 ? 1 : threads();
     const index_t m = C.shape[0], n = C.shape[1], nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
     if (t == 1 || nr_panels >= 2 * min_part || m < 2 * 4 * P::mr) return false;
@@ -73,30 +78,52 @@ bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<float, 2> C, Produc
         const index_t r0 = c * rows, r = std::min(rows, m - r0);
         const View<const TA, 2> a = ta == Trans::no ? View<const TA, 2>(A.data + r0 * A.strides[0], {r, k}, A.strides)
                                                     : View<const TA, 2>(A.data + r0, {k, r}, A.strides);
-        product(a, View<float, 2>(C.data + r0 * C.strides[0], {r, n}, C.strides));  // runs on this thread
+        product(a, View<TC, 2>(C.data + r0 * C.strides[0], {r, n}, C.strides));  // runs on this thread
     });
     return true;
 }
 
 /// C [m, n] over k in blocking P with packed elements of type TP: op(A) packed once, whole, pack_a(k0, p, dst)
-/// writing the micro-panel p of the k block at k0 (the micro-panels shared out on the pool); then C's columns cut
+/// writing the micro-panel p of the k block at k0 (the micro-panels shared out on the pool; pack_a nullptr where
+/// columns reads op(A) as stored, ap then null); then C's columns cut
 /// into parts of whole micro-panels (at least 128 columns, up to two parts per thread), each run as columns(ap, lo,
-/// hi, bp) on one thread with a buffer bp for its blocks of op(B).
+/// hi, bp) on one thread with a buffer bp for its blocks of op(B). With `lower` (a symmetric product computed on and
+/// below the diagonal) the parts hold equal shares of the lower triangle instead of equal widths.
 template <class P, class TP, class PackA, class Columns>
-void run(index_t m, index_t n, index_t k, PackA pack_a, Columns columns) {
+void run(index_t m, index_t n, index_t k, PackA pack_a, Columns columns, bool lower = false) {
     const int t = parallel_depth > 0 ? 1 : threads();
     const index_t nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
     const index_t panels = (m + P::mr - 1) / P::mr, blocks = (k + P::kc - 1) / P::kc;
-    auto a = Tensor<TP, 1>::for_overwrite(Shape<1>{blocks * panels * P::mr * P::kc});
-    parallel_for(blocks * panels,
-                 [&](index_t q) { pack_a((q / panels) * P::kc, q % panels, a.data() + q * P::mr * P::kc); });
+    Tensor<TP, 1> a;
+    if constexpr (!std::is_same_v<PackA, std::nullptr_t>) {  // nullptr: columns reads op(A) where it is
+        a = Tensor<TP, 1>::for_overwrite(Shape<1>{blocks * panels * P::mr * P::a_ld});
+        parallel_for(blocks * panels,
+                     [&](index_t q) { pack_a((q / panels) * P::kc, q % panels, a.data() + q * P::mr * P::a_ld); });
+    }
     const index_t parts = std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(t));
-    const index_t width = (nr_panels + parts - 1) / parts * P::nr;
-    const index_t b_values = P::kc * std::min(P::nc, width);
-    parallel_chunks((n + width - 1) / width, [&](index_t c) {
+    std::vector<index_t> bounds(std::size_t(parts) + 1, n);  // part c: columns [bounds[c], bounds[c + 1])
+    index_t widest = 0;
+    if (!lower) {
+        const index_t width = (nr_panels + parts - 1) / parts * P::nr;
+        for (index_t c = 0; c < parts; ++c) bounds[std::size_t(c)] = std::min(n, c * width);
+    } else {  // column panel q holds about m - q nr rows of the triangle
+        const auto height = [&](index_t q) { return std::max<index_t>(m - q * P::nr, 0); };
+        index_t total = 0;
+        for (index_t q = 0; q < nr_panels; ++q) total += height(q);
+        index_t c = 0, sum = 0;
+        bounds[0] = 0;
+        for (index_t q = 0; q < nr_panels && c + 1 < parts; ++q) {
+            sum += height(q);
+            if (sum * parts >= total * (c + 1)) bounds[std::size_t(++c)] = std::min(n, (q + 1) * P::nr);
+        }
+    }
+    for (index_t c = 0; c < parts; ++c) widest = std::max(widest, bounds[std::size_t(c) + 1] - bounds[std::size_t(c)]);
+    const index_t b_values = P::kc * std::min(P::nc, (widest + P::nr - 1) / P::nr * P::nr);
+    parallel_chunks(parts, [&](index_t c) {
+        const index_t lo = bounds[std::size_t(c)], hi = bounds[std::size_t(c) + 1];
+        if (lo >= hi) return;
         auto b = Tensor<TP, 1>::for_overwrite(Shape<1>{b_values});
-        const index_t lo = c * width;
-        columns(static_cast<const TP*>(a.data()), lo, std::min(n, lo + width), b.data());
+        columns(static_cast<const TP*>(a.data()), lo, hi, b.data());
     });
 }
 

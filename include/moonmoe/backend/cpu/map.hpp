@@ -35,7 +35,10 @@ void for_each_block(index_t rows, index_t cols, Body&& body) {
     });
 }
 /// dst [n, m] = op(src [m, n])^T element by element, in tiles of 32 x 32 so both sides are read and written in
-/// whole cache lines (MapOps::transpose, OptimOps::scaled_copy).
+/// whole cache lines (MapOps::transpose, OptimOps::scaled_copy). Each tile is transposed into a local copy first and
+/// then written a whole row of dst at a time: written straight from src's rows, the tile's 32 rows of dst (a
+/// multiple of 4 KiB apart in a wide dst, so all in one set of L1) took turns evicting each other, 32 times per line
+/// (a bf16 16384 x 512 transposed at 0.4 GB/s).
 template <class T, class Op>
 void transpose_tiled(View<const T, 2> src, View<T, 2> dst, const Op& op) {
     const index_t m = src.shape[0], n = src.shape[1];
@@ -43,10 +46,25 @@ void transpose_tiled(View<const T, 2> src, View<T, 2> dst, const Op& op) {
     const index_t tiles_n = (n + tile - 1) / tile;
     parallel_for(((m + tile - 1) / tile) * tiles_n, [&](index_t k) {
         const index_t i0 = k / tiles_n * tile, j0 = k % tiles_n * tile;
-        for (index_t i = i0; i < std::min(m, i0 + tile); ++i)
-            for (index_t j = j0; j < std::min(n, j0 + tile); ++j)
-                dst.data[j * dst.strides[0] + i * dst.strides[1]] =
-                    op(src.data[i * src.strides[0] + j * src.strides[1]]);
+        const index_t rows = std::min(tile, m - i0), cols = std::min(tile, n - j0);
+        T t[tile][tile];  // t[j][i] = op(src[i0 + i, j0 + j])
+        const index_t s1 = src.strides[1], d1 = dst.strides[1];
+        if (rows == tile && cols == tile && s1 == 1 && d1 == 1) {  // whole tile, rows contiguous: fixed trip counts
+            for (index_t i = 0; i < tile; ++i) {
+                const T* s = src.data + (i0 + i) * src.strides[0] + j0;
+                for (index_t j = 0; j < tile; ++j) t[j][i] = op(s[j]);
+            }
+            for (index_t j = 0; j < tile; ++j) std::copy_n(t[j], tile, dst.data + (j0 + j) * dst.strides[0] + i0);
+            return;
+        }
+        for (index_t i = 0; i < rows; ++i) {
+            const T* s = src.data + (i0 + i) * src.strides[0] + j0 * s1;
+            for (index_t j = 0; j < cols; ++j) t[j][i] = op(s[j * s1]);
+        }
+        for (index_t j = 0; j < cols; ++j) {
+            T* d = dst.data + (j0 + j) * dst.strides[0] + i0 * d1;
+            for (index_t i = 0; i < rows; ++i) d[i * d1] = t[j][i];
+        }
     });
 }
 }  // namespace cpu_detail
