@@ -134,13 +134,19 @@ struct SwiGLUBackward {
 
 // ---- optimizers ----
 
+/// x rounded to the nearest bf16 (ties to even), kept as f32: what a bf16 tensor would hold (also the bf16 compute
+/// policy's, below).
+MOONMOE_HD inline float round_bf16(float x) { return convert<float>(convert<bf16>(x)); }
+
 /// Muon's momentum (torch.optim.Muon): m.lerp_(g, 1 - beta); u = g.lerp(m, beta) with Nesterov, else m.
 struct MuonMomentum {
     float beta;
     bool nesterov;
+    bool round_u = false;  ///< u rounded to bf16 (kept in f32): what a bf16 Newton-Schulz does with it first
     MOONMOE_HD void operator()(float& m, float& u, float g) const {
         m += (1.0f - beta) * (g - m);
-        u = nesterov ? g + beta * (m - g) : m;
+        const float v = nesterov ? g + beta * (m - g) : m;
+        u = round_u ? round_bf16(v) : v;
     }
 };
 
@@ -148,6 +154,7 @@ struct MuonMomentum {
 struct DecayAndStep {
     float decay, step;
     MOONMOE_HD void operator()(float& w, float o) const { w = w * decay - step * o; }
+    MOONMOE_HD void operator()(float& w, bf16 o) const { (*this)(w, o.to_float()); }  ///< a bf16 Newton-Schulz's O
 };
 
 /// One AdamW element (torch.optim.AdamW): W *= decay; m.lerp_(g, 1 - b1); v = b2 v + (1 - b2) g^2;
@@ -204,9 +211,6 @@ struct Sum {
 };
 
 // ---- the bf16 compute policy (Precision<BF16>, docs/precision.md): f32 storage holding bf16 values ----
-
-/// x rounded to the nearest bf16 (ties to even), kept as f32: what a bf16 tensor would hold.
-MOONMOE_HD inline float round_bf16(float x) { return convert<float>(convert<bf16>(x)); }
 
 /// x = round_bf16(x): an activation leaving an operation, as torch's bf16 result of it.
 struct RoundToBF16 {

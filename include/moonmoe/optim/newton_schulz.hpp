@@ -93,15 +93,15 @@ struct NSWorkspace {
 /// Scratch for the bf16 iteration on one matrix shape (Muon keeps one per shape); all of it on the backend.
 template <class B = cpu>
 struct NSWorkspaceBF16 {
-    Tensor<float, 2, B> g32;  ///< G rounded to bf16, as f32 (the norm is the rounded values')
+    Tensor<float, 2, B> g32;  ///< newton_schulz_bf16's G rounded to bf16, as f32 (Muon's step rounds its own)
     Tensor<bf16, 2, B> g16;   ///< a tall G / norm in bf16, as stored (transposed into x), and X^T at the end
     Tensor<bf16, 2, B> x, x_next, a, b;
     Tensor<double, 1, B> sum_squares{Shape<1>{1}};
     Tensor<float, 1, B> norm{Shape<1>{1}};
     void fit(index_t rows, index_t cols) {
         const index_t n = rows > cols ? cols : rows, m = rows > cols ? rows : cols;
-        if (g32.size(0) == rows && g32.size(1) == cols) return;
-        g32 = Tensor<float, 2, B>({rows, cols}), g16 = Tensor<bf16, 2, B>({rows, cols});
+        if (g16.size(0) == rows && g16.size(1) == cols) return;
+        g16 = Tensor<bf16, 2, B>({rows, cols});
         x = Tensor<bf16, 2, B>({n, m}), x_next = Tensor<bf16, 2, B>({n, m});
         a = Tensor<bf16, 2, B>({n, n}), b = Tensor<bf16, 2, B>({n, n});
     }
@@ -124,35 +124,30 @@ struct DivideToBF16 {
 };
 }  // namespace detail
 
-/// out = NS(G) in bf16 (see the header comment), G and out f32 [rows, cols]; the schedule `Coeffs`, `steps`
-/// iterations, clamp_eps torch's eps. Products::general (the default) multiplies full products, as torch does;
-/// Products::symmetric the symmetric X X^T and A A (= A A^T) by the backend's syrk_bf16, with the same roundings.
-/// Which is faster depends on the hardware: where bf16 products run on oneDNN's native kernels (AVX512_BF16) the
-/// blocks of a bf16 SYRK ran below the full products' rate (2048 x 7168, 2 threads: 1890 against 1648 ms), where
-/// the CPU backend widens bf16 products to f32 its f32 SYRK saves the 28 % of FLOPs (docs/precision.md).
-template <class Coeffs = KellerQuintic, class B = cpu>
-void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<float, 2, B> out, int steps,
-                        NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7, Products products = Products::general) {
+namespace detail {
+/// NS(G) in bf16 from G already rounded to bf16 (held in f32, as newton_schulz_bf16 rounds it first): its iterations,
+/// and the result as a bf16 view of the workspace [rows, cols] (ws.x, or ws.g16 transposed back when G is tall),
+/// valid until the workspace is used again.
+template <class Coeffs, class B>
+View<const bf16, 2, B> newton_schulz_bf16_rounded(View<const float, 2, B> rounded, int steps, NSWorkspaceBF16<B>& ws,
+                                                  double clamp_eps, Products products) {
     using Ops = backend::Ops<B>;
     using backend::Trans;
-    const index_t rows = G.shape[0], cols = G.shape[1];
-    if (out.shape != G.shape) throw_shape_mismatch("newton_schulz_bf16", out.shape, G.shape);
+    const index_t rows = rounded.shape[0], cols = rounded.shape[1];
     const bool tall = rows > cols;
     ws.fit(rows, cols);
-    // X = bf16(G) / norm(bf16(G)), transposed when G is tall: G rounded (kept in f32 for the norm), then divided
-    Ops::map(fn::RoundedCopy{}, ws.g32.view(), G);
-    Ops::template sum_squares<float>(ws.g32.view(), ws.sum_squares.view());
-    Ops::map(detail::BF16Norm{float(clamp_eps)}, ws.norm.template reshape<2>({1, 1}),
+    // X = G / norm(G), transposed when G is tall
+    Ops::template sum_squares<float>(rounded, ws.sum_squares.view());
+    Ops::map(BF16Norm{float(clamp_eps)}, ws.norm.template reshape<2>({1, 1}),
              View<const double, 2, B>(ws.sum_squares.template reshape<2>({1, 1})));
-    const View<const float, 2, B> rounded(ws.g32.view());
     if (tall) {
-        Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.g16.view(), rounded);
+        Ops::map(DivideToBF16{ws.norm.data()}, ws.g16.view(), rounded);
         Ops::template transpose<bf16>(ws.g16.view(), ws.x.view());
     } else {
-        Ops::map(detail::DivideToBF16{ws.norm.data()}, ws.x.view(), rounded);
+        Ops::map(DivideToBF16{ws.norm.data()}, ws.x.view(), rounded);
     }
     for (int it = 0; it < steps; ++it) {
-        const NSCoefficients k = detail::coefficients<Coeffs>(it);
+        const NSCoefficients k = coefficients<Coeffs>(it);
         // A = X X^T, then B = c A A + b A, each rounded once (torch's mm and addmm)
         if (products == Products::symmetric) {
             Ops::template syrk_bf16<bf16>(1.0f, ws.x.view(), 0.0f, ws.a.view());
@@ -169,12 +164,28 @@ void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<fl
                                       ws.x_next.view());
         std::swap(ws.x, ws.x_next);
     }
-    if (tall) {
-        Ops::template transpose<bf16>(ws.x.view(), ws.g16.view());
-        Ops::template cast<float, bf16>(ws.g16.view(), out);
-    } else {
-        Ops::template cast<float, bf16>(ws.x.view(), out);
-    }
+    if (!tall) return ws.x.view();
+    Ops::template transpose<bf16>(ws.x.view(), ws.g16.view());
+    return ws.g16.view();
+}
+}  // namespace detail
+
+/// out = NS(G) in bf16 (see the header comment), G and out f32 [rows, cols]; the schedule `Coeffs`, `steps`
+/// iterations, clamp_eps torch's eps. Products::general (the default) multiplies full products, as torch does;
+/// Products::symmetric the symmetric X X^T and A A (= A A^T) by the backend's syrk_bf16, with the same roundings.
+/// Which is faster depends on the hardware: where bf16 products run on oneDNN's native kernels (AVX512_BF16) the
+/// blocks of a bf16 SYRK ran below the full products' rate (2048 x 7168, 2 threads: 1890 against 1648 ms), where
+/// the CPU backend widens bf16 products to f32 its f32 SYRK saves the 28 % of FLOPs (docs/precision.md).
+template <class Coeffs = KellerQuintic, class B = cpu>
+void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<float, 2, B> out, int steps,
+                        NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7, Products products = Products::general) {
+    using Ops = backend::Ops<B>;
+    if (out.shape != G.shape) throw_shape_mismatch("newton_schulz_bf16", out.shape, G.shape);
+    if (ws.g32.shape() != G.shape) ws.g32 = Tensor<float, 2, B>(G.shape);
+    Ops::map(fn::RoundedCopy{}, ws.g32.view(), G);  // G rounded to bf16, kept in f32 for the norm
+    const View<const bf16, 2, B> o = detail::newton_schulz_bf16_rounded<Coeffs, B>(
+        View<const float, 2, B>(ws.g32.view()), steps, ws, clamp_eps, products);
+    Ops::template cast<float, bf16>(o, out);
 }
 
 /// out = NS(G) with the schedule `Coeffs`, `steps` iterations; G and out are [rows, cols], T = float or double.
