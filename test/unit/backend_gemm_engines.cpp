@@ -46,7 +46,8 @@ struct Case {
     index_t m, n, k;
     Trans ta, tb;
     float alpha, beta;
-    index_t pad;  ///< extra elements at the end of every row of A, B and C (pitched views)
+    index_t pad;           ///< extra elements at the end of every row of A, B and C (pitched views)
+    bool aligned = false;  ///< A and B start on a 64-byte line (else where their vectors' storage starts)
 };
 
 std::vector<bf16> random_bf16(std::size_t n, std::mt19937& gen) {
@@ -84,8 +85,13 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
     std::mt19937 gen(seed);
     const index_t ar = c.ta == Trans::no ? c.m : c.k, ac = c.ta == Trans::no ? c.k : c.m;
     const index_t br = c.tb == Trans::no ? c.k : c.n, bc = c.tb == Trans::no ? c.n : c.k;
-    const std::vector<TA> a = random_operand<TA>(std::size_t(ar * (ac + c.pad)), gen),
-                          b = random_operand<TA>(std::size_t(br * (bc + c.pad)), gen);
+    const std::vector<TA> a_values = random_operand<TA>(std::size_t(ar * (ac + c.pad) + 64), gen),
+                          b_values = random_operand<TA>(std::size_t(br * (bc + c.pad) + 64), gen);
+    const auto start = [&](const std::vector<TA>& v) {
+        const std::uintptr_t past = reinterpret_cast<std::uintptr_t>(v.data()) % 64;
+        return c.aligned ? v.data() + (64 - past) % 64 / sizeof(TA) : v.data();
+    };
+    const TA *a = start(a_values), *b = start(b_values);
     std::vector<TC> cmat(std::size_t(c.m * (c.n + c.pad)));
     std::normal_distribution<float> d;
     for (TC& x : cmat) {
@@ -116,7 +122,7 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
             if constexpr (std::is_same_v<TC, bf16>) bound += std::ldexp(std::abs(want), -8);  // C's own rounding
             r.bound.push_back(bound + 1e-30);
         }
-    const View<const TA, 2> av(a.data(), {ar, ac}, {ac + c.pad, 1}), bv(b.data(), {br, bc}, {bc + c.pad, 1});
+    const View<const TA, 2> av(a, {ar, ac}, {ac + c.pad, 1}), bv(b, {br, bc}, {bc + c.pad, 1});
     const View<TC, 2> cv_out(cmat.data(), {c.m, c.n}, {c.n + c.pad, 1});
     if constexpr (std::is_same_v<TA, bf16>) Ops::gemm_bf16<TC>(c.ta, c.tb, c.alpha, av, bv, c.beta, cv_out);
     else
@@ -134,7 +140,7 @@ std::vector<Case> cases() {
     // kernel (gemm_packed.hpp: micro-tiles of 12 x 32, blocks of k 512 and 512 columns, op(B) transposed in 16 x 16
     // tiles) meets row and column tails in each, more than one column block in {64, 1100, 257} and more than one k
     // block, with a tail of one tile and two, in {13, 530, 530}; the AMX kernel (gemm_amx.hpp: micro-tiles of 32 x 32,
-    // blocks of k 2048 padded to tiles of 32 and 128 columns) meets row tails (300 = 9 x 32 + 12), column tails, k
+    // blocks of k 2048 padded to tiles of 32 and 256 columns) meets row tails (300 = 9 x 32 + 12), column tails, k
     // short of a whole tile in every shape but {300, 40, 64}, and more than one k block in {1, 70, 2100}
     const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},     {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
                                                         {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
@@ -144,11 +150,6 @@ std::vector<Case> cases() {
                 for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 1.0f}, std::pair{-2.0f, 0.25f}})
                     out.push_back({s[0], s[1], s[2], ta, tb, alpha, beta, index_t(s[0] % 3)});
     return out;
-}
-
-/// The case of shape {m, n, k} with op(A) = A and the given op(B), alpha and beta, pitched by m % 3, onto `list`.
-void out_of(std::vector<Case>& list, const std::array<index_t, 3>& s, Trans tb, float alpha, float beta) {
-    list.push_back({s[0], s[1], s[2], Trans::no, tb, alpha, beta, index_t(s[0] % 3)});
 }
 
 template <class TC, class TA = bf16>
@@ -330,12 +331,22 @@ TEST_CASE(
         return;
     }
     backend::set_bf16_gemm(Bf16Gemm::amx);
-    // whole tiles of rows and of k: op(A) = A read where it is, over one k block and over two (2048 + 32), pitched
+    // A is read in place where it is not transposed, its rows fill whole tiles and each starts on a 64-byte line
+    using backend::cpu_detail::amx_reads_a_in_place;
+    std::vector<bf16> storage(64 * 96 + 64);
+    bf16* line = storage.data() + (64 - reinterpret_cast<std::uintptr_t>(storage.data()) % 64) % 64 / sizeof(bf16);
+    CHECK(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line, {64, 64}, {96, 1}), 64, 64));
+    CHECK_FALSE(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line + 1, {64, 64}, {96, 1}), 64, 64));
+    CHECK_FALSE(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line, {64, 64}, {80, 1}), 64, 64));
+    CHECK_FALSE(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line, {48, 64}, {96, 1}), 48, 64));
+    CHECK_FALSE(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line, {64, 48}, {96, 1}), 64, 48));
+    CHECK_FALSE(amx_reads_a_in_place(Trans::yes, View<const bf16, 2>(line, {64, 64}, {96, 1}), 64, 64));
+    // so read over one k block and over two (2048 + 32), dense and pitched by a line
     std::vector<Case> in_place;
     for (const auto& s : std::vector<std::array<index_t, 3>>{{96, 70, 2080}, {256, 40, 512}})
         for (Trans tb : {Trans::no, Trans::yes})
             for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-2.0f, 0.25f}})
-                out_of(in_place, s, tb, alpha, beta);
+                in_place.push_back({s[0], s[1], s[2], Trans::no, tb, alpha, beta, s[0] == 96 ? 0 : 32, true});
     check_path<float>("AMX, A in place", in_place);
     check_path<bf16>("AMX, A in place", in_place);
     // where C's tiles are whole and alpha 1, beta 0, an f32 C and a bf16 C take the same sums: the bf16 C is the f32

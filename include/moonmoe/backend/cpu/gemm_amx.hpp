@@ -69,13 +69,24 @@ inline bool amx_gemm_available() noexcept {
 }
 
 /// The AMX kernel's blocking: a micro-tile of C of mr x nr (2 x 2 tiles of 16 x 16), op(A) packed in micro-panels
-/// of mr rows x kc, op(B) in blocks of kc x nc. An A micro-panel (32 KiB) stays in L1 and a B block (512 KiB) in L2.
+/// of mr rows x kc (128 KiB, from L2), op(B) in blocks of kc x nc (1 MiB: half of L2 on the Sapphire Rapids Xeons,
+/// 2 MiB per core). All of op(A) passes through L2 once for every block of nc columns, from L3 where it is larger than
+/// L2: nc 256 measured 10-20 % faster than 128 on the K2 products of 1024 rows, 384 and 512 slower (docs/cpu_gemm.md).
 struct AmxBlocking {
-    static constexpr index_t mr = 32, nr = 32, kc = 2048, nc = 128, tile_k = 32;
+    static constexpr index_t mr = 32, nr = 32, kc = 2048, nc = 256, tile_k = 32;
     /// An A micro-panel's rows 4 KiB + 64 bytes apart: at 4 KiB, the 16 rows of a tile load all fall in one set of
     /// L1 (of 64 sets of 64-byte lines)
     static constexpr index_t a_ld = kc + 32;
 };
+
+/// Whether gemm_amx reads op(A)'s rows where they are, as the tiles of A, instead of packing them: A not transposed,
+/// its rows whole tiles (m a multiple of 32, k of 32), and every row starting on a 64-byte line (a tile row across
+/// two lines costs two: 25-30 % on the K2 products, where packing costs a few percent).
+inline bool amx_reads_a_in_place(Trans ta, View<const bf16, 2> A, index_t m, index_t k) {
+    const auto line = [](std::uintptr_t bytes) { return bytes % 64 == 0; };
+    return ta == Trans::no && m % AmxBlocking::mr == 0 && k % AmxBlocking::tile_k == 0 &&
+           line(reinterpret_cast<std::uintptr_t>(A.data)) && line(std::uintptr_t(A.strides[0]) * sizeof(bf16));
+}
 
 #if MOONMOE_AMX_GEMM
 
@@ -450,9 +461,8 @@ void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const
         auto acc = Tensor<float, 1>::for_overwrite(Shape<1>{k > P::kc ? sums : 0});
         amx::columns<TC>(A, tb, B, k, alpha, ap, beta, C, lo, hi, bp, acc.data(), symmetric);
     };
-    // A's own rows are what the tiles of A take where they fill whole tiles (32 rows, k in whole tiles): no packing
-    if (ta == Trans::no && m % P::mr == 0 && k % P::tile_k == 0)
-        return packed_driver::run<P, bf16>(m, n, k, nullptr, columns, symmetric);
+    // A's own rows are what the tiles of A take where they fill whole tiles on whole lines: no packing
+    if (amx_reads_a_in_place(ta, A, m, k)) return packed_driver::run<P, bf16>(m, n, k, nullptr, columns, symmetric);
     packed_driver::run<P, bf16>(
         m, n, k,
         [&](index_t k0, index_t p, bf16* dst) {
