@@ -8,6 +8,7 @@
 // oneDNN (or AMX) say so and check nothing more where this build or CPU lacks it (the message names which).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
@@ -77,6 +78,12 @@ std::vector<TA> random_operand(std::size_t n, std::mt19937& gen) {
     }
 }
 
+/// The first element of v that starts a 64-byte line (v holds at least 64 bytes more than it is used for).
+template <class T>
+T* first_on_line(std::vector<T>& v) {
+    return v.data() + (64 - reinterpret_cast<std::uintptr_t>(v.data()) % 64) % 64 / sizeof(T);
+}
+
 double widen(bf16 x) { return double(x.to_float()); }
 double widen(float x) { return double(x); }
 
@@ -85,13 +92,10 @@ Run<TC> run(const Case& c, std::uint32_t seed) {
     std::mt19937 gen(seed);
     const index_t ar = c.ta == Trans::no ? c.m : c.k, ac = c.ta == Trans::no ? c.k : c.m;
     const index_t br = c.tb == Trans::no ? c.k : c.n, bc = c.tb == Trans::no ? c.n : c.k;
-    const std::vector<TA> a_values = random_operand<TA>(std::size_t(ar * (ac + c.pad) + 64), gen),
-                          b_values = random_operand<TA>(std::size_t(br * (bc + c.pad) + 64), gen);
-    const auto start = [&](const std::vector<TA>& v) {
-        const std::uintptr_t past = reinterpret_cast<std::uintptr_t>(v.data()) % 64;
-        return c.aligned ? v.data() + (64 - past) % 64 / sizeof(TA) : v.data();
-    };
-    const TA *a = start(a_values), *b = start(b_values);
+    std::vector<TA> a_values = random_operand<TA>(std::size_t(ar * (ac + c.pad) + 64), gen),
+                    b_values = random_operand<TA>(std::size_t(br * (bc + c.pad) + 64), gen);
+    const TA* a = c.aligned ? first_on_line(a_values) : a_values.data();
+    const TA* b = c.aligned ? first_on_line(b_values) : b_values.data();
     std::vector<TC> cmat(std::size_t(c.m * (c.n + c.pad)));
     std::normal_distribution<float> d;
     for (TC& x : cmat) {
@@ -141,9 +145,11 @@ std::vector<Case> cases() {
     // tiles) meets row and column tails in each, more than one column block in {64, 1100, 257} and more than one k
     // block, with a tail of one tile and two, in {13, 530, 530}; the AMX kernel (gemm_amx.hpp: micro-tiles of 32 x 32,
     // blocks of k 2048 padded to tiles of 32 and 256 columns) meets row tails (300 = 9 x 32 + 12), column tails, k
-    // short of a whole tile in every shape but {300, 40, 64}, and more than one k block in {1, 70, 2100}
-    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},     {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
-                                                        {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
+    // short of a whole tile in every shape but {300, 40, 64}, and more than one k block in {1, 70, 2100}; as X W^T of
+    // up to 64 rows it takes W's rows as tiles of A (C^T = W X^T), X^T packed on the pool by 32 tokens and 1024 of k
+    // where there are more than 32 tokens: {64, 1100, 257}, and {40, 70, 2100} with a short third part of k
+    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},      {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
+                                                        {40, 70, 2100}, {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
     for (const auto& s : shapes)
         for (Trans ta : {Trans::no, Trans::yes})
             for (Trans tb : {Trans::no, Trans::yes})
@@ -322,6 +328,37 @@ TEST_CASE(
     if (!backend::cpu_detail::native_bf16()) MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());
 }
 
+TEST_CASE("the packed kernels' parts of C's columns: whole panels, every column once, widths within one panel") {
+    using backend::cpu_detail::packed_driver::column_parts;
+    using Bounds = std::vector<index_t>;
+    // K2's kv_a (576 columns) on the AMX kernel's 32-column panels, two threads: 18 panels in 4 parts of 5, 5, 4, 4
+    CHECK(column_parts(1024, 576, 32, 4, 2, false) == Bounds{0, 160, 320, 448, 576});
+    CHECK(column_parts(1024, 576, 32, 4, 1, false) == Bounds{0, 576});  // one thread, one part
+    CHECK(column_parts(1024, 100, 32, 4, 2, false) == Bounds{0, 100});  // narrower than two parts
+    for (const index_t n : {129, 576, 1000, 1536, 7168})
+        for (const int t : {2, 3, 8})
+            for (const bool lower : {false, true}) {
+                CAPTURE(n);
+                CAPTURE(t);
+                CAPTURE(lower);
+                const Bounds b = column_parts(lower ? n : 1024, n, 16, 8, t, lower);
+                const index_t parts = index_t(b.size()) - 1;
+                CHECK(b.front() == 0);
+                CHECK(b.back() == n);
+                CHECK(parts <= 2 * t);
+                index_t narrowest = n, widest = 0;
+                for (index_t c = 0; c < parts; ++c) {
+                    const index_t lo = b[std::size_t(c)], hi = b[std::size_t(c) + 1];
+                    CHECK(lo <= hi);
+                    CHECK((hi == n || hi % 16 == 0));
+                    const index_t panels = (hi - lo + 15) / 16;
+                    narrowest = std::min(narrowest, panels), widest = std::max(widest, panels);
+                    if (!lower && c > 0) CHECK(hi - lo <= b[std::size_t(c)] - b[std::size_t(c) - 1]);  // wider first
+                }
+                if (!lower) CHECK(widest - narrowest <= 1);
+            }
+}
+
 TEST_CASE(
     "gemm_bf16 on the AMX kernel: A's rows read in place, a bf16 C rounded once as bf16::from_float rounds, NaN as "
     "0x7FC0") {
@@ -334,7 +371,7 @@ TEST_CASE(
     // A is read in place where it is not transposed, its rows fill whole tiles and each starts on a 64-byte line
     using backend::cpu_detail::amx_reads_a_in_place;
     std::vector<bf16> storage(64 * 96 + 64);
-    bf16* line = storage.data() + (64 - reinterpret_cast<std::uintptr_t>(storage.data()) % 64) % 64 / sizeof(bf16);
+    const bf16* line = first_on_line(storage);
     CHECK(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line, {64, 64}, {96, 1}), 64, 64));
     CHECK_FALSE(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line + 1, {64, 64}, {96, 1}), 64, 64));
     CHECK_FALSE(amx_reads_a_in_place(Trans::no, View<const bf16, 2>(line, {64, 64}, {80, 1}), 64, 64));

@@ -98,11 +98,10 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
     // Intel Xeon family 6 model 167 with AMX (KVM guest, 2 vCPUs; oneDNN 2.6.3's ISA avx512_core_amx);
     // tools/gemm_rules.py on 2026-11-28, after the AMX kernel's blocks of op(B) became 256 columns wide
-    // (docs/cpu_gemm.md,
-    // "Wider blocks of op(B) on AMX"): f32 on oneDNN from 17 rows (0.77-0.84x the library's time; dY^T X 0.80x, the
-    // packed kernel 0.83x); bf16 on the library's AMX kernel for every form from 256 rows (X W and X W^T 0.73x, dY^T
-    // X 0.63x oneDNN 2.6.3's AMX kernels' time), for X W^T of 17-255 rows (0.90x), 2-16 rows (0.54x: W read straight
-    // into the tiles) and one token (0.91x).
+    // (docs/cpu_gemm.md, "Wider blocks of op(B) on AMX"): f32 on oneDNN from 17 rows (0.77-0.84x the library's
+    // time; dY^T X 0.80x, the packed kernel 0.83x); bf16 on the library's AMX kernel for every form from 256 rows
+    // (X W and X W^T 0.73x, dY^T X 0.63x oneDNN 2.6.3's AMX kernels' time), for X W^T of 17-255 rows (0.90x), 2-16
+    // rows (0.54x: W read straight into the tiles) and one token (0.91x).
     {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 17, 255, GemmEngine::onednn},
     {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},

@@ -83,16 +83,39 @@ bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<TC, 2> C, Product p
     return true;
 }
 
+/// The parts that C [m, n]'s columns are cut into for threads threads, in micro-panels of nr columns: part c holds
+/// columns [bounds[c], bounds[c + 1]). At least min_part panels a part and up to two parts per thread (one part at
+/// one thread); the parts' widths differ by at most one panel, the wider ones first (18 panels in 4 parts: 5, 5, 4, 4,
+/// so that two threads taking parts in turn get 9 each, where parts of 5, 5, 5, 3 gave one of them 10). With `lower`
+/// (a symmetric product computed on and below the diagonal) the parts hold equal shares of the lower triangle instead.
+inline std::vector<index_t> column_parts(index_t m, index_t n, index_t nr, index_t min_part, int threads, bool lower) {
+    const index_t nr_panels = (n + nr - 1) / nr;
+    const index_t parts = threads == 1 ? 1 : std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(threads));
+    std::vector<index_t> bounds(std::size_t(parts) + 1, n);
+    if (!lower) {
+        const index_t per = nr_panels / parts, extra = nr_panels % parts;
+        for (index_t c = 0; c < parts; ++c) bounds[std::size_t(c)] = std::min(n, (c * per + std::min(c, extra)) * nr);
+    } else {  // column panel q holds about m - q nr rows of the triangle
+        const auto height = [&](index_t q) { return std::max<index_t>(m - q * nr, 0); };
+        index_t total = 0;
+        for (index_t q = 0; q < nr_panels; ++q) total += height(q);
+        index_t c = 0, sum = 0;
+        bounds[0] = 0;
+        for (index_t q = 0; q < nr_panels && c + 1 < parts; ++q) {
+            sum += height(q);
+            if (sum * parts >= total * (c + 1)) bounds[std::size_t(++c)] = std::min(n, (q + 1) * nr);
+        }
+    }
+    return bounds;
+}
+
 /// C [m, n] over k in blocking P with packed elements of type TP: op(A) packed once, whole, pack_a(k0, p, dst)
 /// writing the micro-panel p of the k block at k0 (the micro-panels shared out on the pool; pack_a nullptr where
-/// columns reads op(A) as stored, ap then null); then C's columns cut
-/// into parts of whole micro-panels (at least 128 columns, up to two parts per thread), each run as columns(ap, lo,
-/// hi, bp) on one thread with a buffer bp for its blocks of op(B). With `lower` (a symmetric product computed on and
-/// below the diagonal) the parts hold equal shares of the lower triangle instead of equal widths.
+/// columns reads op(A) as stored, ap then null); then C's columns cut into column_parts of at least 128 columns,
+/// each run as columns(ap, lo, hi, bp) on one thread with a buffer bp for its blocks of op(B).
 template <class P, class TP, class PackA, class Columns>
 void run(index_t m, index_t n, index_t k, PackA pack_a, Columns columns, bool lower = false) {
     const int t = parallel_depth > 0 ? 1 : threads();
-    const index_t nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
     const index_t panels = (m + P::mr - 1) / P::mr, blocks = (k + P::kc - 1) / P::kc;
     Tensor<TP, 1> a;
     if constexpr (!std::is_same_v<PackA, std::nullptr_t>) {  // nullptr: columns reads op(A) where it is
@@ -100,23 +123,9 @@ void run(index_t m, index_t n, index_t k, PackA pack_a, Columns columns, bool lo
         parallel_for(blocks * panels,
                      [&](index_t q) { pack_a((q / panels) * P::kc, q % panels, a.data() + q * P::mr * P::a_ld); });
     }
-    const index_t parts = std::clamp<index_t>(nr_panels / min_part, 1, 2 * index_t(t));
-    std::vector<index_t> bounds(std::size_t(parts) + 1, n);  // part c: columns [bounds[c], bounds[c + 1])
+    const std::vector<index_t> bounds = column_parts(m, n, P::nr, 128 / P::nr, t, lower);
+    const index_t parts = index_t(bounds.size()) - 1;
     index_t widest = 0;
-    if (!lower) {
-        const index_t width = (nr_panels + parts - 1) / parts * P::nr;
-        for (index_t c = 0; c < parts; ++c) bounds[std::size_t(c)] = std::min(n, c * width);
-    } else {  // column panel q holds about m - q nr rows of the triangle
-        const auto height = [&](index_t q) { return std::max<index_t>(m - q * P::nr, 0); };
-        index_t total = 0;
-        for (index_t q = 0; q < nr_panels; ++q) total += height(q);
-        index_t c = 0, sum = 0;
-        bounds[0] = 0;
-        for (index_t q = 0; q < nr_panels && c + 1 < parts; ++q) {
-            sum += height(q);
-            if (sum * parts >= total * (c + 1)) bounds[std::size_t(++c)] = std::min(n, (q + 1) * P::nr);
-        }
-    }
     for (index_t c = 0; c < parts; ++c) widest = std::max(widest, bounds[std::size_t(c) + 1] - bounds[std::size_t(c)]);
     const index_t b_values = P::kc * std::min(P::nc, (widest + P::nr - 1) / P::nr * P::nr);
     parallel_chunks(parts, [&](index_t c) {
