@@ -147,9 +147,12 @@ std::vector<Case> cases() {
     // blocks of k 2048 padded to tiles of 32 and 256 columns) meets row tails (300 = 9 x 32 + 12), column tails, k
     // short of a whole tile in every shape but {300, 40, 64}, and more than one k block in {1, 70, 2100}; as X W^T of
     // up to 64 rows it takes W's rows as tiles of A (C^T = W X^T), X^T packed on the pool by 32 tokens and 1024 of k
-    // where there are more than 32 tokens: {64, 1100, 257}, and {40, 70, 2100} with a short third part of k
-    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},      {3, 300, 129}, {300, 40, 64}, {64, 1100, 257},
-                                                        {40, 70, 2100}, {5, 130, 300}, {1, 70, 2100}, {13, 530, 530}};
+    // where there are more than 32 tokens: {64, 1100, 257}, and {40, 70, 2100} with a short third part of k; X W^T
+    // of 65 to 256 rows and more than 256 columns as (W X^T)^T, transposed back by 16 x 16 blocks with row and column
+    // tails: {100, 300, 129}
+    const std::vector<std::array<index_t, 3>> shapes = {{1, 7, 5},       {3, 300, 129},  {300, 40, 64},
+                                                        {64, 1100, 257}, {40, 70, 2100}, {100, 300, 129},
+                                                        {5, 130, 300},   {1, 70, 2100},  {13, 530, 530}};
     for (const auto& s : shapes)
         for (Trans ta : {Trans::no, Trans::yes})
             for (Trans tb : {Trans::no, Trans::yes})
