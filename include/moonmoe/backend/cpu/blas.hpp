@@ -131,19 +131,6 @@ void gemm_panel(Trans ta, Trans tb, T alpha, View<const T, 2> A, View<const T, 2
         run(a.transpose(), b.transpose());
 }
 
-/// C(j, i) = C(i, j) above the diagonal of a square C, from its lower triangle: tiles of 32 x 32, rows of tiles on
-/// the pool.
-template <class T>
-void mirror_lower(View<T, 2> C) {
-    constexpr index_t tile = 32;
-    const index_t n = C.shape[0], p = C.strides[0];
-    parallel_for((n + tile - 1) / tile, [&](index_t bi) {
-        const index_t i0 = bi * tile, i1 = std::min(n, i0 + tile);
-        for (index_t j0 = 0; j0 <= i0; j0 += tile)
-            for (index_t i = i0; i < i1; ++i)
-                for (index_t j = j0; j < std::min(i, j0 + tile); ++j) C.data[j * p + i] = C.data[i * p + j];
-    });
-}
 }  // namespace cpu_detail
 
 template <>

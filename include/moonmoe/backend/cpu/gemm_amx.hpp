@@ -485,9 +485,7 @@ void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const
     if (k == 0) return packed_driver::scale(beta, C);
     if (ta == Trans::no && tb == Trans::yes && m <= amx_weight_rows) {
         gemm_amx_weights(alpha, A, B, beta, C);
-        if (symmetric)  // computed whole: the lower triangle mirrored, as the larger products' tiles are
-            for (index_t i = 0; i < m; ++i)
-                for (index_t j = 0; j < i; ++j) C.data[j * C.strides[0] + i] = C.data[i * C.strides[0] + j];
+        if (symmetric) mirror_lower(C);  // computed whole: the lower triangle mirrored, as the larger products' are
         return;
     }
     if (ta == Trans::no && tb == Trans::yes && !symmetric && m <= P::nc && n > P::nc) {

@@ -50,6 +50,20 @@ struct PackedBlocking {
     static constexpr index_t a_ld = kc;  ///< values from one row of an A micro-panel to the next
 };
 
+/// C(j, i) = C(i, j) above the diagonal of a square C, from its lower triangle: tiles of 32 x 32, rows of tiles on
+/// the pool.
+template <class T>
+void mirror_lower(View<T, 2> C) {
+    constexpr index_t tile = 32;
+    const index_t n = C.shape[0], p = C.strides[0];
+    parallel_for((n + tile - 1) / tile, [&](index_t bi) {
+        const index_t i0 = bi * tile, i1 = std::min(n, i0 + tile);
+        for (index_t j0 = 0; j0 <= i0; j0 += tile)
+            for (index_t i = i0; i < i1; ++i)
+                for (index_t j = j0; j < std::min(i, j0 + tile); ++j) C.data[j * p + i] = C.data[i * p + j];
+    });
+}
+
 /// What the library's packed GEMMs (gemm_packed, and gemm_amx.hpp's) do around their kernels, each in its own
 /// blocking P (mr, nr, kc, nc): the product with no k, the cut of a narrow C by rows, and the driver that packs op(A)
 /// once and shares C's columns out.
