@@ -10,8 +10,9 @@ turn (MOONMOE_F32_GEMM, MOONMOE_BF16_GEMM), at one and at two threads (MOONMOE_B
 its repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: one, a decoded token;
 tiny 2..16, sparse experts; few 17..255, busier experts; many >= 256). In a group, an engine replaces the default only where the
 geometric mean of its time over the default's, over the group's rows at both thread counts, is at most 1 - MARGIN.
-f32 is decided first; the bf16 "widened" engine then runs on the f32 engine chosen for its group. Prints a markdown
-table of the times and the C++ rules. Takes about 12 minutes on 2 cores; run it on a quiet machine.
+f32 is decided first; the bf16 "widened" engine then runs on the f32 engine chosen for its group. Neighbouring classes
+of one form that chose the same engine are written as one rule over their rows. Prints a markdown table of the times
+and the C++ rules. Takes about 12 minutes on 2 cores; run it on a quiet machine.
 """
 import argparse
 import json
@@ -63,6 +64,32 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def merged(choices):
+    """The choices as runs of neighbouring classes (CLASSES' order) of one operand type and form on one engine."""
+    order = [c for c, _, _ in CLASSES]
+    key = lambda c: (c[0], c[1], order.index(c[2]))
+    runs = []
+    for c in sorted(choices, key=key):
+        last = runs[-1][-1] if runs else None
+        if last and last[:2] == c[:2] and last[3] == c[3] and order.index(last[2]) + 1 == order.index(c[2]):
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return runs
+
+
+def rule(cpu, run):
+    """The C++ rule for one run of classes, with each class's ratio in its comment."""
+    bf16, form, first, engine, _ = run[0]
+    lo = next(lo for c, lo, _ in CLASSES if c == first)
+    hi = next(hi or "max_rows" for c, _, hi in CLASSES if c == run[-1][2])
+    ta = "Trans::yes" if form[0] == "t" else "Trans::no"
+    tb = "Trans::yes" if form[1] == "t" else "Trans::no"
+    ratios = ", ".join(f"{c[2]} {c[4]:.2f}x" for c in run)
+    return (f'    {{"{cpu}", {"true" if bf16 else "false"}, {ta}, {tb}, {lo}, {hi}, GemmEngine::{engine}}},'
+            f"  // the default's time: {ratios}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default="build/bench/bench_gemm")
@@ -89,7 +116,7 @@ def main():
                 times[bf16, engine, threads], context = run(a.bench, env, threads, a.min_time, a.repetitions, bf16)
     cpu = context.get("cpu", "?")
 
-    rules, f32_choice = [], {}
+    choices, f32_choice = [], {}  # (bf16, form, class, engine, ratio) where an engine replaces the default
     print(f"CPU: {cpu}\n")
     print("| row | threads | " + " | ".join([f"f32 {e}" for e in f32_engines] + [f"bf16 {e}" for e in bf16_engines]) + " |")
     print("|---|---:|" + "---:|" * (len(f32_engines) + len(bf16_engines)))
@@ -120,12 +147,8 @@ def main():
             if not bf16:
                 f32_choice[form, size] = best
             if best != default:
-                lo, hi = next((lo, hi or "max_rows") for c, lo, hi in CLASSES if c == size)
-                engine = "GemmEngine::" + best.split("/")[0]
-                ta = "Trans::yes" if form[0] == "t" else "Trans::no"
-                tb = "Trans::yes" if form[1] == "t" else "Trans::no"
-                rules.append(f'    {{"{cpu}", {"true" if bf16 else "false"}, {ta}, {tb}, {lo}, {hi}, {engine}}},'
-                             f"  // {best_ratio:.2f}x the default's time")
+                choices.append((bf16, form, size, best.split("/")[0], best_ratio))
+    rules = [rule(cpu, run) for run in merged(choices)]
     print("\nRules for gemm_engine.hpp's measured_gemm_rules:")
     print("\n".join(rules) if rules else "    (none: the defaults won everywhere)")
 

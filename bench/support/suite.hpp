@@ -314,7 +314,7 @@ inline int main(int argc, char** argv) try {
         std::snprintf(rate, sizeof rate, "%.1f", bf16 * 1e-9);
         benchmark::AddCustomContext("bf16_gemm_GFLOP/s", rate);
         benchmark::AddCustomContext("bf16_gemm_size", std::to_string(bf16_cublas_size));
-        benchmark::AddCustomContext("bf16_gemm_path", moonmoe::backend::bf16_gemm_path());
+        benchmark::AddCustomContext("bf16_gemm_path", "oneDNN (" + moonmoe::backend::cpu_detail::onednn_isa() + ")");
     }
     const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

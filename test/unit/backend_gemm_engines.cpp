@@ -209,8 +209,10 @@ TEST_CASE("gemm_bf16 on the CPU: the path in use is reported, and asking for one
     CHECK(backend::f32_gemm_engine(Trans::no, Trans::no, 7) == GemmEngine::onednn);
     if (backend::cpu_detail::onednn::native().bf16) {
         CHECK(backend::bf16_gemm_uses_onednn());
-        CHECK(backend::bf16_gemm_path().find("oneDNN (") == 0);
+        const bool ruled = !backend::cpu_detail::cpu_gemm_rules().empty();
+        CHECK(backend::bf16_gemm_path().find(ruled ? "per product by the measured rules for " : "oneDNN (") == 0);
         CHECK_NOTHROW(backend::set_bf16_gemm(Bf16Gemm::onednn));
+        CHECK(backend::bf16_gemm_path() == "oneDNN (" + backend::cpu_detail::onednn_isa() + ")");  // insisted
         CHECK(backend::bf16_gemm_engine(Trans::no, Trans::yes, 1) == GemmEngine::onednn);
     } else {
         CHECK_FALSE(backend::bf16_gemm_uses_onednn());

@@ -182,6 +182,16 @@ MOONMOE_TARGET_AMX inline void store_c(bf16* c, __mmask16 mask, __m512 v) {
     _mm512_mask_cvtepi32_storeu_epi16(c, mask, r);
 }
 
+/// Stores alpha v + beta C at c (the lanes of mask; C unread when beta is 0), rounded once where C is bf16, and
+/// returns the f32 value stored.
+template <class TC>
+MOONMOE_TARGET_AMX inline __m512 scale_to_c(TC* c, __mmask16 mask, __m512 v, float alpha, float beta) {
+    __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), v);
+    if (beta != 0.0f) r = _mm512_fmadd_ps(_mm512_set1_ps(beta), load_c(c, mask), r);
+    store_c(c, mask, r);
+    return r;
+}
+
 /// The last step of a tile whose sums are all in buf ([32][32]): C's tile at (i0, j0) (its first `rows` rows and `w`
 /// columns) = alpha buf + beta C (C unread when beta is 0), rounded once where C is bf16. With `mirror` (a symmetric
 /// product), only its elements on and below C's diagonal, each written also at its mirror image above the diagonal
@@ -190,17 +200,14 @@ template <class TC>
 MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index_t j0, index_t rows, index_t w,
                                     float alpha, float beta, bool mirror) {
     const index_t ldc = C.strides[0];
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (index_t i = 0; i < rows; ++i)
         for (index_t h = 0; h < 2; ++h) {
             const index_t width = mirror ? std::min(w, i0 + i - j0 + 1) : w;  // columns j0 + j <= row i0 + i
             const __mmask16 mask = packed::lanes(width - 16 * h);
             if (!mask) continue;
-            TC* c = C.data + (i0 + i) * ldc + j0 + 16 * h;
-            __m512 r = _mm512_mul_ps(va, _mm512_load_ps(buf + i * P::nr + 16 * h));
-            if (beta != 0.0f) r = _mm512_fmadd_ps(vb, load_c(c, mask), r);
-            store_c(c, mask, r);
-            if (mirror) _mm512_store_ps(buf + i * P::nr + 16 * h, r);
+            float* sums = buf + i * P::nr + 16 * h;
+            const __m512 r = scale_to_c(C.data + (i0 + i) * ldc + j0 + 16 * h, mask, _mm512_load_ps(sums), alpha, beta);
+            if (mirror) _mm512_store_ps(sums, r);
         }
     if (!mirror) return;
     for (index_t qi = 0; qi < 2; ++qi)
@@ -419,7 +426,6 @@ MOONMOE_TARGET_AMX void weight_part(View<const bf16, 2> W, index_t lo, index_t h
 template <class TC>
 MOONMOE_TARGET_AMX void transposed_rows(const float* t, index_t i0, float alpha, float beta, View<TC, 2> C) {
     const index_t m = C.shape[0], n = C.shape[1], ldc = C.strides[0], rows = std::min<index_t>(16, m - i0);
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     const __mmask16 lanes = packed::lanes(rows);
     for (index_t j0 = 0; j0 < n; j0 += 16) {
         const index_t w = std::min<index_t>(16, n - j0);
@@ -427,13 +433,8 @@ MOONMOE_TARGET_AMX void transposed_rows(const float* t, index_t i0, float alpha,
         for (index_t y = 0; y < 16; ++y)
             r[y] = y < w ? _mm512_maskz_loadu_ps(lanes, t + (j0 + y) * m + i0) : _mm512_setzero_ps();
         packed::transpose16(r);  // r[x]: row i0 + x of C, columns j0 .. j0 + 15
-        const __mmask16 mask = packed::lanes(w);
-        for (index_t x = 0; x < rows; ++x) {
-            TC* c = C.data + (i0 + x) * ldc + j0;
-            __m512 v = _mm512_mul_ps(va, r[x]);
-            if (beta != 0.0f) v = _mm512_fmadd_ps(vb, load_c(c, mask), v);
-            store_c(c, mask, v);
-        }
+        for (index_t x = 0; x < rows; ++x)
+            scale_to_c(C.data + (i0 + x) * ldc + j0, packed::lanes(w), r[x], alpha, beta);
     }
 }
 
@@ -452,15 +453,19 @@ void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16, 2> W,
     const index_t m = X.shape[0], n = W.shape[0], kp = amx::padded(X.shape[1]);
     const index_t tokens = (m + P::nr - 1) / P::nr * P::nr;
     auto xp = Tensor<bf16, 1>::for_overwrite(Shape<1>{tokens * kp});
-    if (tokens == P::nr) {
-        amx::pack_b(Trans::yes, X, 0, X.shape[1], 0, m, xp.data());
-    } else {  // on the pool, by micro-panel and 1024 k (two threads, 64 tokens: the whole product 1.12 -> 0.99 ms)
-        const index_t k = X.shape[1], chunk = 1024, chunks = (k + chunk - 1) / chunk;
-        parallel_for(tokens / P::nr * chunks, [&](index_t q) {
-            const index_t t0 = q / chunks * P::nr, k0 = q % chunks * chunk;
-            amx::pack_b(Trans::yes, X, k0, std::min(chunk, k - k0), t0, std::min(P::nr, m - t0),
-                        xp.data() + t0 * kp + k0 * P::nr);
-        });
+    // one micro-panel of tokens whole on this thread, more on the pool by micro-panel and 1024 k (two threads, 64
+    // tokens: the whole product 1.12 -> 0.99 ms)
+    const bool one = tokens == P::nr;
+    const index_t k = X.shape[1], chunk = one ? k : 1024, chunks = (k + chunk - 1) / chunk;
+    const auto pack = [&](index_t q) {
+        const index_t t0 = q / chunks * P::nr, k0 = q % chunks * chunk;
+        amx::pack_b(Trans::yes, X, k0, std::min(chunk, k - k0), t0, std::min(P::nr, m - t0),
+                    xp.data() + t0 * kp + k0 * P::nr);
+    };
+    if (one) {
+        pack(0);
+    } else {
+        parallel_for(tokens / P::nr * chunks, pack);
     }
     const int t = parallel_depth > 0 ? 1 : threads();
     const index_t panels = (n + P::mr - 1) / P::mr, parts = std::min<index_t>(panels, 4 * index_t(t));

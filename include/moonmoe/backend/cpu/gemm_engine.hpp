@@ -20,8 +20,9 @@
 // the rules below for the CPU it ran on; an engine other than the default is written only where the geometric mean
 // of its time over the default's, across those products and both thread counts, is at most 0.95. A rule names the
 // CPU (CPUID's vendor, family and model, and oneDNN's ISA, since a hypervisor can hide AMX from one model), the
-// operands' type, the transposes and the range of rows of op(A) over which it holds. Without a rule: f32 on the
-// library, bf16 on oneDNN where native, else on the library.
+// operands' type, the transposes and the range of rows of op(A) over which it holds (neighbouring ranges of one form
+// that chose the same engine are one rule). Without a rule: f32 on the library, bf16 on oneDNN where native, else
+// on the library.
 //
 // The choice depends on those alone, so on one machine a product's result stays bitwise repeatable for a fixed
 // thread count across calls and processes (replicas on the ranks of an MPI job compare exactly). Engines differ
@@ -87,12 +88,10 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     // on the few-rows X W kernel (gemm_small_nn): MLA's absorbed decode, q_nope [1, 128] W_UK[h] [128, 512] for 64
     // heads, 0.173 against oneDNN's 0.234 ms (2026-11-28, later; docs/cpu_gemm.md, "The decode step").
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
-    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 17, 255, GemmEngine::onednn},
-    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::no, Trans::yes, 17, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.207 avx512_core_bf16", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 256, max_rows, GemmEngine::packed},
-    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 17, 255, GemmEngine::packed},
-    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::packed},
+    {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 17, max_rows, GemmEngine::packed},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
@@ -100,17 +99,13 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     // tools/gemm_rules.py on 2026-11-28, after the AMX kernel's blocks of op(B) became 256 columns wide
     // (docs/cpu_gemm.md, "Wider blocks of op(B) on AMX"): f32 on oneDNN from 17 rows (0.77-0.84x the library's
     // time; dY^T X 0.80x, the packed kernel 0.83x); bf16 on the library's AMX kernel for every form from 256 rows
-    // (X W and X W^T 0.73x, dY^T X 0.63x oneDNN 2.6.3's AMX kernels' time), for X W^T of 17-255 rows (0.90x), 2-16
-    // rows (0.54x: W read straight into the tiles) and one token (0.91x).
+    // (X W and X W^T 0.73x, dY^T X 0.63x oneDNN 2.6.3's AMX kernels' time) and for X W^T of any rows (17-255 0.90x,
+    // 2-16 0.54x: W read straight into the tiles, one token 0.91x).
     {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
-    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 17, 255, GemmEngine::onednn},
-    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 256, max_rows, GemmEngine::onednn},
+    {"GenuineIntel 6.167 avx512_core_amx", false, Trans::no, Trans::yes, 17, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.167 avx512_core_amx", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::onednn},
     {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::no, 256, max_rows, GemmEngine::amx},
-    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 17, 255, GemmEngine::amx},
-    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 256, max_rows, GemmEngine::amx},
-    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 1, 1, GemmEngine::amx},
-    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 2, 16, GemmEngine::amx},
+    {"GenuineIntel 6.167 avx512_core_amx", true, Trans::no, Trans::yes, 1, max_rows, GemmEngine::amx},
     {"GenuineIntel 6.167 avx512_core_amx", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::amx},
 };
 
@@ -301,14 +296,16 @@ inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, in
     return "widened to f32, then " + f32_name();
 }
 
-/// What gemm_bf16 runs on, for reports: "oneDNN (avx512_core_bf16)", with the CPU's rules when it has some, or
+/// What gemm_bf16 runs on, for reports: "oneDNN (avx512_core_bf16)"; where this CPU has measured rules, "per product
+/// by the measured rules for <CPU>, else oneDNN (...)" (on AMX the large products run on the library's kernel); or
 /// "f32 (widened operands...; why)". gemm_engine_name() says it for one product.
 inline std::string bf16_gemm_path() {
-    const std::string rules = cpu_detail::cpu_gemm_rules().empty()
-                                  ? std::string()
-                                  : "; measured rules for " + cpu_detail::cpu_signature() + " per shape";
     const Bf16Gemm c = cpu_detail::bf16_gemm_choice();
-    if (bf16_gemm_uses_onednn()) return "oneDNN (" + cpu_detail::onednn_isa() + ")" + rules;
+    if (bf16_gemm_uses_onednn()) {
+        const std::string onednn = "oneDNN (" + cpu_detail::onednn_isa() + ")";
+        if (c != Bf16Gemm::automatic || cpu_detail::cpu_gemm_rules().empty()) return onednn;
+        return "per product by the measured rules for " + cpu_detail::cpu_signature() + ", else " + onednn;
+    }
     if (c == Bf16Gemm::widened_f32) return "f32 (widened operands; chosen)";
     if (c == Bf16Gemm::amx && cpu_detail::amx_gemm_available()) return "library (AMX tiles; chosen)";
     if (c == Bf16Gemm::packed && cpu_detail::packed_gemm_available())
