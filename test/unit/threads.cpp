@@ -193,4 +193,40 @@ TEST_CASE("parallel loops: nested loops run inline, an exception reaches the cal
     CHECK(b.load() == 20 * 1225);
 }
 
+TEST_CASE("wake_workers: jobs after a wake, or after a wake that no job followed, run every chunk once") {
+    using backend::cpu_detail::wake_workers;
+    const ThreadCount restore;
+    set_threads(2);
+    // a wake with no job wakes workers that find none; a wake ahead of a job, before or after the workers have gone
+    // back to sleep; a wake inside a chunk (nested: nothing to do) and from a second application thread at once
+    auto caller = [](std::vector<std::atomic<int>>& hits) {
+        for (int r = 0; r < 60; ++r) {
+            wake_workers(r % 3 == 0 ? 0.0 : 200e-6);
+            if (r % 4 == 1) std::this_thread::sleep_for(std::chrono::microseconds(300));
+            if (r % 5 == 2) continue;  // no job
+            parallel_chunks(17, [&](index_t c) {
+                if (c == 3) wake_workers(1e-3);
+                hits[std::size_t(r * 17 + c)].fetch_add(1);
+            });
+        }
+    };
+    std::vector<std::atomic<int>> mine(60 * 17), other_hits(60 * 17);
+    std::thread other([&] { caller(other_hits); });
+    caller(mine);
+    other.join();
+    int wrong = 0;
+    for (int r = 0; r < 60; ++r)
+        for (int c = 0; c < 17; ++c) {
+            const int want = r % 5 == 2 ? 0 : 1;
+            wrong += mine[std::size_t(r * 17 + c)].load() != want;
+            wrong += other_hits[std::size_t(r * 17 + c)].load() != want;
+        }
+    CHECK(wrong == 0);
+    set_threads(1);
+    wake_workers(1e-3);  // one thread: nothing to wake
+    std::atomic<long> sum{0};
+    parallel_chunks(10, [&](index_t c) { sum.fetch_add(long(c)); });
+    CHECK(sum.load() == 45);
+}
+
 }  // namespace unit_threads

@@ -452,6 +452,9 @@ void gemm_amx_weights(float alpha, View<const bf16, 2> X, View<const bf16, 2> W,
     using P = AmxBlocking;
     const index_t m = X.shape[0], n = W.shape[0], kp = amx::padded(X.shape[1]);
     const index_t tokens = (m + P::nr - 1) / P::nr * P::nr;
+    // the workers woken now, so that they are up when the parts of W start (two threads, 16 tokens: 0.655 -> 0.58 ms
+    // median, where their wake followed the pack)
+    wake_workers(50e-6);
     auto xp = Tensor<bf16, 1>::for_overwrite(Shape<1>{tokens * kp});
     // one micro-panel of tokens whole on this thread, more on the pool by micro-panel and 1024 k (two threads, 64
     // tokens: the whole product 1.12 -> 0.99 ms)
