@@ -118,11 +118,18 @@ inline TileConfig tile_config() {
 /// The kc values of a block rounded up to whole tiles (the packed operands are zero past kc).
 inline index_t padded(index_t kc) { return (kc + P::tile_k - 1) / P::tile_k * P::tile_k; }
 
+/// Rows of op(A) the micro-kernel brings into L2 as it runs, one line of each per 32 values of k: `rows` rows from
+/// `first`, `ld` elements apart (none where rows is 0).
+struct RowsAhead {
+    const bf16* first = nullptr;
+    index_t ld = 0, rows = 0;
+};
+
 /// The micro-kernel: out [32][32] (f32, rows ld_out apart) = in + a b over kcp (a multiple of 32), in [32][32] (rows
 /// ld_in apart; may be out itself) or zero (in null); a 32 rows of bf16, lda apart (an A micro-panel, or 32 rows of a
-/// weight as stored), b a B micro-panel in k-pairs ([kcp / 2][32][2]).
+/// weight as stored), b a B micro-panel in k-pairs ([kcp / 2][32][2]); `ahead`'s rows prefetched over the same k.
 MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t lda, const bf16* b, const float* in,
-                                            index_t ld_in, float* out, index_t ld_out) {
+                                            index_t ld_in, float* out, index_t ld_out, RowsAhead ahead = {}) {
     if (in) {
         const std::size_t in_stride = std::size_t(ld_in) * sizeof(float);
         _tile_loadd(0, in, in_stride);
@@ -140,6 +147,8 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
     // each product issued as soon as its two tiles are loaded, the next load behind it (all four loads first was
     // 4-11 % slower on K2's products of 1024 tokens: docs/cpu_gemm.md)
     for (index_t k = 0; k < kcp; k += P::tile_k) {
+        for (index_t r = 0; r < ahead.rows; ++r)
+            _mm_prefetch(reinterpret_cast<const char*>(ahead.first + r * ahead.ld + k), _MM_HINT_T2);
         _tile_loadd(4, a + k, a_stride);
         _tile_loadd(6, b + k * P::nr, b_stride);  // pair-rows k/2 .. k/2 + 15, columns 0-15
         _tile_dpbf16ps(0, 4, 6);
@@ -346,14 +355,24 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                     const index_t rows = std::min(P::mr, m - i0);
                     const bf16* b_panel = bp + jp * kcp;
                     const bf16* a_panel = ap ? a_block + p * P::mr * P::a_ld : A.data + i0 * lda + k0;
+                    // with one block of columns, each A micro-panel passes once, from memory: the next one is
+                    // brought into L2 while the B micro-panels pass this one, a share of its rows per B micro-panel
+                    // (an expert's W of 2048 x 7168 against 192 tokens: 6 % faster at one thread, 3-5 % at two;
+                    // with many blocks, op(A) comes from L3 and the same prefetch cost the large products 5-10 %)
+                    RowsAhead ahead;
+                    if (blocks == 1 && p + 1 < panels) {
+                        const index_t q = jp / P::nr, micro_panels = (nc + P::nr - 1) / P::nr;
+                        const index_t r0 = q * P::mr / micro_panels, r1 = (q + 1) * P::mr / micro_panels;
+                        ahead = {a_panel + P::mr * a_ld + r0 * a_ld, a_ld, r1 - r0};
+                    }
                     if (finished) {
                         float* sums = acc + i0 * P::nc + jp;  // this tile's sums over the k blocks so far
                         const float* in = k0 > 0 ? sums : nullptr;
                         if (!last) {
-                            micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, sums, P::nc);
+                            micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, sums, P::nc, ahead);
                             continue;
                         }
-                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, buf, P::nr);
+                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, buf, P::nr, ahead);
                         finish_tile(buf, C, i0, j0 + jp, rows, w, alpha, beta, lower);
                         continue;
                     }
@@ -361,10 +380,10 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                         float* c = C.data + i0 * C.strides[0] + j0 + jp;
                         if (direct && rows == P::mr && w == P::nr) {  // the tiles go to C and come back
                             micro_kernel(kcp, a_panel, a_ld, b_panel, k0 > 0 ? c : nullptr, C.strides[0], c,
-                                         C.strides[0]);
+                                         C.strides[0], ahead);
                             continue;
                         }
-                        micro_kernel(kcp, a_panel, a_ld, b_panel, nullptr, 0, buf, P::nr);
+                        micro_kernel(kcp, a_panel, a_ld, b_panel, nullptr, 0, buf, P::nr, ahead);
                         add_tile(buf, c, C.strides[0], rows, packed::lanes(w), packed::lanes(w - 16), k0 == 0, alpha,
                                  beta);
                     }
