@@ -355,12 +355,13 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                     const index_t rows = std::min(P::mr, m - i0);
                     const bf16* b_panel = bp + jp * kcp;
                     const bf16* a_panel = ap ? a_block + p * P::mr * P::a_ld : A.data + i0 * lda + k0;
-                    // with one block of columns, each A micro-panel passes once, from memory: the next one is
-                    // brought into L2 while the B micro-panels pass this one, a share of its rows per B micro-panel
-                    // (an expert's W of 2048 x 7168 against 192 tokens: 6 % faster at one thread, 3-5 % at two;
-                    // with many blocks, op(A) comes from L3 and the same prefetch cost the large products 5-10 %)
+                    // the next A micro-panel, which comes from L3 or memory (op(A) is larger than L2, or read in
+                    // place), brought into L2 while the B micro-panels pass this one, a share of its rows per B
+                    // micro-panel (the micro-kernel alone, its tiles loaded from L3: 0.4-0.6 TFLOP/s, from L2 1.8-1.9;
+                    // an expert's W of 2048 x 7168 against 192 tokens 6-8 % faster at one thread, 3-5 % at two, K2's
+                    // products of 1024 tokens 0-9 % at one thread and level at two: docs/cpu_gemm.md)
                     RowsAhead ahead;
-                    if (blocks == 1 && p + 1 < panels) {
+                    if (p + 1 < panels) {
                         const index_t q = jp / P::nr, micro_panels = (nc + P::nr - 1) / P::nr;
                         const index_t r0 = q * P::mr / micro_panels, r1 = (q + 1) * P::mr / micro_panels;
                         ahead = {a_panel + P::mr * a_ld + r0 * a_ld, a_ld, r1 - r0};
