@@ -22,6 +22,7 @@
 #include <random>
 
 #include "example_support.hpp"
+#include "support/flags.hpp"
 #include "support/plot.hpp"
 #include "train_tiny.hpp"
 
@@ -229,16 +230,15 @@ int main(int argc, char** argv) try {
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(stdout, o), 0;
     const example::Backend backend = example::take_backend(argc, argv, "rl_tiny");
     for (int i = 1; i < argc; ++i) {
-        auto value = [&](const char* flag) {
-            if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
-            return std::string(argv[++i]);
+        const auto number = [&]<class T>(const char* flag, T& to) {
+            to = example::flag_number<T>(argc, argv, i, flag);
         };
         const auto count = [&](const char* flag) {
-            const long n = std::stol(value(flag));
+            const long n = example::flag_number<long>(argc, argv, i, flag);
             if (n < 1) throw std::invalid_argument(std::string(flag) + " must be positive, not " + std::to_string(n));
             return index_t(n);
         };
-        if (!std::strcmp(argv[i], "--pretrain-steps")) o.pretrain_steps = std::stol(value("--pretrain-steps"));
+        if (!std::strcmp(argv[i], "--pretrain-steps")) number("--pretrain-steps", o.pretrain_steps);
         else if (!std::strcmp(argv[i], "--iterations"))
             o.iterations = count("--iterations");
         else if (!std::strcmp(argv[i], "--prompts"))
@@ -248,17 +248,17 @@ int main(int argc, char** argv) try {
         else if (!std::strcmp(argv[i], "--budget"))
             o.budget = count("--budget");
         else if (!std::strcmp(argv[i], "--budget-penalty"))
-            o.budget_penalty = std::stod(value("--budget-penalty"));
+            number("--budget-penalty", o.budget_penalty);
         else if (!std::strcmp(argv[i], "--ptx-weight"))
-            o.ptx_weight = std::stod(value("--ptx-weight"));
+            number("--ptx-weight", o.ptx_weight);
         else if (!std::strcmp(argv[i], "--rl-lr"))
-            o.rl_lr = std::stod(value("--rl-lr"));
+            number("--rl-lr", o.rl_lr);
         else if (!std::strcmp(argv[i], "--seed"))
-            o.seed = std::stoull(value("--seed"));
+            number("--seed", o.seed);
         else if (!std::strcmp(argv[i], "--out"))
-            out = value("--out");
+            out = example::flag_text(argc, argv, i, "--out");
         else if (!std::strcmp(argv[i], "--threads")) {
-            threads = std::stoi(value("--threads"));
+            number("--threads", threads);
             if (threads < 1) throw std::invalid_argument("--threads must be positive");
         } else
             throw std::invalid_argument(std::string("unknown argument '") + argv[i] +

@@ -32,6 +32,7 @@
 #include <moonmoe/parallel/traffic.hpp>
 #include <moonmoe/parallel/zero.hpp>
 
+#include "support/flags.hpp"
 #include "support/plot.hpp"
 #include "train_tiny.hpp"
 
@@ -119,9 +120,9 @@ void usage(std::FILE* to, const Options& d) {
 Options parse(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
-        auto value = [&](const char* flag) {
-            if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
-            return std::string(argv[++i]);
+        const auto value = [&](const char* flag) { return example::flag_text(argc, argv, i, flag); };
+        const auto number = [&]<class T>(const char* flag, T& to) {
+            to = example::flag_number<T>(argc, argv, i, flag);
         };
         if (!std::strcmp(argv[i], "--layout")) {
             const std::string s = value("--layout");
@@ -131,13 +132,13 @@ Options parse(int argc, char** argv) {
                 throw std::invalid_argument("--layout takes PP,EP,DP (three positive integers), got '" + s + "'");
             o.pp = a, o.ep = b, o.dp = c;
         } else if (!std::strcmp(argv[i], "--virtual"))
-            o.v = std::stol(value("--virtual"));
+            number("--virtual", o.v);
         else if (!std::strcmp(argv[i], "--steps"))
-            o.steps = std::stol(value("--steps"));
+            number("--steps", o.steps);
         else if (!std::strcmp(argv[i], "--text"))
             o.text = value("--text");
         else if (!std::strcmp(argv[i], "--seed"))
-            o.seed = std::stoull(value("--seed"));
+            number("--seed", o.seed);
         else if (!std::strcmp(argv[i], "--out"))
             o.out = value("--out");
         else if (!std::strcmp(argv[i], "--save"))

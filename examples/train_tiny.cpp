@@ -18,6 +18,7 @@
 #include <fstream>
 
 #include "example_support.hpp"
+#include "support/flags.hpp"
 #include "support/plot.hpp"
 #include "train_tiny.hpp"
 
@@ -67,23 +68,23 @@ int main(int argc, char** argv) try {
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return usage(stdout, o), 0;
     const example::Backend backend = example::take_backend(argc, argv, "train_tiny");
     for (int i = 1; i < argc; ++i) {
-        auto value = [&](const char* flag) {
-            if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
-            return std::string(argv[++i]);
+        const auto value = [&](const char* flag) { return example::flag_text(argc, argv, i, flag); };
+        const auto number = [&]<class T>(const char* flag, T& to) {
+            to = example::flag_number<T>(argc, argv, i, flag);
         };
         if (!std::strcmp(argv[i], "--text")) o.text = value("--text");
         else if (!std::strcmp(argv[i], "--steps"))
-            o.steps = std::stol(value("--steps"));
+            number("--steps", o.steps);
         else if (!std::strcmp(argv[i], "--lr"))
-            o.lr = std::stod(value("--lr"));
+            number("--lr", o.lr);
         else if (!std::strcmp(argv[i], "--tau"))
-            o.tau = std::stod(value("--tau"));
+            number("--tau", o.tau);
         else if (!std::strcmp(argv[i], "--seed"))
-            o.seed = std::stoull(value("--seed"));
+            number("--seed", o.seed);
         else if (!std::strcmp(argv[i], "--out"))
             out = value("--out");
         else if (!std::strcmp(argv[i], "--threads")) {
-            threads = std::stoi(value("--threads"));
+            number("--threads", threads);
             if (threads < 1) throw std::invalid_argument("--threads must be positive");
         } else
             throw std::invalid_argument(
