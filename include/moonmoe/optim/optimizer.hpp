@@ -116,6 +116,10 @@ struct StepReport {
     bool nonfinite_update = false;
 };
 
+/// Whether Optimizer::step checks the gradients and the updates for non-finite values first (`run`), or its caller
+/// has just done so over the same gradients (`done`).
+enum class Checks { run, done };
+
 template <class Config = moonmoe::Optimizer<>, class B = cpu>
 class Optimizer {
 public:
@@ -200,15 +204,19 @@ public:
     /// as measurements, forward(ids, layout, cache, nn::Pass::measurement): they record the maxima and count no
     /// router load (nn/pass.hpp); one that records nothing is refused. The maxima are reset at the end for the next
     /// step's forwards.
-    StepReport step(const std::function<void()>& remeasure = {}, int rounds = 10) {
+    ///
+    /// `checks`: Checks::done where the caller has just made step()'s checks of the gradients and the updates over
+    /// the same gradients itself and found them finite (parallel::DistributedOptimizer, whose ranks decide together
+    /// before it updates), so that the gradients and the updates are not scanned twice.
+    StepReport step(const std::function<void()>& remeasure = {}, int rounds = 10, Checks checks = Checks::run) {
         if (remeasure && rounds < 1)
             throw std::invalid_argument("Optimizer::step: rounds must be at least 1 with remeasure (got " +
                                         std::to_string(rounds) + ")");
         check_settings(config, bias_update_rate, "Optimizer::step");  // a program may have changed them
         StepReport r;
         std::tie(r.muon_lr, r.adamw_lr) = learning_rates();
-        const Slot* bad = first_nonfinite_gradient();
-        r.nonfinite_update = !bad && (bad = first_unsafe_slot()) != nullptr;
+        const Slot* bad = checks == Checks::run ? first_nonfinite_gradient() : nullptr;
+        r.nonfinite_update = checks == Checks::run && !bad && (bad = first_unsafe_slot()) != nullptr;
         if (bad) {
             r.step = step_;
             r.skipped_nonfinite = 1;

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "../optim/optimizer.hpp"
 #include "comm.hpp"
@@ -113,13 +114,17 @@ public:
             if (nn::Router<B>* router = layer.router())
                 dense_.all_reduce(std::span(router->load.data(), std::size_t(router->load.numel())), ReduceOp::sum);
         }
-        return any_nonfinite(params);
+        checked_ = !any_nonfinite(params);
+        return !checked_;
     }
 
-    /// 3. + 4.: the owned parameters' update, then every rank's copy of every parameter of its part.
+    /// 3. + 4.: the owned parameters' update, then every rank's copy of every parameter of its part. After a
+    /// reduce_gradients that found everything finite, the inner optimizer does not check the same gradients and
+    /// updates again (without one, it does, and skips a non-finite step on this rank alone).
     optim::StepReport update() {
         const std::vector<ParamRef> params = parameters();
-        const optim::StepReport r = inner_.step();
+        const optim::StepReport r =
+            inner_.step({}, 10, std::exchange(checked_, false) ? optim::Checks::done : optim::Checks::run);
         for (Shard& s : shards_) {
             const int me = s.group->rank();
             for (std::size_t i : s.members)
@@ -279,6 +284,7 @@ private:
     std::vector<index_t> offset_;
     std::vector<Shard> shards_;
     std::size_t route_index_ = 0;
+    bool checked_ = false;           ///< reduce_gradients found every owned gradient and update finite
     bool nonfinite_update_ = false;  ///< the last skip was for an update, no gradient being non-finite
     std::string nonfinite_param_;    ///< the owned parameter whose update failed the pre-check, if this rank owns it
     optim::Optimizer<Config, B> inner_;  ///< last: its constructor calls route(), which needs the members above
