@@ -166,6 +166,7 @@ public:
             v = rl::k15_train_step(*pipeline_, *groups_, groups, objective, ptx, &timing_);
         } else {
             v = rl::k15_train_step(*part_, groups, objective, ptx);
+            timing_ = {};  // no pipeline ran: not an earlier step's time
         }
         ++rl_iterations_;
         if (!groups_) {

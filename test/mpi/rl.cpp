@@ -346,6 +346,23 @@ TEST_CASE("the K1.5 objective against PyTorch in a parallel layout: every gradie
     check_oracle<TinyK2::with<Clipped, Parallel<2, 1, 1>>>();
 }
 
+TEST_CASE("Trainer::timing after rl_step without a pipeline: zeros, not the time of the step before it") {
+    if (world().size() != 2) {
+        MESSAGE("two ranks only");
+        return;
+    }
+    Trainer<Tiny<1, 1, 2>> run(world(), {.seed = 5});
+    const index_t vocab = run.config().dims.vocab;
+    std::vector<index_t> ids;
+    for (index_t t = 0; t < 16; ++t) ids.push_back((7 * t + 3 * run.replica()) % vocab);
+    run.step(ids, nn::TokenLayout::packed({8, 8}));
+    REQUIRE(run.timing().total > 0);  // the step ran through the pipeline of one stage
+    const rl::PtxBatch ptx = ptx_of(vocab, run.replica(), 0);
+    run.rl_step(std::vector<rl::Group>{group_of(vocab, run.replica(), 0)}, &ptx);
+    CHECK(run.timing().total == 0);
+    CHECK(run.timing().bytes_sent == 0);
+}
+
 TEST_CASE("Trainer::rl_step through a pipeline refuses a stream with fewer samples than micro-batches") {
     if (world().size() != 2) return;
     Trainer<Tiny<2, 1, 1, MicroBatches<4>>> run(world(), {.seed = 5});
