@@ -9,7 +9,9 @@
 // empty 2-thread region took 20 ms, against 50 us with OMP_WAIT_POLICY=passive). Here:
 // - work is split into more chunks than threads and claimed dynamically, and the caller works too, so a
 //   descheduled thread costs a share of the work, never a wait for it to start;
-// - idle workers spin briefly, then sleep on a futex (std::atomic::wait);
+// - idle workers spin briefly, then sleep on a futex (std::atomic::wait); a caller that will post a job after
+//   serial work of its own (packing an operand) can wake them first (wake_workers), so that their wake-up, tens of
+//   microseconds on a VM, overlaps that work;
 // - a loop runs inline until it has taken a few tens of microseconds, so small loops never wake a thread.
 // Results never depend on the timing: a loop's f(i) is the same computation on any thread, and a parallel
 // primitive called inside another's body (a GEMM inside a per-head loop) runs inline, as one piece, whether the
