@@ -125,6 +125,8 @@ class Optimizer {
 public:
     using Coefficients = typename Config::coefficients;
     using Router = std::function<Route(const ParamRef&)>;
+    /// The most rounds of QK-Clip a step() with `remeasure` runs unless told otherwise.
+    static constexpr int clip_rounds = 10;
 
     /// One parameter's optimizer state: Muon's momentum, or AdamW's two moments, flat (numel) tensors on the
     /// backend (io/optimizer_state.hpp moves them to and from the host); empty where the route has none. A stepped
@@ -205,10 +207,11 @@ public:
     /// router load (nn/pass.hpp); one that records nothing is refused. The maxima are reset at the end for the next
     /// step's forwards.
     ///
-    /// `checks`: Checks::done where the caller has just made step()'s checks of the gradients and the updates over
-    /// the same gradients itself and found them finite (parallel::DistributedOptimizer, whose ranks decide together
-    /// before it updates), so that the gradients and the updates are not scanned twice.
-    StepReport step(const std::function<void()>& remeasure = {}, int rounds = 10, Checks checks = Checks::run) {
+    /// `rounds` defaults to clip_rounds. `checks`: Checks::done where the caller has just made step()'s checks of the
+    /// gradients and the updates over the same gradients itself and found them finite (parallel::DistributedOptimizer,
+    /// whose ranks decide together before it updates), so that the gradients and the updates are not scanned twice.
+    StepReport step(const std::function<void()>& remeasure = {}, int rounds = clip_rounds,
+                    Checks checks = Checks::run) {
         if (remeasure && rounds < 1)
             throw std::invalid_argument("Optimizer::step: rounds must be at least 1 with remeasure (got " +
                                         std::to_string(rounds) + ")");

@@ -124,7 +124,8 @@ public:
     optim::StepReport update() {
         const std::vector<ParamRef> params = parameters();
         const optim::StepReport r =
-            inner_.step({}, 10, std::exchange(checked_, false) ? optim::Checks::done : optim::Checks::run);
+            inner_.step({}, optim::Optimizer<Config, B>::clip_rounds,
+                        std::exchange(checked_, false) ? optim::Checks::done : optim::Checks::run);
         for (Shard& s : shards_) {
             const int me = s.group->rank();
             for (std::size_t i : s.members)
