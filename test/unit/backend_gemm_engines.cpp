@@ -333,6 +333,42 @@ TEST_CASE(
     if (!backend::cpu_detail::native_bf16()) MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());
 }
 
+TEST_CASE(
+    "gemm_bf16 on the AMX kernel: an f32 C of 4 MiB and more streamed to memory where its tiles start on lines, the "
+    "same bits as stored in place, against double") {
+    const Bf16GemmChoice restore;
+    if (!backend::cpu_detail::amx_gemm_available()) {
+        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
+        return;
+    }
+    backend::set_bf16_gemm(Bf16Gemm::amx);
+    // 1030 x 1024 f32 (just over 4 MiB: AmxBlocking::stream_c_bytes), rows 4 KiB apart; the last 6 rows a part tile
+    const index_t m = 1030, n = 1024, k = 96;
+    REQUIRE(std::size_t(m * n) * sizeof(float) >= backend::cpu_detail::AmxBlocking::stream_c_bytes);
+    std::mt19937 gen(11);
+    const std::vector<bf16> a = random_bf16(std::size_t(m * k), gen), b = random_bf16(std::size_t(k * n), gen);
+    const View<const bf16, 2> av(a.data(), {m, k}, {k, 1}), bv(b.data(), {k, n}, {n, 1});
+    std::vector<float> on_lines(std::size_t(m * n) + 16), off_lines(std::size_t(m * n) + 16, 7.0f);
+    float* c = first_on_line(on_lines);
+    float* d = first_on_line(off_lines) + 1;  // no tile of this C starts on a line: stored as before
+    Ops::gemm_bf16<float>(Trans::no, Trans::no, 0.5f, av, bv, 0.0f, View<float, 2>(c, {m, n}, {n, 1}));
+    Ops::gemm_bf16<float>(Trans::no, Trans::no, 0.5f, av, bv, 0.0f, View<float, 2>(d, {m, n}, {n, 1}));
+    std::size_t bad = 0, differ = 0;
+    for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+            double sum = 0, size = 0;
+            for (index_t p = 0; p < k; ++p) {
+                const double t = widen(a[std::size_t(i * k + p)]) * widen(b[std::size_t(p * n + j)]);
+                sum += t, size += std::abs(t);
+            }
+            const float got = c[i * n + j];
+            bad += !(std::abs(got - 0.5 * sum) <= (double(k) + 2) * std::ldexp(1.0, -23) * 0.5 * size + 1e-30);
+            differ += got != d[i * n + j];
+        }
+    CHECK(bad == 0);
+    CHECK(differ == 0);
+}
+
 TEST_CASE("the packed kernels' parts of C's columns: whole panels, every column once, widths within one panel") {
     using backend::cpu_detail::packed_driver::column_parts;
     using Bounds = std::vector<index_t>;

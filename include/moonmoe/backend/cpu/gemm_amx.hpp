@@ -8,13 +8,12 @@
 // gemm_packed.hpp's (Goto and van de Geijn's) with AMX's tiles: op(A) packed once in micro-panels of 32 rows x kc
 // (rows contiguous), op(B) in blocks of kc x nc cut into micro-panels of kc x 32 in k-pair order; the micro-kernel
 // holds a 32 x 32 tile of C in four accumulator tiles and, per 32 values of k, loads two tiles of A and two of B for
-// four TDPBF16PS. Its sums leave the tiles through a 4 KiB buffer, scaled by alpha and added to C (beta C on the
-// first k block), so C stays f32 between k blocks and every element is summed in one order whatever the cut (where
-// alpha is 1 and beta 0 a whole tile goes to C and comes back into the tiles at the next k block instead). A bf16 C
-// (Newton-Schulz's products, as torch's bf16 mm and addmm: one rounding of alpha A B + beta C) keeps its tiles' sums
-// in an f32 scratch between k blocks and is rounded once at the last, with no f32 copy of C. A symmetric product
-// X X^T (Newton-Schulz's X X^T and A A) computes only the tiles on and below the diagonal and writes each also
-// transposed above it: half the products, and C exactly symmetric.
+// four TDPBF16PS. Between k blocks a tile's sums wait in an f32 scratch whose rows are apart by a stride that spreads
+// them over L1's sets, and come back into the tiles at the next block, so every element is summed in one order
+// whatever the cut; after the last, alpha times them plus beta C goes to C, rounded once where C is bf16
+// (Newton-Schulz's products, as torch's bf16 mm and addmm: one rounding of alpha A B + beta C), and a large f32 C
+// is written by non-temporal stores. A symmetric product X X^T (Newton-Schulz's X X^T and A A) computes only the tiles
+// on and below the diagonal and writes each also transposed above it: half the products, and C exactly symmetric.
 //
 // X W^T with few rows of X (up to amx_weight_rows) is computed the other way round, C^T = W X^T: W's rows are already
 // what a tile of A is (16 rows of 32 consecutive k), so W, the large operand, is read once, as stored, straight into
@@ -80,6 +79,13 @@ struct AmxBlocking {
     /// An A micro-panel's rows 4 KiB + 64 bytes apart: at 4 KiB, the 16 rows of a tile load all fall in one set of
     /// L1 (of 64 sets of 64-byte lines)
     static constexpr index_t a_ld = kc + 32;
+    /// The rows of C's sums between k blocks 1 KiB + 64 bytes apart, for the same reason (K2's C rows are 6-48 KiB
+    /// apart, each a multiple of 2 KiB: kept in C itself, a tile's 16 rows fell in one or two sets)
+    static constexpr index_t acc_ld = nc + 16;
+    /// An f32 C of at least this many bytes (twice a core's L2) is written past the caches (non-temporal stores, no
+    /// read of its lines first): it would not stay in L2, and a tile's rows far apart in C thrash L1's sets as they
+    /// are stored
+    static constexpr std::size_t stream_c_bytes = std::size_t(4) << 20;
 };
 
 /// Whether gemm_amx reads op(A)'s rows where they are, as the tiles of A, instead of packing them: A not transposed,
@@ -204,11 +210,22 @@ MOONMOE_TARGET_AMX inline __m512 scale_to_c(TC* c, __mmask16 mask, __m512 v, flo
 /// The last step of a tile whose sums are all in buf ([32][32]): C's tile at (i0, j0) (its first `rows` rows and `w`
 /// columns) = alpha buf + beta C (C unread when beta is 0), rounded once where C is bf16. With `mirror` (a symmetric
 /// product), only its elements on and below C's diagonal, each written also at its mirror image above the diagonal
-/// (the tile transposed in registers), so that C comes out exactly symmetric; C is read on and below it only.
+/// (the tile transposed in registers), so that C comes out exactly symmetric; C is read on and below it only. With
+/// `stream` (an f32 C, beta 0, no mirror), a whole tile on whole lines of C goes there by non-temporal stores.
 template <class TC>
 MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index_t j0, index_t rows, index_t w,
-                                    float alpha, float beta, bool mirror) {
+                                    float alpha, float beta, bool mirror, bool stream = false) {
     const index_t ldc = C.strides[0];
+    if constexpr (std::is_same_v<TC, float>) {
+        float* c = C.data + i0 * ldc + j0;
+        if (stream && rows == P::mr && w == P::nr && reinterpret_cast<std::uintptr_t>(c) % 64 == 0) {
+            const __m512 va = _mm512_set1_ps(alpha);
+            for (index_t i = 0; i < P::mr; ++i)
+                for (index_t h = 0; h < 2; ++h)
+                    _mm512_stream_ps(c + i * ldc + 16 * h, _mm512_mul_ps(va, _mm512_load_ps(buf + i * P::nr + 16 * h)));
+            return;
+        }
+    }
     for (index_t i = 0; i < rows; ++i)
         for (index_t h = 0; h < 2; ++h) {
             const index_t width = mirror ? std::min(w, i0 + i - j0 + 1) : w;  // columns j0 + j <= row i0 + i
@@ -231,23 +248,6 @@ MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index
                 const __mmask16 below = valid & __mmask16(~packed::lanes(c0 + y - r0 + 1));  // rows r0 + x > c0 + y
                 if (below) store_c(C.data + (c0 + y) * ldc + r0, below, r[y]);
             }
-        }
-}
-
-/// C's tile at c (rows ldc apart; the first `rows` rows and the columns of masks lo, hi) gets alpha buf, plus beta C
-/// on the first k block (C unread when beta is 0), added to C on later ones.
-MOONMOE_TARGET_AMX inline void add_tile(const float* buf, float* c, index_t ldc, index_t rows, __mmask16 lo,
-                                        __mmask16 hi, bool first, float alpha, float beta) {
-    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    for (index_t i = 0; i < rows; ++i)
-        for (int h = 0; h < 2; ++h) {
-            const __mmask16 mask = h ? hi : lo;
-            float* ci = c + i * ldc + 16 * h;
-            __m512 r = _mm512_mul_ps(va, _mm512_load_ps(buf + i * P::nr + 16 * h));
-            if (!first) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, ci));
-            else if (beta != 0.0f)
-                r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, ci), r);
-            _mm512_mask_storeu_ps(ci, mask, r);
         }
 }
 
@@ -277,15 +277,16 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
                                       bf16* dst) {
     const index_t ldb = B.strides[0], kcp = padded(kc);
     const auto* raw = reinterpret_cast<const std::uint16_t*>(B.data);
-    for (index_t jp = 0; jp < nc; jp += P::nr) {
-        const index_t w = std::min(P::nr, nc - jp);
-        auto* d = reinterpret_cast<std::uint16_t*>(dst + jp * kcp);
-        if (tb == Trans::yes) {
-            // column j of op(B) is row j0 + jp + j of B, contiguous in k: a k-pair is one 32-bit word of that row, so
-            // 16 rows x 16 pairs transposed as 32-bit words give 16 pair-rows of 16 columns
+    const auto panel = [&](index_t jp) { return reinterpret_cast<std::uint16_t*>(dst + jp * kcp); };
+    const auto columns = [](index_t w) { return w >= 32 ? ~__mmask32(0) : (__mmask32(1) << w) - 1; };
+    if (tb == Trans::yes) {
+        // column j of op(B) is row j0 + j of B, contiguous in k: a k-pair is one 32-bit word of that row, so 16 rows
+        // x 16 pairs transposed as 32-bit words give 16 pair-rows of 16 columns
+        for (index_t jp = 0; jp < nc; jp += P::nr) {
+            const index_t w = std::min(P::nr, nc - jp);
+            std::uint16_t* d = panel(jp);
             for (index_t kk = 0; kk < kcp; kk += P::tile_k) {
-                const index_t left = std::clamp<index_t>(kc - kk, 0, P::tile_k);
-                const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+                const __mmask32 mask = columns(std::clamp<index_t>(kc - kk, 0, P::tile_k));
                 for (index_t h = 0; h < 2; ++h) {
                     __m512 r[16];
                     for (int i = 0; i < 16; ++i) {  // rows past w (columns of op(B) past nc) read as zero
@@ -299,21 +300,25 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
                         _mm512_store_si512(d + (kk / 2 + p) * 2 * P::nr + 32 * h, _mm512_castps_si512(r[p]));
                 }
             }
-            continue;
         }
-        // row k of op(B) is row k of B: rows k and k + 1 interleaved element by element
-        const __mmask32 mask = w >= 32 ? ~__mmask32(0) : (__mmask32(1) << w) - 1;
-        const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-        const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-        for (index_t p = 0; p < kcp / 2; ++p) {
-            const index_t k = 2 * p;
-            const __m512i r0 =
-                k < kc ? _mm512_maskz_loadu_epi16(mask, raw + (k0 + k) * ldb + j0 + jp) : _mm512_setzero_si512();
-            const __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(mask, raw + (k0 + k + 1) * ldb + j0 + jp)
-                                          : _mm512_setzero_si512();
-            _mm512_store_si512(d + p * 2 * P::nr, _mm512_permutex2var_epi16(r0, lo, r1));
-            _mm512_store_si512(d + p * 2 * P::nr + 32, _mm512_permutex2var_epi16(r0, hi, r1));
+        return;
+    }
+    // row k of op(B) is row k of B: rows k and k + 1 interleaved element by element, both rows' nc columns at a time,
+    // each micro-panel's 32 to their own place (a micro-panel at a time read 64 bytes of each of kc rows far apart:
+    // X W, 1024 x 7168 x 2048, 10-17 % slower at one thread; docs/cpu_gemm.md)
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                        5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (index_t p = 0; p < kcp / 2; ++p) {
+        const index_t k = 2 * p;
+        const std::uint16_t* row = raw + (k0 + std::min(k, kc - 1)) * ldb + j0;  // row k (k < kc where read)
+        for (index_t jp = 0; jp < nc; jp += P::nr) {
+            const __mmask32 mask = columns(nc - jp);
+            const __m512i r0 = k < kc ? _mm512_maskz_loadu_epi16(mask, row + jp) : _mm512_setzero_si512();
+            const __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(mask, row + ldb + jp) : _mm512_setzero_si512();
+            std::uint16_t* d = panel(jp) + p * 2 * P::nr;
+            _mm512_store_si512(d, _mm512_permutex2var_epi16(r0, lo, r1));
+            _mm512_store_si512(d + 32, _mm512_permutex2var_epi16(r0, hi, r1));
         }
     }
 }
@@ -321,19 +326,16 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
 /// Columns [lo, hi) of C over all its m rows, with op(A) packed whole at ap (for each k block, its micro-panels in
 /// turn): for each nc columns and each k block, that block of op(B) packed into bp, then the micro-kernel over every
 /// A micro-panel and every B micro-panel (with `lower`, those on or below C's diagonal only, finished by
-/// finish_tile's mirror). An f32 C of a general product takes its sums between k blocks (whole tiles straight into
-/// the tiles where alpha is 1 and beta 0, else through add_tile); a bf16 C or a symmetric product keeps them in acc
-/// (m rounded up to tiles x nc, f32; only needed with more than one k block) and finishes each tile after the last.
-/// Loads the tile configuration first and releases the tiles after.
+/// finish_tile's mirror). Each tile's sums stay in acc between k blocks (m rounded up to tiles x P::acc_ld, f32; only
+/// needed with more than one k block) and the tile is finished after the last, streamed to C where `stream`. Loads
+/// the tile configuration first and releases the tiles after (and fences the streamed stores).
 template <class TC>
 MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16, 2> B, index_t k, float alpha,
                                 const bf16* ap, float beta, View<TC, 2> C, index_t lo, index_t hi, bf16* bp, float* acc,
-                                bool lower) {
+                                bool lower, bool stream) {
     const TileConfig config = tile_config();
     _tile_loadconfig(&config);
     alignas(64) float buf[P::mr * P::nr];
-    const bool direct = alpha == 1.0f && beta == 0.0f;          // else whole tiles also pass through buf
-    const bool finished = !std::is_same_v<TC, float> || lower;  // each tile finished after the last k block
     const index_t m = C.shape[0], panels = (m + P::mr - 1) / P::mr;
     const index_t lda = A.strides[0], a_ld = ap ? P::a_ld : lda;  // an A micro-panel's rows: packed, or A's own
     // blocks of equal width (whole micro-panels, at most P::nc), so that no last block is a narrow one that reads
@@ -366,33 +368,23 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                         const index_t r0 = q * P::mr / micro_panels, r1 = (q + 1) * P::mr / micro_panels;
                         ahead = {a_panel + P::mr * a_ld + r0 * a_ld, a_ld, r1 - r0};
                     }
-                    if (finished) {
-                        float* sums = acc + i0 * P::nc + jp;  // this tile's sums over the k blocks so far
-                        const float* in = k0 > 0 ? sums : nullptr;
-                        if (!last) {
-                            micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, sums, P::nc, ahead);
-                            continue;
-                        }
-                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::nc, buf, P::nr, ahead);
-                        finish_tile(buf, C, i0, j0 + jp, rows, w, alpha, beta, lower);
+                    // the tile's sums over the k blocks so far in acc, not in C (rows 6-48 KiB apart in K2's
+                    // products; C's tile kept in C between k blocks and written with ordinary stores: q_b, o_proj
+                    // and X W 3-12 % slower at one thread, docs/cpu_gemm.md)
+                    float* sums = acc + i0 * P::acc_ld + jp;
+                    const float* in = k0 > 0 ? sums : nullptr;
+                    if (!last) {
+                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, sums, P::acc_ld, ahead);
                         continue;
                     }
-                    if constexpr (std::is_same_v<TC, float>) {
-                        float* c = C.data + i0 * C.strides[0] + j0 + jp;
-                        if (direct && rows == P::mr && w == P::nr) {  // the tiles go to C and come back
-                            micro_kernel(kcp, a_panel, a_ld, b_panel, k0 > 0 ? c : nullptr, C.strides[0], c,
-                                         C.strides[0], ahead);
-                            continue;
-                        }
-                        micro_kernel(kcp, a_panel, a_ld, b_panel, nullptr, 0, buf, P::nr, ahead);
-                        add_tile(buf, c, C.strides[0], rows, packed::lanes(w), packed::lanes(w - 16), k0 == 0, alpha,
-                                 beta);
-                    }
+                    micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, buf, P::nr, ahead);
+                    finish_tile(buf, C, i0, j0 + jp, rows, w, alpha, beta, lower, stream);
                 }
             }
         }
     }
     _tile_release();
+    if (stream) _mm_sfence();  // the streamed stores seen by whichever thread reads C next
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -527,11 +519,12 @@ void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const
     }
     const auto rows_part = [&](View<const bf16, 2> a, View<TC, 2> c) { gemm_amx<TC>(ta, tb, alpha, a, B, beta, c); };
     if (!symmetric && packed_driver::cut_rows<P>(ta, A, k, C, rows_part)) return;
-    const index_t sums = std::is_same_v<TC, float> && !symmetric ? 0 : (m + P::mr - 1) / P::mr * P::mr * P::nc;
+    const index_t sums = (m + P::mr - 1) / P::mr * P::mr * P::acc_ld;
+    const bool stream = std::is_same_v<TC, float> && !symmetric && beta == 0.0f &&
+                        std::size_t(m) * std::size_t(n) * sizeof(float) >= P::stream_c_bytes;
     const auto columns = [&](const bf16* ap, index_t lo, index_t hi, bf16* bp) {
-        // a bf16 C's or a symmetric product's sums between k blocks
-        auto acc = Tensor<float, 1>::for_overwrite(Shape<1>{k > P::kc ? sums : 0});
-        amx::columns<TC>(A, tb, B, k, alpha, ap, beta, C, lo, hi, bp, acc.data(), symmetric);
+        auto acc = Tensor<float, 1>::for_overwrite(Shape<1>{k > P::kc ? sums : 0});  // sums between k blocks
+        amx::columns<TC>(A, tb, B, k, alpha, ap, beta, C, lo, hi, bp, acc.data(), symmetric, stream);
     };
     // A's own rows are what the tiles of A take where they fill whole tiles on whole lines: no packing
     if (amx_reads_a_in_place(ta, A, m, k)) return packed_driver::run<P, bf16>(m, n, k, nullptr, columns, symmetric);
