@@ -131,22 +131,26 @@ struct RowsAhead {
     index_t ld = 0, rows = 0;
 };
 
-/// The micro-kernel: out [32][32] (f32, rows ld_out apart) = in + a b over kcp (a multiple of 32), in [32][32] (rows
+/// The micro-kernel: out [32][w] (f32, rows ld_out apart) = in + a b over kcp (a multiple of 32), in [32][w] (rows
 /// ld_in apart; may be out itself) or zero (in null); a 32 rows of bf16, lda apart (an A micro-panel, or 32 rows of a
-/// weight as stored), b a B micro-panel in k-pairs ([kcp / 2][32][2]); `ahead`'s rows prefetched over the same k.
+/// weight as stored), b a B micro-panel in k-pairs ([kcp / 2][32][2]) of which the first w columns (32, or 16: half
+/// the tiles of B and of C, for X W^T of up to 16 tokens); `ahead`'s rows prefetched over the same k.
+template <index_t w = P::nr>
 MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t lda, const bf16* b, const float* in,
                                             index_t ld_in, float* out, index_t ld_out, RowsAhead ahead = {}) {
+    static_assert(w == P::nr || w == P::nr / 2);
+    constexpr bool both = w == P::nr;  // the second tile of B's columns, and C's tiles 1 and 3
     if (in) {
         const std::size_t in_stride = std::size_t(ld_in) * sizeof(float);
         _tile_loadd(0, in, in_stride);
-        _tile_loadd(1, in + 16, in_stride);
+        if (both) _tile_loadd(1, in + 16, in_stride);
         _tile_loadd(2, in + 16 * ld_in, in_stride);
-        _tile_loadd(3, in + 16 * ld_in + 16, in_stride);
+        if (both) _tile_loadd(3, in + 16 * ld_in + 16, in_stride);
     } else {
         _tile_zero(0);
-        _tile_zero(1);
+        if (both) _tile_zero(1);
         _tile_zero(2);
-        _tile_zero(3);
+        if (both) _tile_zero(3);
     }
     const std::size_t a_stride = std::size_t(lda) * sizeof(bf16);
     constexpr std::size_t b_stride = 2 * P::nr * sizeof(bf16);
@@ -158,17 +162,19 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
         _tile_loadd(4, a + k, a_stride);
         _tile_loadd(6, b + k * P::nr, b_stride);  // pair-rows k/2 .. k/2 + 15, columns 0-15
         _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b + k * P::nr + 32, b_stride);  // columns 16-31
-        _tile_dpbf16ps(1, 4, 7);
+        if (both) {
+            _tile_loadd(7, b + k * P::nr + 32, b_stride);  // columns 16-31
+            _tile_dpbf16ps(1, 4, 7);
+        }
         _tile_loadd(5, a + 16 * lda + k, a_stride);
         _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        if (both) _tile_dpbf16ps(3, 5, 7);
     }
     const std::size_t out_stride = std::size_t(ld_out) * sizeof(float);
     _tile_stored(0, out, out_stride);
-    _tile_stored(1, out + 16, out_stride);
+    if (both) _tile_stored(1, out + 16, out_stride);
     _tile_stored(2, out + 16 * ld_out, out_stride);
-    _tile_stored(3, out + 16 * ld_out + 16, out_stride);
+    if (both) _tile_stored(3, out + 16 * ld_out + 16, out_stride);
 }
 
 // GCC 12 warns that the _mm512_undefined_*() inside intrinsics (the unpacks of packed::transpose16, the cast of
@@ -394,8 +400,9 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
 /// Rows [r0, r0 + 32) of the weight W [n, k] (as stored) against every token of X, X^T packed whole at xp (token
 /// micro-panels of 32, k-pairs, kp = k padded to tiles): each 32 x 32 tile of C^T summed over all of k in the tiles
 /// (W's whole tiles of k read in place, its last part tile and any rows past n from a zero-padded copy), then written
-/// to C transposed, alpha times it plus beta C, rounded once where C is bf16.
-template <class TC>
+/// to C transposed, alpha times it plus beta C, rounded once where C is bf16. w: the tiles' columns of tokens (16
+/// where there are at most 16 tokens).
+template <class TC, index_t w>
 MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf16* xp, index_t m, float alpha,
                                     float beta, View<TC, 2> C) {
     const index_t n = W.shape[0], k = W.shape[1], kp = padded(k), rows = std::min(P::mr, n - r0);
@@ -404,13 +411,13 @@ MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf1
     alignas(64) bf16 part[P::mr * P::tile_k];
     for (index_t t0 = 0; t0 < m; t0 += P::nr) {
         const bf16* b = xp + t0 * kp;
-        if (whole > 0) micro_kernel(whole, W.data + r0 * W.strides[0], W.strides[0], b, nullptr, 0, buf, P::nr);
+        if (whole > 0) micro_kernel<w>(whole, W.data + r0 * W.strides[0], W.strides[0], b, nullptr, 0, buf, P::nr);
         for (index_t k0 = whole; k0 < kp; k0 += P::tile_k) {  // the rest, through a zero-padded copy
             for (index_t i = 0; i < P::mr; ++i)
                 for (index_t q = 0; q < P::tile_k; ++q)
                     part[i * P::tile_k + q] =
                         i < rows && k0 + q < k ? W.data[(r0 + i) * W.strides[0] + k0 + q] : bf16{};
-            micro_kernel(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0 ? buf : nullptr, P::nr, buf, P::nr);
+            micro_kernel<w>(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0 ? buf : nullptr, P::nr, buf, P::nr);
         }
         for (index_t t = t0; t < std::min(m, t0 + P::nr); ++t) {
             TC* c = C.data + t * C.strides[0] + r0;
@@ -423,13 +430,18 @@ MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf1
 }
 
 /// The tokens' side of gemm_amx_weights on this thread: the tile configuration, then weight_rows for every 32 rows
-/// of W in [lo, hi).
+/// of W in [lo, hi), on half the tiles of B and C where there are at most 16 tokens (one token against o_proj's W at
+/// two threads 11-15 % faster: the tiles' products and X^T's reads from L2 halved; docs/cpu_gemm.md).
 template <class TC>
 MOONMOE_TARGET_AMX void weight_part(View<const bf16, 2> W, index_t lo, index_t hi, const bf16* xp, index_t m,
                                     float alpha, float beta, View<TC, 2> C) {
     const TileConfig config = tile_config();
     _tile_loadconfig(&config);
-    for (index_t r0 = lo; r0 < hi; r0 += P::mr) weight_rows(W, r0, xp, m, alpha, beta, C);
+    for (index_t r0 = lo; r0 < hi; r0 += P::mr) {
+        if (m <= P::nr / 2) weight_rows<TC, P::nr / 2>(W, r0, xp, m, alpha, beta, C);
+        else
+            weight_rows<TC, P::nr>(W, r0, xp, m, alpha, beta, C);
+    }
     _tile_release();
 }
 
