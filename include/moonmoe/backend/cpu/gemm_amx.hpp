@@ -311,7 +311,7 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
     }
     // row k of op(B) is row k of B: rows k and k + 1 interleaved element by element, both rows' nc columns at a time,
     // each micro-panel's 32 to their own place (a micro-panel at a time read 64 bytes of each of kc rows far apart:
-    // X W, 1024 x 7168 x 2048, 10-17 % slower at one thread; docs/cpu_gemm.md)
+    // X W, 1024 x 7168 x 2048, 7-17 % slower at one thread; docs/cpu_gemm.md)
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
                                         5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
@@ -375,8 +375,8 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                         ahead = {a_panel + P::mr * a_ld + r0 * a_ld, a_ld, r1 - r0};
                     }
                     // the tile's sums over the k blocks so far in acc, not in C (rows 6-48 KiB apart in K2's
-                    // products; C's tile kept in C between k blocks and written with ordinary stores: q_b, o_proj
-                    // and X W 3-12 % slower at one thread, docs/cpu_gemm.md)
+                    // products; C's tile kept in C between k blocks and written with ordinary stores: q_b, o_proj,
+                    // X W and 2048^3 1-12 % slower at one thread, docs/cpu_gemm.md)
                     float* sums = acc + i0 * P::acc_ld + jp;
                     const float* in = k0 > 0 ? sums : nullptr;
                     if (!last) {
@@ -430,8 +430,8 @@ MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf1
 }
 
 /// The tokens' side of gemm_amx_weights on this thread: the tile configuration, then weight_rows for every 32 rows
-/// of W in [lo, hi), on half the tiles of B and C where there are at most 16 tokens (one token against o_proj's W at
-/// two threads 11-15 % faster: the tiles' products and X^T's reads from L2 halved; docs/cpu_gemm.md).
+/// of W in [lo, hi), on half the tiles of B and C where there are at most 16 tokens (one token against o_proj's W
+/// 8-15 % faster at one and two threads: the tiles' products and X^T's reads from L2 halved; docs/cpu_gemm.md).
 template <class TC>
 MOONMOE_TARGET_AMX void weight_part(View<const bf16, 2> W, index_t lo, index_t hi, const bf16* xp, index_t m,
                                     float alpha, float beta, View<TC, 2> C) {
@@ -530,7 +530,9 @@ void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const
         return;
     }
     const auto rows_part = [&](View<const bf16, 2> a, View<TC, 2> c) { gemm_amx<TC>(ta, tb, alpha, a, B, beta, c); };
-    if (!symmetric && packed_driver::cut_rows<P>(ta, A, k, C, rows_part)) return;
+    // one part of C's rows per thread: each part brings every block of op(B) into L2 again (an expert's W of 2048 x
+    // 7168 against 96-192 tokens at two threads 4-10 % faster than with two parts per thread, 10-15 % than four)
+    if (!symmetric && packed_driver::cut_rows<P>(ta, A, k, C, rows_part, 1)) return;
     const index_t sums = (m + P::mr - 1) / P::mr * P::mr * P::acc_ld;
     const bool stream = std::is_same_v<TC, float> && !symmetric && beta == 0.0f &&
                         std::size_t(m) * std::size_t(n) * sizeof(float) >= P::stream_c_bytes;

@@ -80,14 +80,15 @@ void scale(float beta, View<TC, 2> C) {
 }
 
 /// With more than one thread and a C too narrow to cut into parts of columns (fewer than two parts of 128 columns)
-/// but tall: C's rows cut into up to two parts per thread of whole micro-panels, product(a, c) run on each part's
-/// rows of op(A) and of C, on its own thread. Returns whether it cut.
+/// but tall: C's rows cut into up to `per_thread` parts per thread of whole micro-panels, product(a, c) run on each
+/// part's rows of op(A) and of C, on its own thread. Each part packs all of op(B) again and brings each block of it
+/// into L2 again: more parts balance a busy machine's threads, fewer read op(B) less. Returns whether it cut.
 template <class P, class TA, class TC, class Product>
-bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<TC, 2> C, Product product) {
+bool cut_rows(Trans ta, View<const TA, 2> A, index_t k, View<TC, 2> C, Product product, index_t per_thread = 2) {
     const int t = parallel_depth > 0 ? 1 : threads();
     const index_t m = C.shape[0], n = C.shape[1], nr_panels = (n + P::nr - 1) / P::nr, min_part = 128 / P::nr;
     if (t == 1 || nr_panels >= 2 * min_part || m < 2 * 4 * P::mr) return false;
-    const index_t rows = ((m + 2 * t - 1) / (2 * t) + P::mr - 1) / P::mr * P::mr;
+    const index_t parts = per_thread * t, rows = ((m + parts - 1) / parts + P::mr - 1) / P::mr * P::mr;
     parallel_chunks((m + rows - 1) / rows, [&](index_t c) {
         const index_t r0 = c * rows, r = std::min(rows, m - r0);
         const View<const TA, 2> a = ta == Trans::no ? View<const TA, 2>(A.data + r0 * A.strides[0], {r, k}, A.strides)
