@@ -284,7 +284,7 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
     const index_t ldb = B.strides[0], kcp = padded(kc);
     const auto* raw = reinterpret_cast<const std::uint16_t*>(B.data);
     const auto panel = [&](index_t jp) { return reinterpret_cast<std::uint16_t*>(dst + jp * kcp); };
-    const auto columns = [](index_t w) { return w >= 32 ? ~__mmask32(0) : (__mmask32(1) << w) - 1; };
+    const auto first = [](index_t w) { return w >= 32 ? ~__mmask32(0) : (__mmask32(1) << w) - 1; };  // lanes 0..w-1
     if (tb == Trans::yes) {
         // column j of op(B) is row j0 + j of B, contiguous in k: a k-pair is one 32-bit word of that row, so 16 rows
         // x 16 pairs transposed as 32-bit words give 16 pair-rows of 16 columns
@@ -292,7 +292,7 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
             const index_t w = std::min(P::nr, nc - jp);
             std::uint16_t* d = panel(jp);
             for (index_t kk = 0; kk < kcp; kk += P::tile_k) {
-                const __mmask32 mask = columns(std::clamp<index_t>(kc - kk, 0, P::tile_k));
+                const __mmask32 mask = first(std::clamp<index_t>(kc - kk, 0, P::tile_k));
                 for (index_t h = 0; h < 2; ++h) {
                     __m512 r[16];
                     for (int i = 0; i < 16; ++i) {  // rows past w (columns of op(B) past nc) read as zero
@@ -319,7 +319,7 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
         const index_t k = 2 * p;
         const std::uint16_t* row = raw + (k0 + std::min(k, kc - 1)) * ldb + j0;  // row k (k < kc where read)
         for (index_t jp = 0; jp < nc; jp += P::nr) {
-            const __mmask32 mask = columns(nc - jp);
+            const __mmask32 mask = first(nc - jp);
             const __m512i r0 = k < kc ? _mm512_maskz_loadu_epi16(mask, row + jp) : _mm512_setzero_si512();
             const __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(mask, row + ldb + jp) : _mm512_setzero_si512();
             std::uint16_t* d = panel(jp) + p * 2 * P::nr;
