@@ -334,7 +334,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "gemm_bf16 on the AMX kernel: an f32 C of 4 MiB and more streamed to memory where its tiles start on lines, the "
+    "gemm_bf16 on the AMX kernel: an f32 C of 4 MiB and more streamed to memory where its rows start on lines, the "
     "same bits as stored in place, against double") {
     const Bf16GemmChoice restore;
     if (!backend::cpu_detail::amx_gemm_available()) {
@@ -367,6 +367,16 @@ TEST_CASE(
         }
     CHECK(bad == 0);
     CHECK(differ == 0);
+    // rows 1032 floats apart (not whole lines): the first tile starts on a line and the next row does not, so nothing
+    // is streamed (a streamed store off a line faults); the same bits again
+    const index_t ldc = n + 8;
+    std::vector<float> pitched(std::size_t(m * ldc) + 16);
+    float* e = first_on_line(pitched);
+    Ops::gemm_bf16<float>(Trans::no, Trans::no, 0.5f, av, bv, 0.0f, View<float, 2>(e, {m, n}, {ldc, 1}));
+    std::size_t differ_pitched = 0;
+    for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) differ_pitched += c[i * n + j] != e[i * ldc + j];
+    CHECK(differ_pitched == 0);
 }
 
 TEST_CASE("the packed kernels' parts of C's columns: whole panels, every column once, widths within one panel") {

@@ -217,14 +217,16 @@ MOONMOE_TARGET_AMX inline __m512 scale_to_c(TC* c, __mmask16 mask, __m512 v, flo
 /// columns) = alpha buf + beta C (C unread when beta is 0), rounded once where C is bf16. With `mirror` (a symmetric
 /// product), only its elements on and below C's diagonal, each written also at its mirror image above the diagonal
 /// (the tile transposed in registers), so that C comes out exactly symmetric; C is read on and below it only. With
-/// `stream` (an f32 C, beta 0, no mirror), a whole tile on whole lines of C goes there by non-temporal stores.
+/// `stream` (an f32 C, beta 0, no mirror), a whole tile whose every row starts on a line of C goes there by
+/// non-temporal stores.
 template <class TC>
 MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index_t j0, index_t rows, index_t w,
                                     float alpha, float beta, bool mirror, bool stream = false) {
     const index_t ldc = C.strides[0];
     if constexpr (std::is_same_v<TC, float>) {
         float* c = C.data + i0 * ldc + j0;
-        if (stream && rows == P::mr && w == P::nr && reinterpret_cast<std::uintptr_t>(c) % 64 == 0) {
+        // every row of the tile on a line (a non-temporal store off one faults)
+        if (stream && rows == P::mr && w == P::nr && reinterpret_cast<std::uintptr_t>(c) % 64 == 0 && ldc % 16 == 0) {
             const __m512 va = _mm512_set1_ps(alpha);
             for (index_t i = 0; i < P::mr; ++i)
                 for (index_t h = 0; h < 2; ++h)
