@@ -43,6 +43,17 @@ struct Bf16GemmChoice {
     }
 };
 
+/// Makes the AMX kernel the engine of bf16 products and returns true, or says that this CPU has no AMX-BF16 and
+/// returns false.
+bool use_amx_engine() {
+    if (!backend::cpu_detail::amx_gemm_available()) {
+        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
+        return false;
+    }
+    backend::set_bf16_gemm(Bf16Gemm::amx);
+    return true;
+}
+
 struct Case {
     index_t m, n, k;
     Trans ta, tb;
@@ -251,12 +262,9 @@ TEST_CASE(
         check_path<float>("packed");
         check_path<bf16>("packed");
     }
-    if (backend::cpu_detail::amx_gemm_available()) {
-        backend::set_bf16_gemm(Bf16Gemm::amx);
+    if (use_amx_engine()) {
         check_path<float>("AMX");
         check_path<bf16>("AMX");
-    } else {
-        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
     }
     backend::set_bf16_gemm(Bf16Gemm::automatic);
     check_path<float>("automatic");
@@ -334,49 +342,57 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "gemm_bf16 on the AMX kernel: an f32 C of 4 MiB and more streamed to memory where its rows start on lines, the "
-    "same bits as stored in place, against double") {
+    "gemm_bf16 on the AMX kernel: an f32 C of 4 MiB and more streamed to memory a whole line at a time, the same bits "
+    "as stored in place, against double") {
     const Bf16GemmChoice restore;
-    if (!backend::cpu_detail::amx_gemm_available()) {
-        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
-        return;
-    }
-    backend::set_bf16_gemm(Bf16Gemm::amx);
-    // 1030 x 1024 f32 (just over 4 MiB: AmxBlocking::stream_c_bytes), rows 4 KiB apart; the last 6 rows a part tile
-    const index_t m = 1030, n = 1024, k = 96;
-    REQUIRE(std::size_t(m * n) * sizeof(float) >= backend::cpu_detail::AmxBlocking::stream_c_bytes);
-    std::mt19937 gen(11);
-    const std::vector<bf16> a = random_bf16(std::size_t(m * k), gen), b = random_bf16(std::size_t(k * n), gen);
-    const View<const bf16, 2> av(a.data(), {m, k}, {k, 1}), bv(b.data(), {k, n}, {n, 1});
-    std::vector<float> on_lines(std::size_t(m * n) + 16), off_lines(std::size_t(m * n) + 16, 7.0f);
-    float* c = first_on_line(on_lines);
-    float* d = first_on_line(off_lines) + 1;  // no tile of this C starts on a line: stored as before
-    Ops::gemm_bf16<float>(Trans::no, Trans::no, 0.5f, av, bv, 0.0f, View<float, 2>(c, {m, n}, {n, 1}));
-    Ops::gemm_bf16<float>(Trans::no, Trans::no, 0.5f, av, bv, 0.0f, View<float, 2>(d, {m, n}, {n, 1}));
-    std::size_t bad = 0, differ = 0;
-    for (index_t i = 0; i < m; ++i)
-        for (index_t j = 0; j < n; ++j) {
-            double sum = 0, size = 0;
-            for (index_t p = 0; p < k; ++p) {
-                const double t = widen(a[std::size_t(i * k + p)]) * widen(b[std::size_t(p * n + j)]);
-                sum += t, size += std::abs(t);
+    if (!use_amx_engine()) return;
+    // C = 0.5 op(A) B into a C on lines, into the same C one float off lines (nothing streamed) and into rows ldc
+    // floats apart, each over 4 MiB (AmxBlocking::stream_c_bytes)
+    const auto streamed = [](index_t m, index_t n, index_t k, Trans tb, index_t ldc) {
+        const bool w_transposed = tb == Trans::yes;
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(w_transposed);
+        CAPTURE(ldc);
+        REQUIRE(std::size_t(m * n) * sizeof(float) >= backend::cpu_detail::AmxBlocking::stream_c_bytes);
+        std::mt19937 gen(11);
+        const std::vector<bf16> a = random_bf16(std::size_t(m * k), gen), b = random_bf16(std::size_t(k * n), gen);
+        const View<const bf16, 2> av(a.data(), {m, k}, {k, 1});
+        const View<const bf16, 2> bv = tb == Trans::no ? View<const bf16, 2>(b.data(), {k, n}, {n, 1})
+                                                       : View<const bf16, 2>(b.data(), {n, k}, {k, 1});
+        const auto bt = [&](index_t p, index_t j) { return b[std::size_t(tb == Trans::no ? p * n + j : j * k + p)]; };
+        std::vector<float> on_lines(std::size_t(m * n) + 16), off_lines(std::size_t(m * n) + 16, 7.0f),
+            pitched(std::size_t(m * ldc) + 16);
+        float* c = first_on_line(on_lines);
+        float* d = first_on_line(off_lines) + 1;
+        float* e = first_on_line(pitched);
+        Ops::gemm_bf16<float>(Trans::no, tb, 0.5f, av, bv, 0.0f, View<float, 2>(c, {m, n}, {n, 1}));
+        Ops::gemm_bf16<float>(Trans::no, tb, 0.5f, av, bv, 0.0f, View<float, 2>(d, {m, n}, {n, 1}));
+        Ops::gemm_bf16<float>(Trans::no, tb, 0.5f, av, bv, 0.0f, View<float, 2>(e, {m, n}, {ldc, 1}));
+        std::size_t bad = 0, differ = 0, differ_pitched = 0;
+        for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j) {
+                double sum = 0, size = 0;
+                for (index_t p = 0; p < k; ++p) {
+                    const double t = widen(a[std::size_t(i * k + p)]) * widen(bt(p, j));
+                    sum += t, size += std::abs(t);
+                }
+                const float got = c[i * n + j];
+                bad += !(std::abs(got - 0.5 * sum) <= (double(k) + 2) * std::ldexp(1.0, -23) * 0.5 * size + 1e-30);
+                differ += got != d[i * n + j];
+                differ_pitched += got != e[i * ldc + j];
             }
-            const float got = c[i * n + j];
-            bad += !(std::abs(got - 0.5 * sum) <= (double(k) + 2) * std::ldexp(1.0, -23) * 0.5 * size + 1e-30);
-            differ += got != d[i * n + j];
-        }
-    CHECK(bad == 0);
-    CHECK(differ == 0);
-    // rows 1032 floats apart (not whole lines): the first tile starts on a line and the next row does not, so nothing
-    // is streamed (a streamed store off a line faults); the same bits again
-    const index_t ldc = n + 8;
-    std::vector<float> pitched(std::size_t(m * ldc) + 16);
-    float* e = first_on_line(pitched);
-    Ops::gemm_bf16<float>(Trans::no, Trans::no, 0.5f, av, bv, 0.0f, View<float, 2>(e, {m, n}, {ldc, 1}));
-    std::size_t differ_pitched = 0;
-    for (index_t i = 0; i < m; ++i)
-        for (index_t j = 0; j < n; ++j) differ_pitched += c[i * n + j] != e[i * ldc + j];
-    CHECK(differ_pitched == 0);
+        CHECK(bad == 0);
+        CHECK(differ == 0);
+        CHECK(differ_pitched == 0);
+    };
+    // X W: rows 4 KiB apart, the last 6 rows a part tile; then rows 1032 floats apart, every other row off the lines
+    // of memory (stored, not streamed: a non-temporal store off a line faults)
+    streamed(1030, 1024, 96, Trans::no, 1032);
+    // X W^T of 200 tokens, computed as C^T = W X^T, its tiles transposed into C's rows: rows 5300 floats apart (a
+    // line of 16 starts on a line of memory in one row of four), 200 = 6 x 32 + 8 tokens, a part tile of W's rows;
+    // and C's rows 5312 apart, every line whole but the last of each row
+    streamed(200, 5300, 64, Trans::yes, 5312);
 }
 
 TEST_CASE("the packed kernels' parts of C's columns: whole panels, every column once, widths within one panel") {
@@ -414,11 +430,7 @@ TEST_CASE(
     "gemm_bf16 on the AMX kernel: A's rows read in place, a bf16 C rounded once as bf16::from_float rounds, NaN as "
     "0x7FC0") {
     const Bf16GemmChoice restore;
-    if (!backend::cpu_detail::amx_gemm_available()) {
-        MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
-        return;
-    }
-    backend::set_bf16_gemm(Bf16Gemm::amx);
+    if (!use_amx_engine()) return;
     // A is read in place where it is not transposed, its rows fill whole tiles and each starts on a 64-byte line
     using backend::cpu_detail::amx_reads_a_in_place;
     std::vector<bf16> storage(64 * 96 + 64);

@@ -204,43 +204,66 @@ MOONMOE_TARGET_AMX inline void store_c(bf16* c, __mmask16 mask, __m512 v) {
 }
 
 /// Stores alpha v + beta C at c (the lanes of mask; C unread when beta is 0), rounded once where C is bf16, and
-/// returns the f32 value stored.
+/// returns the f32 value stored. With `stream` (an f32 C and beta 0), 16 lanes that fill a line of C go there by a
+/// non-temporal store, which reads no line of C first (and would fault off a line).
 template <class TC>
-MOONMOE_TARGET_AMX inline __m512 scale_to_c(TC* c, __mmask16 mask, __m512 v, float alpha, float beta) {
+MOONMOE_TARGET_AMX inline __m512 scale_to_c(TC* c, __mmask16 mask, __m512 v, float alpha, float beta,
+                                            bool stream = false) {
     __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), v);
+    if constexpr (std::is_same_v<TC, float>)
+        if (stream && mask == __mmask16(0xffff) && reinterpret_cast<std::uintptr_t>(c) % 64 == 0) {
+            _mm512_stream_ps(c, r);
+            return r;
+        }
     if (beta != 0.0f) r = _mm512_fmadd_ps(_mm512_set1_ps(beta), load_c(c, mask), r);
     store_c(c, mask, r);
     return r;
 }
 
+/// The 16 x 16 quarter (qi, qj) of a tile's sums in buf ([32][32]) transposed: r[y] holds its column y, its rows as
+/// the lanes.
+MOONMOE_TARGET_AMX inline void transposed_quarter(const float* buf, index_t qi, index_t qj, __m512 (&r)[16]) {
+    for (index_t x = 0; x < 16; ++x) r[x] = _mm512_load_ps(buf + (16 * qi + x) * P::nr + 16 * qj);
+    packed::transpose16(r);
+}
+
+/// A view of C [m, n] as C^T [n, m]: its rows C's columns, element (j, i) at C's (i, j).
+template <class TC>
+View<TC, 2> transposed(View<TC, 2> C) {
+    return View<TC, 2>(C.data, {C.shape[1], C.shape[0]}, {C.strides[1], C.strides[0]});
+}
+
 /// The last step of a tile whose sums are all in buf ([32][32]): C's tile at (i0, j0) (its first `rows` rows and `w`
-/// columns) = alpha buf + beta C (C unread when beta is 0), rounded once where C is bf16. With `mirror` (a symmetric
-/// product), only its elements on and below C's diagonal, each written also at its mirror image above the diagonal
-/// (the tile transposed in registers), so that C comes out exactly symmetric; C is read on and below it only. With
-/// `stream` (an f32 C, beta 0, no mirror), a whole tile whose every row starts on a line of C goes there by
-/// non-temporal stores.
+/// columns) = alpha buf + beta C (C unread when beta is 0), rounded once where C is bf16, through scale_to_c (so
+/// streamed where `stream` and a line is whole). C given as transposed(C) (its columns contiguous: a product computed
+/// as C^T = op(B)^T op(A)^T) takes the tile's quarters transposed in registers, written along C's own rows. With
+/// `mirror` (a symmetric product), only its elements on and below C's diagonal, each written also at its mirror image
+/// above the diagonal (the tile transposed in registers), so that C comes out exactly symmetric; C is read on and
+/// below it only.
 template <class TC>
 MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index_t j0, index_t rows, index_t w,
                                     float alpha, float beta, bool mirror, bool stream = false) {
-    const index_t ldc = C.strides[0];
-    if constexpr (std::is_same_v<TC, float>) {
-        float* c = C.data + i0 * ldc + j0;
-        // every row of the tile on a line (a non-temporal store off one faults)
-        if (stream && rows == P::mr && w == P::nr && reinterpret_cast<std::uintptr_t>(c) % 64 == 0 && ldc % 16 == 0) {
-            const __m512 va = _mm512_set1_ps(alpha);
-            for (index_t i = 0; i < P::mr; ++i)
-                for (index_t h = 0; h < 2; ++h)
-                    _mm512_stream_ps(c + i * ldc + 16 * h, _mm512_mul_ps(va, _mm512_load_ps(buf + i * P::nr + 16 * h)));
-            return;
-        }
+    if (C.strides[1] != 1) {  // row i0 + x of C^T is column i0 + x of C
+        const index_t ldc = C.strides[1];
+        for (index_t qi = 0; qi < 2 && 16 * qi < rows; ++qi)
+            for (index_t qj = 0; qj < 2 && 16 * qj < w; ++qj) {
+                __m512 r[16];
+                transposed_quarter(buf, qi, qj, r);  // r[y]: row j0 + 16 qj + y of C, from column i0 + 16 qi
+                const __mmask16 lanes = packed::lanes(rows - 16 * qi);
+                for (index_t y = 0; y < std::min<index_t>(16, w - 16 * qj); ++y)
+                    scale_to_c(C.data + (j0 + 16 * qj + y) * ldc + i0 + 16 * qi, lanes, r[y], alpha, beta, stream);
+            }
+        return;
     }
+    const index_t ldc = C.strides[0];
     for (index_t i = 0; i < rows; ++i)
         for (index_t h = 0; h < 2; ++h) {
             const index_t width = mirror ? std::min(w, i0 + i - j0 + 1) : w;  // columns j0 + j <= row i0 + i
             const __mmask16 mask = packed::lanes(width - 16 * h);
             if (!mask) continue;
             float* sums = buf + i * P::nr + 16 * h;
-            const __m512 r = scale_to_c(C.data + (i0 + i) * ldc + j0 + 16 * h, mask, _mm512_load_ps(sums), alpha, beta);
+            const __m512 r =
+                scale_to_c(C.data + (i0 + i) * ldc + j0 + 16 * h, mask, _mm512_load_ps(sums), alpha, beta, stream);
             if (mirror) _mm512_store_ps(sums, r);
         }
     if (!mirror) return;
@@ -249,8 +272,7 @@ MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index
             const index_t r0 = i0 + 16 * qi, c0 = j0 + 16 * qj;              // the quarter's first row and column in C
             if (16 * qi >= rows || 16 * qj >= w || r0 + 15 <= c0) continue;  // nothing strictly below the diagonal
             __m512 r[16];
-            for (int x = 0; x < 16; ++x) r[x] = _mm512_load_ps(buf + (16 * qi + x) * P::nr + 16 * qj);
-            packed::transpose16(r);  // r[y]: column c0 + y of the quarter, rows r0 .. r0 + 15
+            transposed_quarter(buf, qi, qj, r);  // r[y]: column c0 + y of the quarter, rows r0 .. r0 + 15
             const __mmask16 valid = packed::lanes(rows - 16 * qi);
             for (index_t y = 0; y < std::min<index_t>(16, w - 16 * qj); ++y) {
                 const __mmask16 below = valid & __mmask16(~packed::lanes(c0 + y - r0 + 1));  // rows r0 + x > c0 + y
@@ -399,11 +421,30 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
 #pragma GCC diagnostic pop
 #endif
 
+/// C = alpha op(A) op(B) + beta C on packed_driver::run: op(A) packed once (none where A's own rows fill whole tiles
+/// on whole lines), then columns() on each part of C's columns, with a scratch for its tiles' sums between k blocks.
+template <class TC>
+void blocked(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta, View<TC, 2> C,
+             bool symmetric, bool stream) {
+    const index_t m = C.shape[0], n = C.shape[1], k = ta == Trans::no ? A.shape[1] : A.shape[0];
+    const index_t sums = (m + P::mr - 1) / P::mr * P::mr * P::acc_ld;
+    const auto part = [&](const bf16* ap, index_t lo, index_t hi, bf16* bp) {
+        auto acc = Tensor<float, 1>::for_overwrite(Shape<1>{k > P::kc ? sums : 0});  // sums between k blocks
+        columns<TC>(A, tb, B, k, alpha, ap, beta, C, lo, hi, bp, acc.data(), symmetric, stream);
+    };
+    if (amx_reads_a_in_place(ta, A, m, k)) return packed_driver::run<P, bf16>(m, n, k, nullptr, part, symmetric);
+    packed_driver::run<P, bf16>(
+        m, n, k,
+        [&](index_t k0, index_t p, bf16* dst) {
+            pack_a(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0), dst);
+        },
+        part, symmetric);
+}
+
 /// Rows [r0, r0 + 32) of the weight W [n, k] (as stored) against every token of X, X^T packed whole at xp (token
 /// micro-panels of 32, k-pairs, kp = k padded to tiles): each 32 x 32 tile of C^T summed over all of k in the tiles
-/// (W's whole tiles of k read in place, its last part tile and any rows past n from a zero-padded copy), then written
-/// to C transposed, alpha times it plus beta C, rounded once where C is bf16. w: the tiles' columns of tokens (16
-/// where there are at most 16 tokens).
+/// (W's whole tiles of k read in place, its last part tile and any rows past n from a zero-padded copy), then
+/// finished into C transposed (finish_tile). w: the tiles' columns of tokens (16 where there are at most 16 tokens).
 template <class TC, index_t w>
 MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf16* xp, index_t m, float alpha,
                                     float beta, View<TC, 2> C) {
@@ -421,13 +462,7 @@ MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf1
                         i < rows && k0 + q < k ? W.data[(r0 + i) * W.strides[0] + k0 + q] : bf16{};
             micro_kernel<w>(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0 ? buf : nullptr, P::nr, buf, P::nr);
         }
-        for (index_t t = t0; t < std::min(m, t0 + P::nr); ++t) {
-            TC* c = C.data + t * C.strides[0] + r0;
-            for (index_t i = 0; i < rows; ++i) {
-                const float v = alpha * buf[i * P::nr + (t - t0)];
-                c[i] = convert<TC>(beta == 0.0f ? v : v + beta * convert<float>(c[i]));
-            }
-        }
+        amx::finish_tile(buf, transposed(C), r0, t0, rows, std::min(w, m - t0), alpha, beta, false);
     }
 }
 
@@ -445,23 +480,6 @@ MOONMOE_TARGET_AMX void weight_part(View<const bf16, 2> W, index_t lo, index_t h
             weight_rows<TC, P::nr>(W, r0, xp, m, alpha, beta, C);
     }
     _tile_release();
-}
-
-/// Rows [i0, i0 + 16) of C [m, n] (those below m) = alpha T^T + beta C, T [n, m] f32 (C unread when beta is 0),
-/// rounded once where C is bf16: T's 16 x 16 blocks transposed in registers, each row of T read a line at a time.
-template <class TC>
-MOONMOE_TARGET_AMX void transposed_rows(const float* t, index_t i0, float alpha, float beta, View<TC, 2> C) {
-    const index_t m = C.shape[0], n = C.shape[1], ldc = C.strides[0], rows = std::min<index_t>(16, m - i0);
-    const __mmask16 lanes = packed::lanes(rows);
-    for (index_t j0 = 0; j0 < n; j0 += 16) {
-        const index_t w = std::min<index_t>(16, n - j0);
-        __m512 r[16];
-        for (index_t y = 0; y < 16; ++y)
-            r[y] = y < w ? _mm512_maskz_loadu_ps(lanes, t + (j0 + y) * m + i0) : _mm512_setzero_ps();
-        packed::transpose16(r);  // r[x]: row i0 + x of C, columns j0 .. j0 + 15
-        for (index_t x = 0; x < rows; ++x)
-            scale_to_c(C.data + (i0 + x) * ldc + j0, packed::lanes(w), r[x], alpha, beta);
-    }
 }
 
 }  // namespace amx
@@ -523,33 +541,25 @@ void gemm_amx(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const
         return;
     }
     if (ta == Trans::no && tb == Trans::yes && !symmetric && m <= P::nc && n > P::nc) {
-        // X W^T of up to 256 tokens as (W X^T)^T: W's rows are the tiles of A (in place where they start on lines),
+        // X W^T of up to 256 tokens as C^T = W X^T: W's rows are the tiles of A (in place where they start on lines),
         // X^T is packed, k-pairs, as one block of op(B) whose columns are all the tokens, so W is read once and not
-        // transposed (192 tokens x 2048 x 7168, one thread: 7.2 -> 5.1 ms); then C = alpha (W X^T)^T + beta C
-        auto t = Tensor<float, 1>::for_overwrite(Shape<1>{n * m});
-        gemm_amx<float>(Trans::no, Trans::yes, 1.0f, B, A, 0.0f, View<float, 2>(t.data(), {n, m}, {m, 1}));
-        parallel_for((m + 15) / 16, [&](index_t q) { amx::transposed_rows(t.data(), 16 * q, alpha, beta, C); });
-        return;
+        // transposed (192 tokens x 2048 x 7168, one thread: 7.2 -> 5.1 ms); the tiles of C^T are transposed in
+        // registers into C's rows (finish_tile). With more tokens, X's packing in place of W's did not pay for those
+        // transposes: o_proj's 7168 x 8192 against 1024 tokens 5-11 % slower, kv_b's 16384 x 512 28 %, q_a level,
+        // q_b's 12288 x 1536 alone 8 % faster (docs/cpu_gemm.md)
+        return gemm_amx<TC>(Trans::no, Trans::yes, alpha, B, A, beta, amx::transposed(C));
     }
-    const auto rows_part = [&](View<const bf16, 2> a, View<TC, 2> c) { gemm_amx<TC>(ta, tb, alpha, a, B, beta, c); };
-    // one part of C's rows per thread: each part brings every block of op(B) into L2 again (an expert's W of 2048 x
-    // 7168 against 96-192 tokens at two threads 4-10 % faster than with two parts per thread, 10-15 % than four)
-    if (!symmetric && packed_driver::cut_rows<P>(ta, A, k, C, rows_part, 1)) return;
-    const index_t sums = (m + P::mr - 1) / P::mr * P::mr * P::acc_ld;
+    // an f32 C of stream_c_bytes or more as a whole goes past the caches, also where its rows are cut into smaller
+    // parts for the threads
     const bool stream = std::is_same_v<TC, float> && !symmetric && beta == 0.0f &&
                         std::size_t(m) * std::size_t(n) * sizeof(float) >= P::stream_c_bytes;
-    const auto columns = [&](const bf16* ap, index_t lo, index_t hi, bf16* bp) {
-        auto acc = Tensor<float, 1>::for_overwrite(Shape<1>{k > P::kc ? sums : 0});  // sums between k blocks
-        amx::columns<TC>(A, tb, B, k, alpha, ap, beta, C, lo, hi, bp, acc.data(), symmetric, stream);
+    const auto blocked = [&](View<const bf16, 2> a, View<TC, 2> c) {
+        amx::blocked<TC>(ta, tb, alpha, a, B, beta, c, symmetric, stream);
     };
-    // A's own rows are what the tiles of A take where they fill whole tiles on whole lines: no packing
-    if (amx_reads_a_in_place(ta, A, m, k)) return packed_driver::run<P, bf16>(m, n, k, nullptr, columns, symmetric);
-    packed_driver::run<P, bf16>(
-        m, n, k,
-        [&](index_t k0, index_t p, bf16* dst) {
-            amx::pack_a(ta, A, p * P::mr, std::min(P::mr, m - p * P::mr), k0, std::min(P::kc, k - k0), dst);
-        },
-        columns, symmetric);
+    // one part of C's rows per thread: each part brings every block of op(B) into L2 again (an expert's W of 2048 x
+    // 7168 against 96-192 tokens at two threads 4-10 % faster than with two parts per thread, 10-15 % than four)
+    if (!symmetric && packed_driver::cut_rows<P>(ta, A, k, C, blocked, 1)) return;
+    blocked(A, C);
 }
 
 #undef MOONMOE_TARGET_AMX
