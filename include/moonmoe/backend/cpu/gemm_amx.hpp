@@ -134,10 +134,13 @@ struct RowsAhead {
 /// The micro-kernel: out [32][w] (f32, rows ld_out apart) = in + a b over kcp (a multiple of 32), in [32][w] (rows
 /// ld_in apart; may be out itself) or zero (in null); a 32 rows of bf16, lda apart (an A micro-panel, or 32 rows of a
 /// weight as stored), b a B micro-panel in k-pairs ([kcp / 2][32][2]) of which the first w columns (32, or 16: half
-/// the tiles of B and of C, for X W^T of up to 16 tokens); `ahead`'s rows prefetched over the same k.
+/// the tiles of B and of C, for X W^T of up to 16 tokens); `ahead`'s rows prefetched over the same k, and the sums
+/// the next call starts from (`next_in`, [32][32], rows ld_in apart; none where null) brought into L1, a share of
+/// their 64 lines per step of k.
 template <index_t w = P::nr>
 MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t lda, const bf16* b, const float* in,
-                                            index_t ld_in, float* out, index_t ld_out, RowsAhead ahead = {}) {
+                                            index_t ld_in, float* out, index_t ld_out, RowsAhead ahead = {},
+                                            const float* next_in = nullptr) {
     static_assert(w == P::nr || w == P::nr / 2);
     constexpr bool both = w == P::nr;  // the second tile of B's columns, and C's tiles 1 and 3
     if (in) {
@@ -156,9 +159,14 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
     constexpr std::size_t b_stride = 2 * P::nr * sizeof(bf16);
     // each product issued as soon as its two tiles are loaded, the next load behind it (all four loads first was
     // 4-11 % slower on K2's products of 1024 tokens: docs/cpu_gemm.md)
-    for (index_t k = 0; k < kcp; k += P::tile_k) {
+    constexpr index_t next_lines = 2 * P::mr;
+    const index_t steps = kcp / P::tile_k;
+    for (index_t k = 0, step = 0; k < kcp; k += P::tile_k, ++step) {
         for (index_t r = 0; r < ahead.rows; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(ahead.first + r * ahead.ld + k), _MM_HINT_T2);
+        if (next_in)
+            for (index_t l = step * next_lines / steps; l < (step + 1) * next_lines / steps; ++l)
+                _mm_prefetch(reinterpret_cast<const char*>(next_in + (l / 2) * ld_in + (l % 2) * 16), _MM_HINT_T0);
         _tile_loadd(4, a + k, a_stride);
         _tile_loadd(6, b + k * P::nr, b_stride);  // pair-rows k/2 .. k/2 + 15, columns 0-15
         _tile_dpbf16ps(0, 4, 6);
@@ -281,23 +289,54 @@ MOONMOE_TARGET_AMX void finish_tile(float* buf, View<TC, 2> C, index_t i0, index
         }
 }
 
+/// Lanes 0 .. w - 1 of a 32-lane mask (none where w <= 0).
+inline __mmask32 first_lanes(index_t w) { return w >= 32 ? ~__mmask32(0) : w <= 0 ? 0 : (__mmask32(1) << w) - 1; }
+
+/// Rows k and k + 1 of 32 bf16 each (r0, r1) as k-pairs, the 32-bit words (r0[j], r1[j]) in the order of j: those of
+/// columns 0-15 in `low`, of 16-31 in `high`.
+MOONMOE_TARGET_AMX inline void k_pairs(__m512i r0, __m512i r1, __m512i& low, __m512i& high) {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                        5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    low = _mm512_permutex2var_epi16(r0, lo, r1);
+    high = _mm512_permutex2var_epi16(r0, _mm512_add_epi16(lo, _mm512_set1_epi16(16)), r1);
+}
+
 /// Packs rows [i0, i0 + rows) x columns [k0, k0 + kc) of op(A) into an A micro-panel at dst (32 rows P::a_ld apart,
-/// zero past `rows` and past kc up to whole tiles).
-inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i0, index_t rows, index_t k0, index_t kc, bf16* dst) {
+/// zero past `rows` and past kc up to whole tiles; dst on a line).
+MOONMOE_TARGET_AMX inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i0, index_t rows, index_t k0, index_t kc,
+                                      bf16* dst) {
     const index_t lda = A.strides[0], kcp = padded(kc);
-    if (ta == Trans::yes)  // row k of A holds column k of op(A): read along it, write down the panel's rows
-        for (index_t k = 0; k < kc; ++k) {
-            const bf16* s = A.data + (k0 + k) * lda + i0;
-            for (index_t i = 0; i < rows; ++i) dst[i * P::a_ld + k] = s[i];
+    if (ta == Trans::yes) {
+        // row k of A holds column k of op(A): rows k and k + 1 as k-pairs (a 32-bit word per row of op(A)), then 16
+        // pairs x 16 rows transposed as words, so that each row of the panel takes 32 values of k in one store (one
+        // element at a time was 8 % of dY^T X's time, 2048 x 7168 x 1024 at one thread)
+        const auto* raw = reinterpret_cast<const std::uint16_t*>(A.data);
+        const __mmask32 cols = first_lanes(rows);
+        const auto row = [&](index_t k) {  // rows past kc read as zero
+            return k < kc ? _mm512_maskz_loadu_epi16(cols, raw + (k0 + k) * lda + i0) : _mm512_setzero_si512();
+        };
+        for (index_t kk = 0; kk < kcp; kk += P::tile_k) {
+            __m512 words[2][16];  // [h][p]: pair p of rows 16 h .. 16 h + 15
+            for (index_t p = 0; p < 16; ++p) {
+                __m512i low, high;
+                k_pairs(row(kk + 2 * p), row(kk + 2 * p + 1), low, high);
+                words[0][p] = _mm512_castsi512_ps(low), words[1][p] = _mm512_castsi512_ps(high);
+            }
+            for (index_t h = 0; h < 2 && 16 * h < rows; ++h) {
+                packed::transpose16(words[h]);  // words[h][x]: the 16 pairs of row 16 h + x
+                for (index_t x = 0; x < std::min<index_t>(16, rows - 16 * h); ++x)
+                    _mm512_store_si512(dst + (16 * h + x) * P::a_ld + kk, _mm512_castps_si512(words[h][x]));
+            }
         }
+    }
     for (index_t i = 0; i < P::mr; ++i) {
         bf16* d = dst + i * P::a_ld;
         if (i >= rows) {
             std::fill(d, d + kcp, bf16{});
-            continue;
+        } else if (ta == Trans::no) {
+            std::memcpy(d, A.data + (i0 + i) * lda + k0, std::size_t(kc) * sizeof(bf16));
+            std::fill(d + kc, d + kcp, bf16{});
         }
-        if (ta == Trans::no) std::memcpy(d, A.data + (i0 + i) * lda + k0, std::size_t(kc) * sizeof(bf16));
-        std::fill(d + kc, d + kcp, bf16{});
     }
 }
 
@@ -308,7 +347,6 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
     const index_t ldb = B.strides[0], kcp = padded(kc);
     const auto* raw = reinterpret_cast<const std::uint16_t*>(B.data);
     const auto panel = [&](index_t jp) { return reinterpret_cast<std::uint16_t*>(dst + jp * kcp); };
-    const auto first = [](index_t w) { return w >= 32 ? ~__mmask32(0) : (__mmask32(1) << w) - 1; };  // lanes 0..w-1
     if (tb == Trans::yes) {
         // column j of op(B) is row j0 + j of B, contiguous in k: a k-pair is one 32-bit word of that row, so 16 rows
         // x 16 pairs transposed as 32-bit words give 16 pair-rows of 16 columns
@@ -316,7 +354,7 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
             const index_t w = std::min(P::nr, nc - jp);
             std::uint16_t* d = panel(jp);
             for (index_t kk = 0; kk < kcp; kk += P::tile_k) {
-                const __mmask32 mask = first(std::clamp<index_t>(kc - kk, 0, P::tile_k));
+                const __mmask32 mask = first_lanes(kc - kk);
                 for (index_t h = 0; h < 2; ++h) {
                     __m512 r[16];
                     for (int i = 0; i < 16; ++i) {  // rows past w (columns of op(B) past nc) read as zero
@@ -336,19 +374,18 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
     // row k of op(B) is row k of B: rows k and k + 1 interleaved element by element, both rows' nc columns at a time,
     // each micro-panel's 32 to their own place (a micro-panel at a time read 64 bytes of each of kc rows far apart:
     // X W, 1024 x 7168 x 2048, 7-17 % slower at one thread; docs/cpu_gemm.md)
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                        5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (index_t p = 0; p < kcp / 2; ++p) {
         const index_t k = 2 * p;
         const std::uint16_t* row = raw + (k0 + std::min(k, kc - 1)) * ldb + j0;  // row k (k < kc where read)
         for (index_t jp = 0; jp < nc; jp += P::nr) {
-            const __mmask32 mask = first(nc - jp);
+            const __mmask32 mask = first_lanes(nc - jp);
             const __m512i r0 = k < kc ? _mm512_maskz_loadu_epi16(mask, row + jp) : _mm512_setzero_si512();
             const __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(mask, row + ldb + jp) : _mm512_setzero_si512();
+            __m512i low, high;
+            k_pairs(r0, r1, low, high);
             std::uint16_t* d = panel(jp) + p * 2 * P::nr;
-            _mm512_store_si512(d, _mm512_permutex2var_epi16(r0, lo, r1));
-            _mm512_store_si512(d + 32, _mm512_permutex2var_epi16(r0, hi, r1));
+            _mm512_store_si512(d, low);
+            _mm512_store_si512(d + 32, high);
         }
     }
 }
@@ -400,14 +437,21 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                     }
                     // the tile's sums over the k blocks so far in acc, not in C (rows 6-48 KiB apart in K2's
                     // products; C's tile kept in C between k blocks and written with ordinary stores: q_b, o_proj,
-                    // X W and 2048^3 1-12 % slower at one thread, docs/cpu_gemm.md)
+                    // X W and 2048^3 1-12 % slower at one thread, docs/cpu_gemm.md); after the first k block, the
+                    // next tile's sums, which the A micro-panels read since have pushed out to L3, brought into L1
+                    // during this tile (one thread, paired alternations: q_a and kv_a 4 % faster in one run of
+                    // eight, q_a level in another of ten; o_proj and the 192-token expert level)
                     float* sums = acc + i0 * P::acc_ld + jp;
                     const float* in = k0 > 0 ? sums : nullptr;
+                    const float* next = nullptr;
+                    if (in && jp + P::nr < nc) next = sums + P::nr;
+                    else if (in && p + 1 < panels)
+                        next = acc + (i0 + P::mr) * P::acc_ld;
                     if (!last) {
-                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, sums, P::acc_ld, ahead);
+                        micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, sums, P::acc_ld, ahead, next);
                         continue;
                     }
-                    micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, buf, P::nr, ahead);
+                    micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, buf, P::nr, ahead, next);
                     finish_tile(buf, C, i0, j0 + jp, rows, w, alpha, beta, lower, stream);
                 }
             }
