@@ -186,11 +186,12 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
 }
 
 // GCC 12 warns that the _mm512_undefined_*() inside intrinsics (the unpacks of packed::transpose16, the cast of
-// load_c) "may be used uninitialized" where they are inlined below (a false positive: those lanes are all
-// overwritten or never read); the same transpose in gemm_packed.hpp draws no warning.
+// load_c) "may be used" or "is used uninitialized" where they are inlined below (a false positive: those lanes are
+// all overwritten or never read); the same transpose in gemm_packed.hpp draws no warning.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 /// 16 elements of C at c (the lanes of mask; the others read as zero), widened to f32 from a bf16 C.
@@ -310,16 +311,17 @@ MOONMOE_TARGET_AMX inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i
         // row k of A holds column k of op(A): rows k and k + 1 as k-pairs (a 32-bit word per row of op(A)), then 16
         // pairs x 16 rows transposed as words, so that each row of the panel takes 32 values of k in one store (one
         // element at a time was 8 % of dY^T X's time, 2048 x 7168 x 1024 at one thread)
-        const auto* raw = reinterpret_cast<const std::uint16_t*>(A.data);
+        const std::uint16_t* raw = reinterpret_cast<const std::uint16_t*>(A.data) + k0 * lda + i0;
         const __mmask32 cols = first_lanes(rows);
-        const auto row = [&](index_t k) {  // rows past kc read as zero
-            return k < kc ? _mm512_maskz_loadu_epi16(cols, raw + (k0 + k) * lda + i0) : _mm512_setzero_si512();
-        };
         for (index_t kk = 0; kk < kcp; kk += P::tile_k) {
             __m512 words[2][16];  // [h][p]: pair p of rows 16 h .. 16 h + 15
             for (index_t p = 0; p < 16; ++p) {
+                const index_t k = kk + 2 * p;  // rows of A past kc read as zero
+                const __m512i r0 = k < kc ? _mm512_maskz_loadu_epi16(cols, raw + k * lda) : _mm512_setzero_si512();
+                const __m512i r1 =
+                    k + 1 < kc ? _mm512_maskz_loadu_epi16(cols, raw + (k + 1) * lda) : _mm512_setzero_si512();
                 __m512i low, high;
-                k_pairs(row(kk + 2 * p), row(kk + 2 * p + 1), low, high);
+                k_pairs(r0, r1, low, high);
                 words[0][p] = _mm512_castsi512_ps(low), words[1][p] = _mm512_castsi512_ps(high);
             }
             for (index_t h = 0; h < 2 && 16 * h < rows; ++h) {
@@ -506,7 +508,7 @@ MOONMOE_TARGET_AMX void weight_rows(View<const bf16, 2> W, index_t r0, const bf1
                         i < rows && k0 + q < k ? W.data[(r0 + i) * W.strides[0] + k0 + q] : bf16{};
             micro_kernel<w>(P::tile_k, part, P::tile_k, b + k0 * P::nr, k0 > 0 ? buf : nullptr, P::nr, buf, P::nr);
         }
-        amx::finish_tile(buf, transposed(C), r0, t0, rows, std::min(w, m - t0), alpha, beta, false);
+        finish_tile(buf, transposed(C), r0, t0, rows, std::min(w, m - t0), alpha, beta, false);
     }
 }
 
