@@ -2,6 +2,7 @@
 #include "support/nn_testing.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 // The file's own namespace: the test binaries compile files in batches (MOONMOE_UNITY_TESTS).
@@ -79,6 +80,44 @@ TEST_CASE("gemm, few rows times a big weight (the unpacked path): every row / co
                 }
             }
         }
+}
+
+TEST_CASE("the few-rows f32 kernel: a row of C is the same bits whatever the other rows, in both of its layouts") {
+    // gemm_small.hpp computes each element of C as one chain of FMAs over k in order: with W's rows in the vector
+    // lanes up to 8 rows of X, with X's rows in them from 9 (1 to 4 vectors of 16 rows, k in chunks with the sums
+    // kept between them: 4096, 2048, 1360 and 1024 values of k). Called directly, so that it runs whatever engine
+    // the CPU's rules choose for Ops::gemm. n = 79 leaves a short tile of W's rows in both layouts (16 x 4 + 15;
+    // 12 x 6 + 4 + 3 x 1), k = 4133 a tail of 5 and more than one chunk for every number of vectors.
+    if (!backend::cpu_detail::small_gemm_available()) {
+        MESSAGE("no AVX-512 on this CPU (or build): the few-rows kernel does not exist here");
+        return;
+    }
+    const index_t rows = 64, n = 79, k = 4133;
+    Mat X = random_matrix(rows, k + 3, 11), W = random_matrix(n, k, 12), C0 = random_matrix(rows, n + 2, 13);
+    const auto product = [&](index_t m, float beta) {
+        Mat C = C0.clone();
+        backend::cpu_detail::gemm_small_nt<float>(0.5f, View<const float, 2>(X.data() + 3, {m, k}, {k + 3, 1}),
+                                                  W.view(), beta, View<float, 2>(C.data() + 1, {m, n}, {n + 2, 1}));
+        return C;
+    };
+    for (float beta : {0.0f, 2.0f}) {
+        CAPTURE(beta);
+        const Mat all = product(rows, beta);
+        for (index_t i = 0; i < rows; ++i) {
+            CHECK(all(i, 0) == C0(i, 0));  // outside the slice: untouched
+            for (index_t j = 0; j < n; ++j) {
+                double s = 0.0;
+                for (index_t p = 0; p < k; ++p) s += double(X(i, 3 + p)) * W(j, p);
+                CHECK(all(i, 1 + j) ==
+                      doctest::Approx(0.5 * s + beta * C0(i, 1 + j)).epsilon(1e-5).scale(std::sqrt(double(k))));
+            }
+        }
+        for (index_t m : {1, 2, 5, 8, 9, 16, 17, 33, 40, 63}) {
+            CAPTURE(m);
+            const Mat some = product(m, beta);
+            CHECK(std::memcmp(some.data(), all.data(), std::size_t(m * (n + 2)) * sizeof(float)) == 0);
+        }
+    }
 }
 
 TEST_CASE("gemm_strided_batched equals one gemm per matrix") {

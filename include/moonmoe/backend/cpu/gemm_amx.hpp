@@ -185,8 +185,8 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
     if (both) _tile_stored(3, out + 16 * ld_out + 16, out_stride);
 }
 
-// GCC 12 warns that the _mm512_undefined_*() inside intrinsics (the unpacks of packed::transpose16, the cast of
-// load_c) "may be used" or "is used uninitialized" where they are inlined below (a false positive: those lanes are
+// GCC 12 warns that the _mm512_undefined_*() inside intrinsics (the unpacks of transpose16 (gemm_small.hpp), the cast
+// of load_c) "may be used" or "is used uninitialized" where they are inlined below (a false positive: those lanes are
 // all overwritten or never read); the same transpose in gemm_packed.hpp draws no warning.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -233,7 +233,7 @@ MOONMOE_TARGET_AMX inline __m512 scale_to_c(TC* c, __mmask16 mask, __m512 v, flo
 /// the lanes.
 MOONMOE_TARGET_AMX inline void transposed_quarter(const float* buf, index_t qi, index_t qj, __m512 (&r)[16]) {
     for (index_t x = 0; x < 16; ++x) r[x] = _mm512_load_ps(buf + (16 * qi + x) * P::nr + 16 * qj);
-    packed::transpose16(r);
+    transpose16(r);
 }
 
 /// A view of C [m, n] as C^T [n, m]: its rows C's columns, element (j, i) at C's (i, j).
@@ -325,7 +325,7 @@ MOONMOE_TARGET_AMX inline void pack_a(Trans ta, View<const bf16, 2> A, index_t i
                 words[0][p] = _mm512_castsi512_ps(low), words[1][p] = _mm512_castsi512_ps(high);
             }
             for (index_t h = 0; h < 2 && 16 * h < rows; ++h) {
-                packed::transpose16(words[h]);  // words[h][x]: the 16 pairs of row 16 h + x
+                transpose16(words[h]);  // words[h][x]: the 16 pairs of row 16 h + x
                 for (index_t x = 0; x < std::min<index_t>(16, rows - 16 * h); ++x)
                     _mm512_store_si512(dst + (16 * h + x) * P::a_ld + kk, _mm512_castps_si512(words[h][x]));
             }
@@ -365,7 +365,7 @@ MOONMOE_TARGET_AMX inline void pack_b(Trans tb, View<const bf16, 2> B, index_t k
                         r[i] = _mm512_castsi512_ps(
                             _mm512_maskz_loadu_epi16(row_mask, raw + (j0 + jp + j) * ldb + k0 + kk));
                     }
-                    packed::transpose16(r);
+                    transpose16(r);
                     for (int p = 0; p < 16; ++p)
                         _mm512_store_si512(d + (kk / 2 + p) * 2 * P::nr + 32 * h, _mm512_castps_si512(r[p]));
                 }

@@ -160,33 +160,6 @@ namespace packed {
 
 using P = PackedBlocking;
 
-/// Transposes the 16 x 16 tile held as 16 rows in r: row i of the result is column i of the tile.
-MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[16]) {
-    __m512 t[16], u[16];
-    MOONMOE_UNROLL_ALL for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    MOONMOE_UNROLL_ALL for (int i = 0; i < 4; ++i) {  // quads within each 128-bit lane
-        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    MOONMOE_UNROLL_ALL for (int i = 0; i < 4; ++i) {  // 128-bit lanes, in two steps
-        t[i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0x88);
-        t[4 + i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0xDD);
-        t[8 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0x88);
-        t[12 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0xDD);
-    }
-    MOONMOE_UNROLL_ALL for (int i = 0; i < 4; ++i) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
-        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
-        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
-    }
-}
-
 /// The micro-kernel: the mr x nr tile of C at c (rows ldc apart; the first `rows` rows and the columns of masks
 /// lo and hi written) gets alpha a b over kc, where a is an A micro-panel (rows_a: row i at a + i kc_stride, else
 /// element (i, k) at a + k mr) and b a B micro-panel ([kc][nr]). The first k block writes alpha a b + beta C (C

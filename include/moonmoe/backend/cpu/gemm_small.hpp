@@ -2,13 +2,16 @@
 // tokens one expert receives), without packing.
 //
 // A packing GEMM copies W into its panel layout on every call; with W [2048, 7168] (58 MB) and X [20, 7168] the copy
-// costs more than the 0.6 GFLOP of arithmetic, so an MoE's routed experts ran at ~55% of the SGEMM rate. Here each
-// output is a dot product of a row of X with a row of W, both contiguous: tiles of 4 rows of X by 4 rows of W keep
-// 16 AVX-512 accumulators, W is streamed once per k-chunk and the X chunk stays in L2 (k-chunks of 2048: 64 rows x
-// 8 KB); where all of X fits (a decoded token), each block of W runs through its k-chunks at once. A bf16 W (the
-// bf16 policy's weights, gemm_bf16) is widened in registers as it streams by: half the bytes of an f32 W, the
-// same f32 arithmetic. Threads split the rows of W, so every output is computed by one thread in one order:
-// results depend neither on the thread count nor on the number of rows of X.
+// costs more than the 0.6 GFLOP of arithmetic, so an MoE's routed experts ran at ~55% of the SGEMM rate. Here W is
+// read once, in place, its rows as they are stored:
+// - an f32 W: each element of C is one chain of FMAs over k in order (chain_nt): for up to 8 rows of X the vector
+//   lanes hold 16 rows of W (transposed 16 x 16 in registers), for more they hold 16 rows of X (X^T packed first,
+//   each element of W broadcast from memory), and both give the same bits;
+// - a bf16 W (the bf16 policy's weights, gemm_bf16), widened in registers as it streams by: each output is a dot
+//   product of a row of X with a row of W, lanes over k (tiles of 4 rows of X by 4 rows of W, 16 AVX-512
+//   accumulators, k-chunks of 2048 whose sums are added lane by lane and then to C).
+// Threads split the rows of W, so every output is computed by one thread in one order: results depend neither on
+// the thread count nor on the number of rows of X.
 //
 // The kernel is compiled with a function target attribute and taken when the running CPU has AVX-512
 // (cpu_features.hpp), whatever the build's -m flags: a portable build (no -march) gets it on AVX-512 machines and
@@ -17,11 +20,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../../numeric/bf16.hpp"
 #include "../../tensor/tensor.hpp"
 #include "../blas.hpp"
 #include "cpu_features.hpp"
+#include "memory.hpp"
 #include "threads.hpp"
 
 // The AVX-512 kernel exists where the compiler can target it per function: GCC and Clang on x86. nvcc's host pass
@@ -108,6 +113,7 @@ MOONMOE_TARGET_AVX512 inline __m512 load16(const bf16* p, index_t count) {
 /// registers: GCC 12 at -O2 (CMake's RelWithDebInfo) kept them on the stack, a load and a store around every FMA,
 /// and ran 16 rows x 2048 x 7168 in 16.2 ms against 4.7 ms unrolled (-O3 unrolls them anyway: 5.1 ms).
 #define MOONMOE_UNROLL _Pragma("GCC unroll 4")
+#define MOONMOE_UNROLL_16 _Pragma("GCC unroll 16")
 
 /// Where to prefetch a tile's rows of w while its loop is at k: prefetch_bytes further along each row, and near a
 /// row's end as far into the rows of the next tile (w + NR rows), which the same thread takes next. One core streams
@@ -176,6 +182,263 @@ MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const flo
     }
 }
 
+// GCC 12 warns that the _mm512_undefined_*() inside the unpacks of transpose16 "may be used uninitialized" where the
+// transpose is inlined into a tile with zeros for its missing rows (a false positive: every lane of the result is
+// written).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+/// Transposes the 16 x 16 tile held as 16 rows in r: row i of the result is column i of the tile.
+MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[16]) {
+    __m512 t[16], u[16];
+    MOONMOE_UNROLL_16 for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    MOONMOE_UNROLL_16 for (int i = 0; i < 4; ++i) {  // quads within each 128-bit lane
+        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    MOONMOE_UNROLL_16 for (int i = 0; i < 4; ++i) {  // 128-bit lanes, in two steps
+        t[i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_f32x4(u[i], u[4 + i], 0xDD);
+        t[8 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0xDD);
+    }
+    MOONMOE_UNROLL_16 for (int i = 0; i < 4; ++i) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
+    }
+}
+
+/// f32 W. Every element of C is one chain of fused multiply-adds over k in order, s = fma(X[i, p], W[j, p], s) for
+/// p = 0, 1, ..., k - 1 from s = 0, then alpha s (+ beta C[i, j]), computed in one of two layouts that give the same
+/// bits, so a row's result depends neither on the other rows nor on the threads:
+/// - W's rows in the lanes (up to rows_in_lanes_max rows of X; a decoded token): 16 rows of W are loaded as 16
+///   vectors of 16 consecutive k, transposed in registers, and each vector (one k, 16 rows of W) is multiplied by
+///   X[i, k] broadcast; the 16 sums of a vector are 16 consecutive elements of a row of C. Its shuffles cost a
+///   quarter of what the data's bytes from memory do, so it streams W at the memory's rate.
+/// - X's rows in the lanes (more rows): X^T is packed first (k x 16 rows per vector, zeros past m), and each element
+///   of W is broadcast from memory onto up to four vectors of X's rows: one FMA per element of W per 16 rows of X,
+///   with no horizontal sums. W's rows stream at close to the core's read rate while it computes: 16 x 2048 x 7168
+///   in 3.1-3.3 ms at one thread, where the lanes-over-k kernel above (dot_tile) took 4.6-5.1 (an Intel Xeon with
+///   AMX, 2 vCPUs: docs/cpu_gemm.md, "f32 few-rows products as chains of FMAs").
+/// (dot_tile sums each lane over every 16th k and then adds the lanes; it stays for a bf16 W, whose elements cannot
+/// be broadcast straight from memory.)
+inline constexpr index_t rows_in_lanes_max = 8;
+
+/// C [MR rows at c, `rows` (1..16) columns] = alpha X W^T + beta C for MR rows of X at x and `rows` rows of W at w:
+/// the layout with W's rows in the lanes.
+template <int MR>
+MOONMOE_TARGET_AVX512 inline void chain_rows_tile(const float* x, index_t ldx, const float* w, index_t ldw,
+                                                  index_t rows, index_t k, float alpha, float beta, float* c,
+                                                  index_t ldc) {
+    __m512 acc[MR];
+    MOONMOE_UNROLL_16 for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+    constexpr index_t ahead = prefetch_bytes / index_t(sizeof(float));
+    index_t p = 0;
+    if (rows == 16) {
+        for (; p + 16 <= k; p += 16) {
+            __m512 r[16];
+            MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) {
+                _mm_prefetch(reinterpret_cast<const char*>(w + q * ldw + p + ahead), _MM_HINT_T0);
+                r[q] = _mm512_loadu_ps(w + q * ldw + p);
+            }
+            transpose16(r);
+            MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) {
+                MOONMOE_UNROLL_16 for (int i = 0; i < MR; ++i) acc[i] =
+                    _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + p + q]), r[q], acc[i]);
+            }
+        }
+    }
+    for (; p < k; p += 16) {  // the rows past a whole 16 of W, or k past a whole 16: zeros loaded, not summed
+        const index_t step = std::min<index_t>(16, k - p);
+        __m512 r[16];
+        MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) r[q] =
+            q < rows ? load16(w + q * ldw + p, step) : _mm512_setzero_ps();
+        transpose16(r);
+        MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) {
+            if (q < step) {
+                MOONMOE_UNROLL_16 for (int i = 0; i < MR; ++i) acc[i] =
+                    _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + p + q]), r[q], acc[i]);
+            }
+        }
+    }
+    const __mmask16 mask = __mmask16((1u << unsigned(rows)) - 1u);
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    MOONMOE_UNROLL_16 for (int i = 0; i < MR; ++i) {
+        __m512 v = _mm512_mul_ps(va, acc[i]);
+        if (beta != 0.0f) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, c + i * ldc), v);
+        _mm512_mask_storeu_ps(c + i * ldc, mask, v);
+    }
+}
+
+/// One k of chain_tokens_tile: V vectors of X^T's row p times NR elements W[j, p], each broadcast.
+template <int V, int NR>
+MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void chain_tokens_step(const float* xt, const float* w,
+                                                                                   index_t ldw, index_t p,
+                                                                                   __m512 (&acc)[V][NR]) {
+    __m512 xv[V];
+    MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + (p * V + v) * 16);
+    MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) {
+        const __m512 wj = _mm512_set1_ps(w[j * ldw + p]);
+        MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) acc[v][j] = _mm512_fmadd_ps(xv[v], wj, acc[v][j]);
+    }
+}
+
+/// X's rows in the lanes: NR rows of W at w (at the chunk's first k) against V vectors of 16 rows of X^T at xt
+/// (the chunk's [kn][16 V], packed), over the chunk's kn values of k. The sums start at zero on the first chunk of k,
+/// else from `sums` ([NR][V] vectors); they go back to `sums` unless this is the last chunk, which writes rows
+/// [0, m) of C's NR columns at c.
+template <int V, int NR>
+MOONMOE_TARGET_AVX512 inline void chain_tokens_tile(const float* xt, const float* w, index_t ldw, index_t kn,
+                                                    float* sums, bool first, bool last, index_t m, float alpha,
+                                                    float beta, float* c, index_t ldc) {
+    __m512 acc[V][NR];
+    MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) {
+        MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) acc[v][j] =
+            first ? _mm512_setzero_ps() : _mm512_loadu_ps(sums + (j * V + v) * 16);
+    }
+    constexpr index_t ahead = prefetch_bytes / index_t(sizeof(float));
+    index_t p = 0;
+    for (; p + 16 <= kn; p += 16) {
+        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + p + ahead), _MM_HINT_T0);
+        MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) chain_tokens_step<V, NR>(xt, w, ldw, p + q, acc);
+    }
+    for (; p < kn; ++p) chain_tokens_step<V, NR>(xt, w, ldw, p, acc);
+    if (!last) {
+        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) {
+            MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) _mm512_storeu_ps(sums + (j * V + v) * 16, acc[v][j]);
+        }
+        return;
+    }
+    // the arithmetic of chain_rows_tile's, on a vector of C's column gathered and scattered through t
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    alignas(64) float t[16] = {};
+    MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) {
+        const index_t lanes = std::min<index_t>(16, m - 16 * v);
+        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) {
+            float* e = c + 16 * v * ldc + j;
+            __m512 r = _mm512_mul_ps(va, acc[v][j]);
+            if (beta != 0.0f) {
+                for (index_t l = 0; l < lanes; ++l) t[l] = e[l * ldc];
+                r = _mm512_fmadd_ps(vb, _mm512_load_ps(t), r);
+            }
+            _mm512_store_ps(t, r);
+            for (index_t l = 0; l < lanes; ++l) e[l * ldc] = t[l];
+        }
+    }
+}
+
+/// Columns [p0, p1) of X as rows of X^T [k][16 V] (row i of X in lane i % 16 of vector i / 16, zeros past m), 16 x 16
+/// at a time.
+MOONMOE_TARGET_AVX512 inline void pack_x_transposed(View<const float, 2> X, index_t V, index_t p0, index_t p1,
+                                                    float* xt) {
+    const index_t m = X.shape[0];
+    for (index_t p = p0; p < p1; p += 16) {
+        const index_t step = std::min<index_t>(16, p1 - p);
+        for (index_t v = 0; v < V; ++v) {
+            __m512 r[16];
+            MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) {
+                const index_t i = 16 * v + q;
+                r[q] = i < m ? load16(X.data + i * X.strides[0] + p, step) : _mm512_setzero_ps();
+            }
+            transpose16(r);
+            MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) {
+                if (q < step) _mm512_storeu_ps(xt + ((p + q) * V + v) * 16, r[q]);
+            }
+        }
+    }
+}
+
+/// The tiles of X's rows in the lanes, for V vectors of rows: NR rows of W per tile, so V x NR sums (24 of the 32
+/// registers) beside V vectors of X and one broadcast element of W.
+template <int V>
+inline constexpr int chain_tile_rows = V <= 2   ? 12
+                                       : V == 3 ? 8
+                                                : 6;
+
+/// Rows [j0, j0 + rows) of W (any number) in tiles of chain_tile_rows<V>, then of 4, then of 1.
+template <int V>
+MOONMOE_TARGET_AVX512 inline void chain_tokens_rows(const float* xt, const float* w, index_t ldw, index_t j0,
+                                                    index_t rows, index_t kn, float* sums, bool first, bool last,
+                                                    index_t m, float alpha, float beta, float* c, index_t ldc) {
+    constexpr int NR = chain_tile_rows<V>;
+    index_t j = j0;
+    for (; j + NR <= j0 + rows; j += NR)
+        chain_tokens_tile<V, NR>(xt, w + j * ldw, ldw, kn, sums + j * V * 16, first, last, m, alpha, beta, c + j, ldc);
+    for (; j + 4 <= j0 + rows; j += 4)
+        chain_tokens_tile<V, 4>(xt, w + j * ldw, ldw, kn, sums + j * V * 16, first, last, m, alpha, beta, c + j, ldc);
+    for (; j < j0 + rows; ++j)
+        chain_tokens_tile<V, 1>(xt, w + j * ldw, ldw, kn, sums + j * V * 16, first, last, m, alpha, beta, c + j, ldc);
+}
+
+/// gemm_small_nt for an f32 W with X's rows in the lanes, V vectors of them: k in chunks whose X^T stays in L2
+/// (256 KiB) while every tile of W passes it, the tiles' sums kept between chunks; the tiles on the pool.
+template <int V>
+void chain_tokens(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
+    const index_t n = W.shape[0], m = X.shape[0], k = X.shape[1];
+    constexpr index_t NR = chain_tile_rows<V>, kc = (index_t(1) << 18) / (64 * V) / 16 * 16;
+    auto xt = Tensor<float, 1>::for_overwrite(Shape<1>{k * V * 16});
+    parallel_for((k + 255) / 256,
+                 [&](index_t b) { pack_x_transposed(X, V, 256 * b, std::min(k, 256 * b + 256), xt.data()); });
+    auto sums = Tensor<float, 1>::for_overwrite(Shape<1>{k > kc ? n * V * 16 : 0});
+    const index_t whole = n / NR, items = whole + (n % NR ? 1 : 0);
+    for (index_t k0 = 0; k0 < k; k0 += kc) {
+        const index_t kn = std::min(kc, k - k0);
+        const bool first = k0 == 0, last = k0 + kn == k;
+        parallel_for(items, [&](index_t b) {
+            const index_t j0 = b * NR, rows = std::min(NR, n - j0);
+            chain_tokens_rows<V>(xt.data() + k0 * V * 16, W.data + k0, W.strides[0], j0, rows, kn, sums.data(), first,
+                                 last, m, alpha, beta, C.data, C.strides[0]);
+        });
+    }
+}
+
+/// gemm_small_nt for an f32 W with W's rows in the lanes: tiles of 16 rows of W (the last one short) on the pool.
+template <int MR>
+void chain_rows(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
+    const index_t n = W.shape[0], k = X.shape[1];
+    parallel_for((n + 15) / 16, [&](index_t b) {
+        const index_t j0 = 16 * b;
+        chain_rows_tile<MR>(X.data, X.strides[0], W.data + j0 * W.strides[0], W.strides[0],
+                            std::min<index_t>(16, n - j0), k, alpha, beta, C.data + j0, C.strides[0]);
+    });
+}
+
+/// C = alpha X W^T + beta C for an f32 W of few rows of X (up to small_gemm_rows): one chain of FMAs per element.
+inline void chain_nt(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
+    switch (X.shape[0]) {
+    case 1: return chain_rows<1>(alpha, X, W, beta, C);
+    case 2: return chain_rows<2>(alpha, X, W, beta, C);
+    case 3: return chain_rows<3>(alpha, X, W, beta, C);
+    case 4: return chain_rows<4>(alpha, X, W, beta, C);
+    case 5: return chain_rows<5>(alpha, X, W, beta, C);
+    case 6: return chain_rows<6>(alpha, X, W, beta, C);
+    case 7: return chain_rows<7>(alpha, X, W, beta, C);
+    case 8: return chain_rows<8>(alpha, X, W, beta, C);
+    default: break;
+    }
+    switch ((X.shape[0] + 15) / 16) {
+    case 1: return chain_tokens<1>(alpha, X, W, beta, C);
+    case 2: return chain_tokens<2>(alpha, X, W, beta, C);
+    case 3: return chain_tokens<3>(alpha, X, W, beta, C);
+    default: return chain_tokens<4>(alpha, X, W, beta, C);
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 /// Columns [j0, j0 + nr) of C, all m rows, over k in [k0, k1): written when `first`, else accumulated.
 template <class TW>
 MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float, 2> X, View<const TW, 2> W, float beta,
@@ -204,21 +467,26 @@ MOONMOE_TARGET_AVX512 inline void gemm_small_block(float alpha, View<const float
 /// small_gemm_available().
 template <class TW = float>
 void gemm_small_nt(float alpha, View<const float, 2> X, View<const TW, 2> W, float beta, View<float, 2> C) {
-    const index_t n = W.shape[0], m = X.shape[0], k = X.shape[1];
-    constexpr index_t kc = 2048;
-    const index_t blocks = (n + 3) / 4;
-    const auto block = [&](index_t b, index_t k0) {
-        const index_t j0 = 4 * b;
-        gemm_small_block<TW>(alpha, X, W, beta, C, j0, std::min<index_t>(4, n - j0), k0, std::min(k, k0 + kc), k0 == 0);
-    };
-    if (4 * m * k <= (index_t(1) << 19)) {
-        // all of X fits in half of a 1 MiB L2: each block of W runs through every k-chunk at once, so each row of W
-        // is one sequential stream instead of pieces a page or two apart (the same operations in the same order)
-        parallel_for(blocks, [&](index_t b) {
-            for (index_t k0 = 0; k0 < k; k0 += kc) block(b, k0);
-        });
+    if constexpr (std::is_same_v<TW, float>) {
+        chain_nt(alpha, X, W, beta, C);
     } else {
-        for (index_t k0 = 0; k0 < k; k0 += kc) parallel_for(blocks, [&](index_t b) { block(b, k0); });
+        const index_t n = W.shape[0], m = X.shape[0], k = X.shape[1];
+        constexpr index_t kc = 2048;
+        const index_t blocks = (n + 3) / 4;
+        const auto block = [&](index_t b, index_t k0) {
+            const index_t j0 = 4 * b;
+            gemm_small_block<TW>(alpha, X, W, beta, C, j0, std::min<index_t>(4, n - j0), k0, std::min(k, k0 + kc),
+                                 k0 == 0);
+        };
+        if (4 * m * k <= (index_t(1) << 19)) {
+            // all of X fits in half of a 1 MiB L2: each block of W runs through every k-chunk at once, so each row of W
+            // is one sequential stream instead of pieces a page or two apart (the same operations in the same order)
+            parallel_for(blocks, [&](index_t b) {
+                for (index_t k0 = 0; k0 < k; k0 += kc) block(b, k0);
+            });
+        } else {
+            for (index_t k0 = 0; k0 < k; k0 += kc) parallel_for(blocks, [&](index_t b) { block(b, k0); });
+        }
     }
 }
 /// Rows [i0, i0 + MR) and columns [j0, j0 + 64) of C = alpha X W + beta C (C unread when beta is 0), `cols` (1..64)
@@ -281,6 +549,7 @@ void gemm_small_nn(float alpha, View<const float, 2> X, View<const TW, 2> W, flo
 }
 #undef MOONMOE_TARGET_AVX512
 #undef MOONMOE_UNROLL
+#undef MOONMOE_UNROLL_16
 #else
 template <class TW = float>
 inline void gemm_small_nt(float, View<const float, 2>, View<const TW, 2>, float, View<float, 2>) {}
