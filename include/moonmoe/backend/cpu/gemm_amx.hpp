@@ -160,12 +160,12 @@ MOONMOE_TARGET_AMX inline void micro_kernel(index_t kcp, const bf16* a, index_t 
     // each product issued as soon as its two tiles are loaded, the next load behind it (all four loads first was
     // 4-11 % slower on K2's products of 1024 tokens: docs/cpu_gemm.md)
     constexpr index_t next_lines = 2 * P::mr;
-    const index_t steps = kcp / P::tile_k;
-    for (index_t k = 0, step = 0; k < kcp; k += P::tile_k, ++step) {
+    const index_t per_step = (next_lines + kcp / P::tile_k - 1) / (kcp / P::tile_k);  // of next_in's lines
+    for (index_t k = 0, l0 = 0; k < kcp; k += P::tile_k, l0 += per_step) {
         for (index_t r = 0; r < ahead.rows; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(ahead.first + r * ahead.ld + k), _MM_HINT_T2);
         if (next_in)
-            for (index_t l = step * next_lines / steps; l < (step + 1) * next_lines / steps; ++l)
+            for (index_t l = l0; l < std::min(next_lines, l0 + per_step); ++l)
                 _mm_prefetch(reinterpret_cast<const char*>(next_in + (l / 2) * ld_in + (l % 2) * 16), _MM_HINT_T0);
         _tile_loadd(4, a + k, a_stride);
         _tile_loadd(6, b + k * P::nr, b_stride);  // pair-rows k/2 .. k/2 + 15, columns 0-15
@@ -446,9 +446,11 @@ MOONMOE_TARGET_AMX void columns(View<const bf16, 2> A, Trans tb, View<const bf16
                     float* sums = acc + i0 * P::acc_ld + jp;
                     const float* in = k0 > 0 ? sums : nullptr;
                     const float* next = nullptr;
-                    if (in && jp + P::nr < nc) next = sums + P::nr;
-                    else if (in && p + 1 < panels)
-                        next = acc + (i0 + P::mr) * P::acc_ld;
+                    if (in) {
+                        if (jp + P::nr < nc) next = sums + P::nr;
+                        else if (p + 1 < panels)
+                            next = acc + (i0 + P::mr) * P::acc_ld;
+                    }
                     if (!last) {
                         micro_kernel(kcp, a_panel, a_ld, b_panel, in, P::acc_ld, sums, P::acc_ld, ahead, next);
                         continue;
