@@ -234,6 +234,13 @@ MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void transpose16(__m
 /// be broadcast straight from memory.)
 inline constexpr index_t rows_in_lanes_max = 8;
 
+/// Brings the line prefetch_bytes past p into L1: an address, not a pointer (it may lie past the end of p's array;
+/// a prefetch never faults).
+MOONMOE_TARGET_AVX512 inline void prefetch_ahead(const float* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + std::uintptr_t(prefetch_bytes)),
+                 _MM_HINT_T0);
+}
+
 /// C [MR rows at c, `rows` (1..16) columns] = alpha X W^T + beta C for MR rows of X at x and `rows` rows of W at w:
 /// the layout with W's rows in the lanes.
 template <int MR>
@@ -242,13 +249,12 @@ MOONMOE_TARGET_AVX512 inline void chain_rows_tile(const float* x, index_t ldx, c
                                                   index_t ldc) {
     __m512 acc[MR];
     MOONMOE_UNROLL_16 for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-    constexpr index_t ahead = prefetch_bytes / index_t(sizeof(float));
     index_t p = 0;
     if (rows == 16) {
         for (; p + 16 <= k; p += 16) {
             __m512 r[16];
             MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) {
-                _mm_prefetch(reinterpret_cast<const char*>(w + q * ldw + p + ahead), _MM_HINT_T0);
+                prefetch_ahead(w + q * ldw + p);
                 r[q] = _mm512_loadu_ps(w + q * ldw + p);
             }
             transpose16(r);
@@ -306,11 +312,9 @@ MOONMOE_TARGET_AVX512 inline void chain_tokens_tile(const float* xt, const float
         MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) acc[v][j] =
             first ? _mm512_setzero_ps() : _mm512_loadu_ps(sums + (j * V + v) * 16);
     }
-    constexpr index_t ahead = prefetch_bytes / index_t(sizeof(float));
     index_t p = 0;
     for (; p + 16 <= kn; p += 16) {
-        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j)
-            _mm_prefetch(reinterpret_cast<const char*>(w + j * ldw + p + ahead), _MM_HINT_T0);
+        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) prefetch_ahead(w + j * ldw + p);
         MOONMOE_UNROLL_16 for (int q = 0; q < 16; ++q) chain_tokens_step<V, NR>(xt, w, ldw, p + q, acc);
     }
     for (; p < kn; ++p) chain_tokens_step<V, NR>(xt, w, ldw, p, acc);
