@@ -81,6 +81,15 @@ inline bool takes_small_gemm_nn(Trans ta, Trans tb, index_t m) {
 }
 
 #if MOONMOE_SMALL_GEMM_AVX512
+// GCC 12 warns that the _mm512_undefined_*() inside intrinsics (the widening in load16 of a bf16 row, the unpacks of
+// transpose16) "may be used uninitialized" where they are inlined into the kernels below, in a program built without
+// -mavx512f (a false positive: those lanes are all overwritten).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 /// The sum of the 16 lanes, halves first, then quarters, then pairs: the order of GCC's _mm512_reduce_add_ps, spelt
 /// out because GCC 12's reads an undefined register (_mm256_undefined_pd), which -Wall reports as uninitialised in
 /// every program built without -mavx512f; and so that GCC and Clang builds sum in one order.
@@ -182,15 +191,6 @@ MOONMOE_TARGET_AVX512 inline void dot_tile_any(index_t mr, index_t nr, const flo
     }
 }
 
-// GCC 12 warns that the _mm512_undefined_*() inside the unpacks of transpose16 "may be used uninitialized" where the
-// transpose is inlined into a tile with zeros for its missing rows (a false positive: every lane of the result is
-// written).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 /// Transposes the 16 x 16 tile held as 16 rows in r: row i of the result is column i of the tile.
 MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[16]) {
     __m512 t[16], u[16];
@@ -223,8 +223,9 @@ MOONMOE_TARGET_AVX512 __attribute__((always_inline)) inline void transpose16(__m
 /// bits, so a row's result depends neither on the other rows nor on the threads:
 /// - W's rows in the lanes (up to rows_in_lanes_max rows of X; a decoded token): 16 rows of W are loaded as 16
 ///   vectors of 16 consecutive k, transposed in registers, and each vector (one k, 16 rows of W) is multiplied by
-///   X[i, k] broadcast; the 16 sums of a vector are 16 consecutive elements of a row of C. Its shuffles cost a
-///   quarter of what the data's bytes from memory do, so it streams W at the memory's rate.
+///   X[i, k] broadcast; the 16 sums of a vector are 16 consecutive elements of a row of C. Its 64 shuffles per block
+///   keep pace with W's bytes from memory (one token against o_proj's W: 13.5 ms at one thread, the lanes-over-k
+///   kernel, dot_tile above, 14.0).
 /// - X's rows in the lanes (more rows): X^T is packed first (k x 16 rows per vector, zeros past m), and each element
 ///   of W is broadcast from memory onto up to four vectors of X's rows: one FMA per element of W per 16 rows of X,
 ///   with no horizontal sums. W's rows stream at close to the core's read rate while it computes: 16 x 2048 x 7168
@@ -420,6 +421,7 @@ void chain_rows(float alpha, View<const float, 2> X, View<const float, 2> W, flo
 
 /// C = alpha X W^T + beta C for an f32 W of few rows of X (up to small_gemm_rows): one chain of FMAs per element.
 inline void chain_nt(float alpha, View<const float, 2> X, View<const float, 2> W, float beta, View<float, 2> C) {
+    static_assert(rows_in_lanes_max == 8, "one case of W's rows in the lanes per row count of X");
     switch (X.shape[0]) {
     case 1: return chain_rows<1>(alpha, X, W, beta, C);
     case 2: return chain_rows<2>(alpha, X, W, beta, C);
@@ -429,7 +431,7 @@ inline void chain_nt(float alpha, View<const float, 2> X, View<const float, 2> W
     case 6: return chain_rows<6>(alpha, X, W, beta, C);
     case 7: return chain_rows<7>(alpha, X, W, beta, C);
     case 8: return chain_rows<8>(alpha, X, W, beta, C);
-    default: break;
+    default: break;  // more than rows_in_lanes_max rows: X's rows in the lanes
     }
     switch ((X.shape[0] + 15) / 16) {
     case 1: return chain_tokens<1>(alpha, X, W, beta, C);
@@ -438,10 +440,6 @@ inline void chain_nt(float alpha, View<const float, 2> X, View<const float, 2> W
     default: return chain_tokens<4>(alpha, X, W, beta, C);
     }
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 /// Columns [j0, j0 + nr) of C, all m rows, over k in [k0, k1): written when `first`, else accumulated.
 template <class TW>
@@ -551,6 +549,9 @@ void gemm_small_nn(float alpha, View<const float, 2> X, View<const TW, 2> W, flo
         }
     });
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #undef MOONMOE_TARGET_AVX512
 #undef MOONMOE_UNROLL
 #undef MOONMOE_UNROLL_16
