@@ -8,11 +8,12 @@ Runs the benchmark suite's Kimi K2 products (bench/gemm.cpp: the MLA projections
 192, 64 and 16 tokens, o_proj for one decoded token, the backward forms X W and dY^T X) with every engine forced in
 turn (MOONMOE_F32_GEMM, MOONMOE_BF16_GEMM), at one and at two threads (MOONMOE_BENCH_THREADS), each row the best of
 its repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: one, a decoded token;
-tiny 2..16, sparse experts; few 17..255, busier experts; many >= 256). In a group, an engine replaces the default only where the
-geometric mean of its time over the default's, over the group's rows at both thread counts, is at most 1 - MARGIN.
-f32 is decided first; the bf16 "widened" engine then runs on the f32 engine chosen for its group. Neighbouring classes
-of one form that chose the same engine are written as one rule over their rows. Prints a markdown table of the times
-and the C++ rules. Takes about 12 minutes on 2 cores; run it on a quiet machine.
+tiny 2..16, sparse experts; few 17..64, busier experts up to the few-rows kernels' limit; some 65..255; many >= 256).
+In a group, an engine replaces the default only where the geometric mean of its time over the default's, over the
+group's rows at both thread counts, is at most 1 - MARGIN. f32 is decided first; the bf16 "widened" engine then runs
+on the f32 engine chosen for its group. Neighbouring classes of one form that chose the same engine are written as one
+rule over their rows. Prints a markdown table of the times and the C++ rules. Takes about 12 minutes on 2 cores; run
+it on a quiet machine.
 """
 import argparse
 import json
@@ -24,7 +25,7 @@ import sys
 
 MARGIN = 0.05
 # classes of rows of op(A): (name, fewest, most) as the rules write them; rows between the classes keep the default
-CLASSES = (("one", 1, 1), ("tiny", 2, 16), ("few", 17, 255), ("many", 256, None))
+CLASSES = (("one", 1, 1), ("tiny", 2, 16), ("few", 17, 64), ("some", 65, 255), ("many", 256, None))
 ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|192|1024|2048)/n:[0-9]+/k:[0-9]+$"
 
 

@@ -82,6 +82,33 @@ TEST_CASE("gemm, few rows times a big weight (the unpacked path): every row / co
         }
 }
 
+/// The few-rows kernels' check: product(m, beta) writes C = 0.5 X W^T + beta C for the first m of `rows` rows of X
+/// (x(i, p)) against n rows of W (w(j, p)), k values each, into columns 1..n of a copy of C0 [rows, n + 2]. For
+/// beta 0 and 2: every element against double (columns 0 and n + 1 untouched), and the products of fewer rows bit for
+/// bit equal to the first rows of the whole one.
+template <class Product, class XAt, class WAt>
+void check_few_rows_kernel(Product product, XAt x, WAt w, const Mat& C0, index_t rows, index_t n, index_t k) {
+    for (float beta : {0.0f, 2.0f}) {
+        CAPTURE(beta);
+        const Mat all = product(rows, beta);
+        for (index_t i = 0; i < rows; ++i) {
+            CHECK(all(i, 0) == C0(i, 0));  // outside the slice: untouched
+            CHECK(all(i, n + 1) == C0(i, n + 1));
+            for (index_t j = 0; j < n; ++j) {
+                double s = 0.0;
+                for (index_t p = 0; p < k; ++p) s += x(i, p) * w(j, p);
+                CHECK(all(i, 1 + j) ==
+                      doctest::Approx(0.5 * s + beta * C0(i, 1 + j)).epsilon(1e-5).scale(std::sqrt(double(k))));
+            }
+        }
+        for (index_t m : {1, 2, 5, 8, 9, 16, 17, 33, 40, 63}) {
+            CAPTURE(m);
+            const Mat some = product(m, beta);
+            CHECK(std::memcmp(some.data(), all.data(), std::size_t(m * (n + 2)) * sizeof(float)) == 0);
+        }
+    }
+}
+
 TEST_CASE("the few-rows f32 kernel: a row of C is the same bits whatever the other rows, in both of its layouts") {
     // gemm_small.hpp computes each element of C as one chain of FMAs over k in order: with W's rows in the vector
     // lanes up to 8 rows of X, with X's rows in them from 9 (1 to 4 vectors of 16 rows, k in chunks with the sums
@@ -100,24 +127,39 @@ TEST_CASE("the few-rows f32 kernel: a row of C is the same bits whatever the oth
                                                   W.view(), beta, View<float, 2>(C.data() + 1, {m, n}, {n + 2, 1}));
         return C;
     };
-    for (float beta : {0.0f, 2.0f}) {
-        CAPTURE(beta);
-        const Mat all = product(rows, beta);
-        for (index_t i = 0; i < rows; ++i) {
-            CHECK(all(i, 0) == C0(i, 0));  // outside the slice: untouched
-            for (index_t j = 0; j < n; ++j) {
-                double s = 0.0;
-                for (index_t p = 0; p < k; ++p) s += double(X(i, 3 + p)) * W(j, p);
-                CHECK(all(i, 1 + j) ==
-                      doctest::Approx(0.5 * s + beta * C0(i, 1 + j)).epsilon(1e-5).scale(std::sqrt(double(k))));
-            }
-        }
-        for (index_t m : {1, 2, 5, 8, 9, 16, 17, 33, 40, 63}) {
-            CAPTURE(m);
-            const Mat some = product(m, beta);
-            CHECK(std::memcmp(some.data(), all.data(), std::size_t(m * (n + 2)) * sizeof(float)) == 0);
-        }
+    check_few_rows_kernel(
+        product, [&](index_t i, index_t p) { return double(X(i, 3 + p)); },
+        [&](index_t j, index_t p) { return double(W(j, p)); }, C0, rows, n, k);
+}
+
+TEST_CASE("the few-rows bf16 kernel on AVX512_BF16: against double, and a row of C the same bits whatever the others") {
+    // gemm_small_bf16.hpp: bf16 X and W multiplied as they are by VDPBF16PS, each element of C one chain over the
+    // k-pairs in order, with W's rows in the vector lanes up to 8 rows of X and X's rows in them from 9 (1 to 4
+    // vectors, k in chunks of 1024, 512, 336 and 256 k-pairs with the sums kept between them). k = 4133 is odd (its
+    // last element paired with zero) and crosses chunks for every number of vectors; n = 79 leaves short tiles of
+    // W's rows in both layouts. Called directly, so that it runs whatever engine the CPU's rules choose.
+    if (!backend::cpu_detail::small_gemm_bf16_available()) {
+        MESSAGE("no AVX512_BF16 on this CPU (or build): the bf16 few-rows kernel does not exist here");
+        return;
     }
+    const index_t rows = 64, n = 79, k = 4133;
+    const auto bf16_matrix = [](index_t r, index_t c, std::uint64_t seed) {
+        const Mat f = random_matrix(r, c, seed);
+        Tensor<bf16, 2, cpu> b({r, c});
+        for (index_t i = 0; i < r * c; ++i) b.data()[i] = bf16::from_float(f.data()[i]);
+        return b;
+    };
+    const Tensor<bf16, 2, cpu> X = bf16_matrix(rows, k + 3, 21), W = bf16_matrix(n, k, 22);
+    const Mat C0 = random_matrix(rows, n + 2, 23);
+    const auto product = [&](index_t m, float beta) {
+        Mat C = C0.clone();
+        backend::cpu_detail::gemm_small_nt_bf16(0.5f, View<const bf16, 2>(X.data() + 3, {m, k}, {k + 3, 1}), W.view(),
+                                                beta, View<float, 2>(C.data() + 1, {m, n}, {n + 2, 1}));
+        return C;
+    };
+    check_few_rows_kernel(
+        product, [&](index_t i, index_t p) { return double(X.data()[i * (k + 3) + 3 + p].to_float()); },
+        [&](index_t j, index_t p) { return double(W.data()[j * k + p].to_float()); }, C0, rows, n, k);
 }
 
 TEST_CASE("gemm_strided_batched equals one gemm per matrix") {

@@ -285,7 +285,9 @@ TEST_CASE_TEMPLATE("MHA and MLA: a packed batch equals its sequences run one by 
         model.zero_grad();
         typename nn::Transformer<B>::Cache c;
         const M logits = model.forward(ids.data(), layout, c, nn::Pass::training);
-        CHECK(scaled_error(to_host(logits).data(), alone_logits) < 1e-6);
+        // a few f32 roundings: the single-token sequence's products against the batch's of 11 rows, on Eigen's GEMM
+        // 5.2e-7 to 5.8e-7; where a CPU's measured rules send one row to oneDNN (AMD Zen 4, gemm_engine.hpp) 1.15e-6
+        CHECK(scaled_error(to_host(logits).data(), alone_logits) < 2e-6);
         const auto targets = nn::causal_targets(ids.data(), layout);
         M d(logits.shape());
         for (index_t s = 0; s < layout.sequences(); ++s) {
@@ -385,8 +387,11 @@ using WideK2 = TinyK2::with<Dims<Hidden<256>, Layers<2>, DenseLayers<1>, Vocab<2
                             Attention<MLA<Heads<4>, QRank<256>, KVRank<256>, NopeDim<64>, RopeDim<16>, VDim<64>>>,
                             MoE<Experts<64>, TopK<2>, Shared<1>, ExpertHidden<256>>>;
 
-// Bitwise only where the CPU's row-independent kernel runs; cuBLAS promises no kernel choice independent of the row
-// count, so elsewhere the two agree within the bound of the tests above.
+// Bitwise only where the CPU's row-independent kernel runs for every row count; cuBLAS promises no kernel choice
+// independent of the row count, so elsewhere the two agree within the bound of the tests above. A CPU's measured
+// rules may send one row of X W^T to another engine than two (AMD Zen 4: oneDNN for one row, gemm_engine.hpp), so
+// on the CPU the bitwise check runs with the library's kernels chosen for every f32 product, and the automatic
+// choice is held to the bound.
 TEST_CASE_TEMPLATE(
     "batched decoding is bitwise equal to decoding each sequence alone where the row-independent GEMM runs", B,
     MOONMOE_TEST_BACKENDS) {
@@ -397,7 +402,15 @@ TEST_CASE_TEMPLATE(
     const Decoded joined = greedy(model, prompts, 4, staggered(prompts.size(), 4));
     CHECK(joined.tokens == alone.tokens);
     if (std::is_same_v<B, cpu> && backend::cpu_detail::small_gemm_available()) {
-        CHECK(bitwise_equal(joined, alone));
+        CHECK(decode_error(joined, alone) < 4e-6);
+        struct LibraryChosen {  // set_f32_gemm(library) while alive, the previous choice restored after
+            backend::F32Gemm saved = backend::cpu_detail::f32_gemm_choice();
+            LibraryChosen() { backend::set_f32_gemm(backend::F32Gemm::library); }
+            ~LibraryChosen() { backend::cpu_detail::f32_gemm_choice() = saved; }
+        } library;
+        const Decoded alone_library = greedy(model, prompts, 4, one_at_a_time(prompts.size(), 4));
+        const Decoded joined_library = greedy(model, prompts, 4, staggered(prompts.size(), 4));
+        CHECK(bitwise_equal(joined_library, alone_library));
     } else {
         const std::string why = std::is_same_v<B, cpu>
                                     ? "cpu without AVX-512: Eigen's GEMM for every product"

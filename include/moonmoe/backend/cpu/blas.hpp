@@ -22,6 +22,7 @@
 #include "gemm_engine.hpp"
 #include "gemm_packed.hpp"
 #include "gemm_small.hpp"
+#include "gemm_small_bf16.hpp"
 #include "map.hpp"
 #include "memory.hpp"  // gemm_bf16 widens its operands into f32 tensors
 #include "onednn.hpp"
@@ -263,9 +264,10 @@ struct BlasOps<cpu> {
 
     /// C = alpha op(A) op(B) + beta C with bf16 operands, f32 accumulation and an f32 or bf16 C (backend/blas.hpp),
     /// rounded once to C's type. On the engine gemm_engine.hpp chooses: oneDNN's native bf16 matmul, in panels on
-    /// the pool (cpu/onednn.hpp); for X W^T with few rows, the library's kernel (gemm_small.hpp: X widened, W
-    /// widened in registers as it streams by); or both operands widened to f32 (exact) and the f32 gemm run on
-    /// them. They differ only in the f32 summation order. gemm_engine_name() says which runs.
+    /// the pool (cpu/onednn.hpp); for X W^T with few rows, the library's kernel (on AVX512_BF16 both operands as
+    /// they are, gemm_small_bf16.hpp; elsewhere gemm_small.hpp: X widened, W widened in registers as it streams by);
+    /// or both operands widened to f32 (exact) and the f32 gemm run on them. They differ only in the f32 summation
+    /// order. gemm_engine_name() says which runs.
     template <class TC = float>
     static void gemm_bf16(Trans ta, Trans tb, float alpha, View<const bf16, 2> A, View<const bf16, 2> B, float beta,
                           View<std::type_identity_t<TC>, 2> C) {
@@ -292,6 +294,11 @@ struct BlasOps<cpu> {
             if (shape.m == 0 || shape.n == 0) return;
             with_f32_c(beta, C,
                        [&](View<float, 2> c) { cpu_detail::gemm_packed<bf16, bf16>(ta, tb, alpha, A, B, beta, c); });
+            return;
+        }
+        if (engine == GemmEngine::library && cpu_detail::takes_small_gemm_bf16(ta, tb, shape.m, shape.n, shape.k)) {
+            // both operands as they are, on VDPBF16PS
+            with_f32_c(beta, C, [&](View<float, 2> c) { cpu_detail::gemm_small_nt_bf16(alpha, A, B, beta, c); });
             return;
         }
         const bool few = cpu_detail::takes_small_gemm(ta, tb, shape.m, shape.n, shape.k);

@@ -28,7 +28,9 @@ struct CpuFeatures {
     bool avx2 = false;
     bool fma = false;
     bool avx512f = false;
-    bool amx_bf16 = false;  // AMX-TILE and AMX-BF16, their tile state enabled in XCR0 (bits 17-18)
+    bool avx512bw = false;
+    bool avx512_bf16 = false;  // VDPBF16PS and the bf16 conversions on AVX-512 registers
+    bool amx_bf16 = false;     // AMX-TILE and AMX-BF16, their tile state enabled in XCR0 (bits 17-18)
     char vendor[13] = {};
     unsigned family = 0, model = 0;
 };
@@ -58,11 +60,17 @@ inline CpuFeatures detect_cpu_features() noexcept {
     const bool ymm_state = (xcr0 & 0x06u) == 0x06u;  // SSE + AVX state
     const bool zmm_state = (xcr0 & 0xe6u) == 0xe6u;  // + opmask, ZMM0-15 upper halves, ZMM16-31
     __cpuid_count(7, 0, r[0], r[1], r[2], r[3]);
+    const unsigned leaf7_subleaves = r[0];
     f.fma = ymm_state && fma;
     f.avx2 = ymm_state && ((r[1] >> 5) & 1u);
     f.avx512f = zmm_state && ((r[1] >> 16) & 1u);
+    f.avx512bw = f.avx512f && ((r[1] >> 30) & 1u);
     const bool tile_state = (xcr0 & 0x60000u) == 0x60000u;                  // XTILECFG, XTILEDATA
     f.amx_bf16 = tile_state && ((r[3] >> 22) & 1u) && ((r[3] >> 24) & 1u);  // EDX: AMX-BF16, AMX-TILE
+    if (leaf7_subleaves >= 1) {
+        __cpuid_count(7, 1, r[0], r[1], r[2], r[3]);
+        f.avx512_bf16 = f.avx512f && ((r[0] >> 5) & 1u);  // EAX bit 5: AVX512_BF16
+    }
 #endif
     return f;
 }

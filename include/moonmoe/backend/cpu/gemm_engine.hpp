@@ -3,7 +3,8 @@
 // The engines:
 //   library  Eigen's GEBP kernel in panels on the pool, and the unpacked kernel for X W^T with few rows of X
 //            (gemm_small.hpp), which also takes a bf16 W, widened in registers as it streams by (for bf16 operands
-//            the engine is that kernel where it applies, else `widened`)
+//            the engine is that kernel where it applies, on AVX512_BF16's dot products where the CPU has them
+//            (gemm_small_bf16.hpp), else `widened`)
 //   packed   the library's packed AVX-512 GEMM (gemm_packed.hpp), C cut into parts of its own on the pool; f32 or
 //            bf16 operands, bf16 widened as it is packed (on a CPU without AVX-512: `library`)
 //   onednn   oneDNN's matmul on the operands as stored (onednn.hpp): f32, or bf16 where the CPU multiplies bf16
@@ -15,14 +16,15 @@
 // products run at half the f32 rate, so a bf16 product of more than a few rows is faster on f32 FMAs (the packed
 // kernel, which widens as it packs, ahead of widening whole operands first), and oneDNN's f32 kernels, in panels,
 // beat Eigen's on the large products of every form; on a Xeon with AMX, the library's AMX kernel beats the AMX
-// kernels of the oneDNN it is built with (docs/cpu_gemm.md). So the choice is measured, not guessed:
-// tools/gemm_rules.py times every engine on the benchmark suite's Kimi K2 products at one and two threads and prints
-// the rules below for the CPU it ran on; an engine other than the default is written only where the geometric mean
-// of its time over the default's, across those products and both thread counts, is at most 0.95. A rule names the
-// CPU (CPUID's vendor, family and model, and oneDNN's ISA, since a hypervisor can hide AMX from one model), the
-// operands' type, the transposes and the range of rows of op(A) over which it holds (neighbouring ranges of one form
-// that chose the same engine are one rule). Without a rule: f32 on the library, bf16 on oneDNN where native, else
-// on the library.
+// kernels of the oneDNN it is built with; on AMD Zen 4, whose AVX512_BF16 runs at twice the f32 rate, oneDNN's bf16
+// kernels win the large products and the library's VDPBF16PS kernel the few-rows ones (docs/cpu_gemm.md). So the choice
+// is measured, not guessed: tools/gemm_rules.py times every engine on the benchmark suite's Kimi K2 products at one and
+// two threads and prints the rules below for the CPU it ran on; an engine other than the default is written only where
+// the geometric mean of its time over the default's, across those products and both thread counts, is at most 0.95. A
+// rule names the CPU (CPUID's vendor, family and model, and oneDNN's ISA, since a hypervisor can hide AMX from one
+// model), the operands' type, the transposes and the range of rows of op(A) over which it holds (neighbouring ranges of
+// one form that chose the same engine are one rule). Without a rule: f32 on the library, bf16 on oneDNN where native,
+// else on the library.
 //
 // The choice depends on those alone, so on one machine a product's result stays bitwise repeatable for a fixed
 // thread count across calls and processes (replicas on the ranks of an MPI job compare exactly). Engines differ
@@ -47,6 +49,7 @@
 #include "gemm_amx.hpp"
 #include "gemm_packed.hpp"
 #include "gemm_small.hpp"
+#include "gemm_small_bf16.hpp"
 #include "onednn.hpp"
 
 namespace moonmoe::backend {
@@ -95,6 +98,18 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::yes, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::no, Trans::no, 1, 16, GemmEngine::library},
     {"GenuineIntel 6.207 avx512_core_bf16", true, Trans::yes, Trans::no, 256, max_rows, GemmEngine::packed},
+    // AMD EPYC family 25 model 17 (Zen 4) with AVX512_BF16 and no AMX (KVM guest, 2 vCPUs; oneDNN 2.6.3's ISA
+    // avx512_core_bf16); tools/gemm_rules.py on 2026-11-29 (docs/cpu_gemm.md, "AMD Zen 4: bf16 few-rows products on
+    // VDPBF16PS"): f32 on oneDNN for X W and dY^T X from 256 rows (0.72-0.75x the library's time), X W^T of one row
+    // (0.80x) and from 65 rows (0.70-0.72x; the packed kernel 0.76x); f32 X W^T of 2 to 64 rows on the library's
+    // few-rows kernel (oneDNN 1.13-1.53x its time); bf16 X W^T of 2 to 64 rows on the library's VDPBF16PS kernel
+    // (0.63x oneDNN's time at 16 rows, 0.93x at 64), everything else bf16 on oneDNN's native kernels, which run at
+    // twice the f32 rate here (the packed kernel, widening to f32, 2.0x their time).
+    {"AuthenticAMD 25.17 avx512_core_bf16", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
+    {"AuthenticAMD 25.17 avx512_core_bf16", false, Trans::no, Trans::yes, 1, 1, GemmEngine::onednn},
+    {"AuthenticAMD 25.17 avx512_core_bf16", false, Trans::no, Trans::yes, 65, max_rows, GemmEngine::onednn},
+    {"AuthenticAMD 25.17 avx512_core_bf16", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::onednn},
+    {"AuthenticAMD 25.17 avx512_core_bf16", true, Trans::no, Trans::yes, 2, 64, GemmEngine::library},
     // Intel Xeon family 6 model 167 with AMX (KVM guest, 2 vCPUs; oneDNN 2.6.3's ISA avx512_core_amx);
     // tools/gemm_rules.py on 2026-11-28, after the AMX kernel's blocks of op(B) became 256 columns wide
     // (docs/cpu_gemm.md, "Wider blocks of op(B) on AMX"): f32 on oneDNN from 17 rows (0.77-0.84x the library's
@@ -275,7 +290,8 @@ inline bool bf16_gemm_uses_onednn() {
 /// oneDNN f32", "library (few rows)", "Eigen", for C [m, n] = op(A) op(B) with k the inner size.
 inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, index_t n, index_t k) {
     const bool few = cpu_detail::takes_small_gemm(ta, tb, m, n, k),
-               few_nn = bf16 && cpu_detail::takes_small_gemm_nn(ta, tb, m);
+               few_nn = bf16 && cpu_detail::takes_small_gemm_nn(ta, tb, m),
+               few_dp = bf16 && cpu_detail::takes_small_gemm_bf16(ta, tb, m, n, k);
     const auto f32_name = [&] {
         switch (f32_gemm_engine(ta, tb, m)) {
         case GemmEngine::onednn: return std::string("oneDNN f32");
@@ -287,6 +303,7 @@ inline std::string gemm_engine_name(bool bf16, Trans ta, Trans tb, index_t m, in
     switch (bf16_gemm_engine(ta, tb, m)) {
     case GemmEngine::onednn: return "oneDNN bf16 (" + cpu_detail::onednn_isa() + ")";
     case GemmEngine::library:
+        if (few_dp) return "library (few rows, VDPBF16PS)";
         if (few || few_nn) return "library (few rows, bf16 W)";
         break;
     case GemmEngine::packed: return "library (packed, bf16 widened as packed)";
@@ -310,7 +327,9 @@ inline std::string bf16_gemm_path() {
     if (c == Bf16Gemm::amx && cpu_detail::amx_gemm_available()) return "library (AMX tiles; chosen)";
     if (c == Bf16Gemm::packed && cpu_detail::packed_gemm_available())
         return "library (packed, bf16 widened as packed; chosen)";
-    const std::string few = "f32 (widened operands, X W^T with few rows on the library's kernel; ";
+    const std::string few = cpu_detail::small_gemm_bf16_available()
+                                ? "f32 (widened operands, X W^T with few rows on the library's VDPBF16PS kernel; "
+                                : "f32 (widened operands, X W^T with few rows on the library's kernel; ";
     if (c == Bf16Gemm::library) return few + "chosen)";
     if (!cpu_detail::onednn_built()) return few + "built without oneDNN)";
     return few + "oneDNN's ISA here, " + cpu_detail::onednn_isa() + ", has no native bf16 products)";
