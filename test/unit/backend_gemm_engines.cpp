@@ -279,11 +279,13 @@ TEST_CASE(
 
 TEST_CASE(
     "syrk_bf16 on the CPU, all of its ways (widened to the f32 SYRK, the AMX kernel's lower tiles mirrored as written, "
-    "oneDNN's full product mirrored): exactly symmetric, f32 and bf16 C, against double") {
+    "oneDNN's lower row panels mirrored): exactly symmetric, f32 and bf16 C, against double") {
     const Bf16GemmChoice restore;
     // three of the f32 SYRK's 256-row blocks, the last partial; on the AMX kernel: X packed (k short of a tile) over
-    // two k blocks (2048) with row tails, X read in place (whole tiles) over three, and X W^T's few-rows path (n <= 64)
-    const std::vector<std::array<index_t, 2>> shapes = {{520, 96}, {100, 2100}, {256, 4128}, {40, 70}};
+    // two k blocks (2048) with row tails, X read in place (whole tiles) over three, and X W^T's few-rows path (n <=
+    // 64); on oneDNN: row panels of 80 rows (the last of 40), of 64 (the last of 36), of 256 whose last is cut in two
+    // pieces of columns (more than 2048), and one panel of all rows
+    const std::vector<std::array<index_t, 2>> shapes = {{520, 96}, {100, 2100}, {256, 4128}, {40, 70}, {2100, 24}};
     const auto run = [&]<class TC>(TC, const char* way, index_t n, index_t k) {
         CAPTURE(way);
         CAPTURE(n);
@@ -334,8 +336,8 @@ TEST_CASE(
         }
         if (!backend::cpu_detail::native_bf16()) continue;
         backend::set_bf16_gemm(Bf16Gemm::onednn);
-        run(bf16{}, "oneDNN bf16, mirrored", n, k);
-        run(0.0f, "oneDNN bf16, mirrored", n, k);
+        run(bf16{}, "oneDNN bf16, lower row panels", n, k);
+        run(0.0f, "oneDNN bf16, lower row panels", n, k);
     }
     if (!backend::cpu_detail::amx_gemm_available()) MESSAGE("no AMX-BF16 here: the AMX kernel does not run");
     if (!backend::cpu_detail::native_bf16()) MESSAGE("no oneDNN bf16 here: " << backend::bf16_gemm_path());

@@ -173,9 +173,9 @@ View<const bf16, 2, B> newton_schulz_bf16_rounded(View<const float, 2, B> rounde
 /// out = NS(G) in bf16 (see the header comment), G and out f32 [rows, cols]; the schedule `Coeffs`, `steps`
 /// iterations, clamp_eps torch's eps. Products::general (the default) multiplies full products, as torch does;
 /// Products::symmetric the symmetric X X^T and A A (= A A^T) by the backend's syrk_bf16, with the same roundings.
-/// Which is faster depends on the hardware: where bf16 products run on oneDNN's native kernels (AVX512_BF16) the
-/// blocks of a bf16 SYRK ran below the full products' rate (2048 x 7168, 2 threads: 1890 against 1648 ms), where
-/// the CPU backend widens bf16 products to f32 its f32 SYRK saves the 28 % of FLOPs (docs/precision.md).
+/// On the CPU the symmetric products compute the lower triangle only, whichever engine runs bf16 products (the
+/// widened f32 SYRK, the AMX kernel's lower tiles, oneDNN's row panels: cpu/blas.hpp), a quarter fewer FLOPs per
+/// iteration at 2048 x 7168; Muon's default (config/optimizer.hpp's NSProducts).
 template <class Coeffs = KellerQuintic, class B = cpu>
 void newton_schulz_bf16(std::type_identity_t<View<const float, 2, B>> G, View<float, 2, B> out, int steps,
                         NSWorkspaceBF16<B>& ws, double clamp_eps = 1e-7, Products products = Products::general) {

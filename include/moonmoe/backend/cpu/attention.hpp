@@ -81,13 +81,39 @@ View<T, 2> group_rows(const View<T, 3>& x, index_t r, index_t h0, index_t G) {
     return View<T, 2>(x.data + r * x.strides[0] + h0 * x.strides[1], {G, x.shape[2]}, {x.strides[1], 1});
 }
 
+/// Whether a token's scores [heads, visible] = Q K^T take its bf16 queries and the bf16 cache as they are: on the
+/// AMX kernel, or on oneDNN's native bf16 matmul (AVX512_BF16). K2's 64 heads against 4096 rows of 576 at two
+/// threads on AMD Zen 4: oneDNN 0.75 ms in panels of 512 keys, the few-rows VDPBF16PS kernel 1.19 ms (built for k
+/// in the thousands), the packed kernel on widened queries about twice oneDNN's time (docs/cpu_gemm.md).
+inline bool bf16_scores() { return amx_gemm_available() || native_bf16(); }
+
+/// Keys per oneDNN call of the scores: panels fixed by the number of keys, not by the threads, so that a token's
+/// scores do not depend on the thread count (oneDNN's order of summation may depend on a product's width).
+inline constexpr index_t onednn_score_keys = 512;
+
 /// C = alpha A op(B) + beta C for attention's rows A (queries or probabilities) against keys or values B: f32 on the
 /// CPU's f32 engine; f32 A and bf16 B (a latent cache as stored) on the packed kernel, which widens B block by block
-/// as it packs; bf16 A and B on the AMX kernel, which reads B, the cache, straight into its tiles (gemm_amx.hpp).
+/// as it packs; bf16 A and B (where bf16_scores holds) on the AMX kernel, which reads B, the cache, straight into
+/// its tiles (gemm_amx.hpp), else on oneDNN's bf16 matmul.
 template <class Q, class K>
 void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 2> b, float beta, View<float, 2> c) {
-    if constexpr (std::is_same_v<Q, bf16>) gemm_amx(Trans::no, tb, alpha, a, b, beta, c);
-    else if constexpr (std::is_same_v<K, float>)
+    if constexpr (std::is_same_v<Q, bf16>) {
+#if MOONMOE_WITH_ONEDNN
+        if (!amx_gemm_available()) {
+            const index_t n = c.shape[1], k = a.shape[1];
+            parallel_chunks((n + onednn_score_keys - 1) / onednn_score_keys, [&](index_t p) {
+                const index_t lo = p * onednn_score_keys, w = std::min(onednn_score_keys, n - lo);
+                const View<const K, 2> part = tb == Trans::yes
+                                                  ? View<const K, 2>(b.data + lo * b.strides[0], {w, k}, b.strides)
+                                                  : View<const K, 2>(b.data + lo, {k, w}, b.strides);
+                onednn::gemm<bf16, float>(Trans::no, tb, alpha, a, part, beta,
+                                          View<float, 2>(c.data + lo, {c.shape[0], w}, c.strides));
+            });
+            return;
+        }
+#endif
+        gemm_amx(Trans::no, tb, alpha, a, b, beta, c);
+    } else if constexpr (std::is_same_v<K, float>)
         BlasOps<cpu>::gemm<float>(Trans::no, tb, alpha, a, b, beta, c);
     else
         gemm_packed<float, K>(Trans::no, tb, alpha, a, b, beta, c);
@@ -96,12 +122,13 @@ void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 
 /// One new token's G query heads that share their keys, against the L keys it sees: P [G, L] = scale
 /// sum_p Q_p [G, d_p] K_p [L, d_p]^T, the exact softmax of each row, O [G, d_v] = P V [L, d_v]; each product on the
 /// pool, so every key is read once for all G heads. Queries, keys and values f32, or keys and values bf16 with f32
-/// or bf16 queries (attention_product); P f32. `buffer` holds P (reused across tokens).
+/// or bf16 queries (attention_product); P f32. `buffer` holds P (reused across tokens, from the library's allocator,
+/// whose cached blocks spare a fresh 1 MiB its page faults on every token).
 template <class Q, class K>
 void decode_token(int parts, const View<const Q, 2>* q, const View<const K, 2>* k, View<const K, 2> v, float scale,
-                  std::vector<float>& buffer, View<float, 2> o) {
+                  Tensor<float, 1>& buffer, View<float, 2> o) {
     const index_t G = q[0].shape[0], L = k[0].shape[0];
-    buffer.resize(static_cast<std::size_t>(G * L));
+    if (buffer.numel() < G * L) buffer = Tensor<float, 1>::for_overwrite({G * L});
     View<float, 2> P(buffer.data(), {G, L});
     for (int p = 0; p < parts; ++p) attention_product(Trans::yes, scale, q[p], k[p], p ? 1.0f : 0.0f, P);
     parallel_for(G, [&](index_t r) { softmax_rows(P.slice(0, r, r + 1), -1); });
@@ -240,7 +267,7 @@ struct AttentionOps<cpu> {
             for (int p = 0; p < q.parts; ++p) shared = shared && kv.k[p].strides[1] == 0;
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, KV = shared ? 1 : kv.k[0].shape[1], G = H / KV,
                           L = kv.k[0].shape[0];
-            std::vector<float> buffer;
+            Tensor<float, 1> buffer;
             for (index_t g = 0; g < KV; ++g)
                 for (index_t i = 0; i < n; ++i) {
                     const index_t visible = L - n + i + 1;  // token i sees the keys up to its own position
@@ -273,13 +300,13 @@ struct AttentionOps<cpu> {
         // P times the latent values, each product on the pool, so the keys are read once per token, not once per
         // head. With AVX-512 the products read the bf16 cache as it is (the packed kernel widens the keys block by
         // block as it packs them, gemm_packed.hpp); with AMX the scores take the bf16 queries and cache on its tiles
-        // (gemm_amx.hpp: the cache's rows loaded straight into them); else every cache's visible rows are widened
-        // into a copy first.
+        // (gemm_amx.hpp: the cache's rows loaded straight into them), with AVX512_BF16 on oneDNN's bf16 matmul
+        // (bf16_scores); else every cache's visible rows are widened into a copy first.
         const index_t rows = q.shape[0];
-        const bool packed = packed_gemm_available(), amx = amx_gemm_available();
-        auto queries = Tensor<float, 2>::for_overwrite({amx ? 0 : rows * H, W});
-        if (!amx) MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
-        std::vector<float> buffer;
+        const bool packed = packed_gemm_available(), bf16_q = packed && bf16_scores();
+        auto queries = Tensor<float, 2>::for_overwrite({bf16_q ? 0 : rows * H, W});
+        if (!bf16_q) MapOps<cpu>::cast<float, bf16>(View<const bf16, 2>(q.data, {rows * H, W}, {W, 1}), queries.view());
+        Tensor<float, 1> buffer;
         for (index_t s = 0; s < N; ++s) {
             const index_t t0 = offsets[s], n = offsets[s + 1] - t0, L = lengths.data[s] + n;
             const LatentRows<cpu>& c = caches[std::size_t(s)];
@@ -297,7 +324,7 @@ struct AttentionOps<cpu> {
                 if (packed) {  // the bf16 cache as it is (amx implies packed)
                     const View<const bf16, 2> key(c.data, {visible, W}, c.strides),
                         value(c.data, {visible, value_dim}, c.strides);
-                    if (amx) {
+                    if (bf16_q) {
                         const View<const bf16, 2> query(q.data + (t0 + i) * q.strides[0], {H, W}, {q.strides[1], 1});
                         decode_token(1, &query, &key, value, scale, buffer, out);
                     } else {

@@ -109,6 +109,43 @@ void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, 
     });
 }
 
+/// A tile of a SYRK's C [n, n] on or below the diagonal: rows [r0, r1), columns [c0, c1).
+struct LowerTile {
+    index_t r0, r1, c0, c1;
+};
+
+/// C's lower triangle cut into row panels of `rows` rows, each panel's columns up to its last row (the diagonal
+/// block whole) cut into pieces of at most `width` columns, starting at multiples of 16; the largest first, so that
+/// threads taking them in order finish together. By the shape alone, so results do not depend on the threads.
+inline std::vector<LowerTile> lower_tiles(index_t n, index_t rows, index_t width) {
+    std::vector<LowerTile> tiles;
+    for (index_t r0 = 0; r0 < n; r0 += rows) {
+        const index_t r1 = std::min(n, r0 + rows), pieces = (r1 + width - 1) / width;
+        for (index_t q = 0; q < pieces; ++q)
+            tiles.push_back(
+                {r0, r1, r1 * q / pieces / 16 * 16, q + 1 == pieces ? r1 : r1 * (q + 1) / pieces / 16 * 16});
+    }
+    std::stable_sort(tiles.begin(), tiles.end(), [](const LowerTile& a, const LowerTile& b) {
+        return (a.r1 - a.r0) * (a.c1 - a.c0) > (b.r1 - b.r0) * (b.c1 - b.c0);
+    });
+    return tiles;
+}
+
+/// SYRK as products of A's rows against A's rows: product(A's rows of a tile, A's rows of its columns, the tile of
+/// C) for each of lower_tiles(n, rows, width) on the pool (one thread each), then the lower triangle mirrored.
+template <class T, class TC, class Product>
+void syrk_on_tiles(View<const T, 2> A, View<TC, 2> C, index_t rows, index_t width, Product&& product) {
+    const index_t k = A.shape[1];
+    const std::vector<LowerTile> tiles = lower_tiles(A.shape[0], rows, width);
+    parallel_chunks(index_t(tiles.size()), [&](index_t t) {
+        const LowerTile& q = tiles[std::size_t(t)];
+        product(View<const T, 2>(A.data + q.r0 * A.strides[0], {q.r1 - q.r0, k}, A.strides),
+                View<const T, 2>(A.data + q.c0 * A.strides[0], {q.c1 - q.c0, k}, A.strides),
+                View<TC, 2>(C.data + q.r0 * C.strides[0] + q.c0, {q.r1 - q.r0, q.c1 - q.c0}, C.strides));
+    });
+    mirror_lower(C);
+}
+
 /// C = alpha op(A) op(B) + beta C with one Eigen product on this thread (Ops::gemm keeps Eigen's threads off).
 template <class T>
 void gemm_panel(Trans ta, Trans tb, T alpha, View<const T, 2> A, View<const T, 2> B, T beta, View<T, 2> C) {
@@ -197,22 +234,11 @@ struct BlasOps<cpu> {
     template <class T = float>
     static void syrk(std::type_identity_t<T> alpha, View<const std::type_identity_t<T>, 2> A,
                      std::type_identity_t<T> beta, View<std::type_identity_t<T>, 2> C) {
-        using namespace cpu_detail;
         contract::check_syrk<T>("syrk", A, C);
-        const index_t n = A.shape[0], k = A.shape[1];
         constexpr index_t block = 256;
-        const index_t nb = (n + block - 1) / block;
-        std::vector<std::pair<index_t, index_t>> blocks;  // (i, j), j <= i: one parallel region for all of them
-        for (index_t i = 0; i < nb; ++i)
-            for (index_t j = 0; j <= i; ++j) blocks.emplace_back(i * block, j * block);
-        parallel_chunks(index_t(blocks.size()), [&](index_t b) {
-            const auto [i, j] = blocks[std::size_t(b)];
-            const index_t bi = std::min(block, n - i), bj = std::min(block, n - j);
-            gemm<T>(Trans::no, Trans::yes, alpha, View<const T, 2>(A.data + i * A.strides[0], {bi, k}, A.strides),
-                    View<const T, 2>(A.data + j * A.strides[0], {bj, k}, A.strides), beta,
-                    View<T, 2>(C.data + i * C.strides[0] + j, {bi, bj}, C.strides));
+        cpu_detail::syrk_on_tiles<T, T>(A, C, block, block, [&](View<const T, 2> a, View<const T, 2> b, View<T, 2> c) {
+            gemm<T>(Trans::no, Trans::yes, alpha, a, b, beta, c);
         });
-        mirror_lower(C);
     }
 
     /// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, each operand advancing by its stride (in elements)
@@ -339,9 +365,10 @@ struct BlasOps<cpu> {
     /// C = alpha X X^T + beta C with a bf16 X [n, k] and a symmetric C [n, n] (f32 or bf16), each element rounded
     /// once. Where gemm_bf16 would widen X X^T to f32 (cpu/gemm_engine.hpp), X is widened once and the f32 SYRK runs
     /// on it (half the FLOPs of the product); on the AMX kernel, its tiles on and below the diagonal, each mirrored
-    /// as it is written (half the FLOPs too); on oneDNN's native bf16 kernels, one full product, its lower triangle
-    /// then mirrored above (blocks of the lower triangle ran slower on oneDNN than the whole product:
-    /// docs/precision.md). Either way C comes out exactly symmetric.
+    /// as it is written (half the FLOPs too); on oneDNN's native bf16 kernels, the lower triangle in row panels of
+    /// n / 8 rows (64 to 256), each one single-threaded oneDNN product of up to 2048 columns, then mirrored: 56-63 %
+    /// of the FLOPs, 0.58-0.72x the full product's time on AMD Zen 4 (docs/cpu_gemm.md; square blocks of 256 had run
+    /// slower than the whole product: docs/precision.md). Either way C comes out exactly symmetric.
     template <class TC = bf16>
     static void syrk_bf16(float alpha, View<const bf16, 2> X, float beta, View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "syrk_bf16: C is float or bf16");
@@ -353,6 +380,17 @@ struct BlasOps<cpu> {
             return;
         }
         if (e == GemmEngine::onednn) {
+#if MOONMOE_WITH_ONEDNN
+            if (n > 0 && X.shape[1] > 0) {
+                const index_t rows = std::clamp<index_t>((n / 8 + 15) / 16 * 16, 64, 256);
+                cpu_detail::syrk_on_tiles<bf16, TC>(X, C, rows, cpu_detail::onednn_panels.max_width,
+                                                    [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
+                                                        cpu_detail::onednn::gemm<bf16, TC>(Trans::no, Trans::yes, alpha,
+                                                                                           a, b, beta, c);
+                                                    });
+                return;
+            }
+#endif
             gemm_bf16<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C);
             cpu_detail::mirror_lower(C);
             return;
