@@ -327,9 +327,10 @@ inline std::string bf16_gemm_path() {
     if (c == Bf16Gemm::amx && cpu_detail::amx_gemm_available()) return "library (AMX tiles; chosen)";
     if (c == Bf16Gemm::packed && cpu_detail::packed_gemm_available())
         return "library (packed, bf16 widened as packed; chosen)";
-    const std::string few = cpu_detail::small_gemm_bf16_available()
-                                ? "f32 (widened operands, X W^T with few rows on the library's VDPBF16PS kernel; "
-                                : "f32 (widened operands, X W^T with few rows on the library's kernel; ";
+    const std::string few =
+        cpu_detail::small_gemm_bf16_available()
+            ? "f32 (widened operands; X W^T with few rows as bf16 on the library's VDPBF16PS kernel; "
+            : "f32 (widened operands, X W^T with few rows on the library's kernel; ";
     if (c == Bf16Gemm::library) return few + "chosen)";
     if (!cpu_detail::onednn_built()) return few + "built without oneDNN)";
     return few + "oneDNN's ISA here, " + cpu_detail::onednn_isa() + ", has no native bf16 products)";

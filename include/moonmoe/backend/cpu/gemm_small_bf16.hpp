@@ -100,7 +100,8 @@ MOONMOE_TARGET_AVX512_BF16 inline void prefetch_ahead(const bf16* e) {
                  _MM_HINT_T0);
 }
 
-/// The last step of a vector of sums: alpha s + beta C (C unread when beta is 0) at the lanes of mask of c.
+/// The last step of a vector of sums: alpha s + beta c, c being C's values as the caller loaded them (ignored when
+/// beta is 0).
 MOONMOE_TARGET_AVX512_BF16 inline __m512 finish(__m512 s, float alpha, float beta, __m512 c) {
     const __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), s);
     return beta != 0.0f ? _mm512_fmadd_ps(_mm512_set1_ps(beta), c, r) : r;
