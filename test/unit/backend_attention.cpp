@@ -478,6 +478,40 @@ TEST_CASE(
     }
 }
 
+#if MOONMOE_WITH_ONEDNN
+TEST_CASE(
+    "latent_decode on the CPU with oneDNN's bf16 scores: a growing cache makes a primitive per width of the last "
+    "panel of keys, not per token") {
+    if (backend::cpu_detail::amx_gemm_available() || !backend::cpu_detail::native_bf16()) {
+        MESSAGE("the scores do not run on oneDNN here: " << backend::bf16_gemm_path());
+        return;
+    }
+    using Ops = backend::AttentionOps<cpu>;
+    const index_t H = 64, W = 576, dv = 512, capacity = 1100;
+    const Mat qm = random_matrix(H, W, 330), cm = random_matrix(capacity, W, 331);
+    std::vector<bf16> q, cache;
+    for (index_t i = 0; i < qm.numel(); ++i) q.push_back(bf16::from_float(qm.data()[i]));
+    for (index_t i = 0; i < cm.numel(); ++i) cache.push_back(bf16::from_float(cm.data()[i]));
+    const std::vector<backend::LatentRows<cpu>> rows = {View<bf16, 2>(cache.data(), {capacity, W}, {W, 1})};
+    std::vector<float> o(std::size_t(H * dv));
+    const std::vector<index_t> offsets = {0, 1}, extents = {capacity};
+    const auto decode_tokens = [&](index_t first, index_t count) {  // one token at each cache length in turn
+        const std::size_t before = backend::cpu_detail::onednn::primitive_count();
+        for (index_t held = first; held < first + count; ++held) {
+            const Tensor<index_t, 1> lengths = to_device<cpu>(std::vector<index_t>{held});
+            Ops::latent_decode(View<const bf16, 3>(q.data(), {1, H, W}, {H * W, W, 1}),
+                               View<const bf16, 2>(cache.data() + held * W, {1, W}, {W, 1}), rows, lengths.view(),
+                               offsets, extents, dv, 0.05f, View<float, 3>(o.data(), {1, H, dv}, {H * dv, dv, 1}));
+        }
+        return backend::cpu_detail::onednn::primitive_count() - before;
+    };
+    // 40 tokens, 1001 to 1040 keys: panels of 512, 512 and 1 to 40 keys; the row stride of the scores changes with
+    // every token, and must not be part of what the primitives are made for
+    CHECK(decode_tokens(1000, 40) <= 41);
+    CHECK(decode_tokens(1000, 40) == 0);  // the same lengths again: nothing new
+}
+#endif
+
 namespace {
 
 /// Every value of m rounded to bf16 (the operands of the bf16 policy).

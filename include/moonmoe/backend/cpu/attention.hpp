@@ -88,7 +88,11 @@ View<T, 2> group_rows(const View<T, 3>& x, index_t r, index_t h0, index_t G) {
 inline bool bf16_scores() { return amx_gemm_available() || native_bf16(); }
 
 /// Keys per oneDNN call of the scores: panels fixed by the number of keys, not by the threads, so that a token's
-/// scores do not depend on the thread count (oneDNN's order of summation may depend on a product's width).
+/// scores do not depend on the thread count (oneDNN's order of summation may depend on a product's width). Each
+/// panel is written into a scratch of this width and copied into C: oneDNN's primitives are made per shape and
+/// strides, and C's row stride (the token's key count) changes every token, so writing C directly made new
+/// primitives for every panel of every token, kept for good; this way only the last panel's width varies (at most
+/// onednn_score_keys primitives per shape of queries and cache).
 inline constexpr index_t onednn_score_keys = 512;
 
 /// C = alpha A op(B) + beta C for attention's rows A (queries or probabilities) against keys or values B: f32 on the
@@ -101,13 +105,20 @@ void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 
 #if MOONMOE_WITH_ONEDNN
         if (!amx_gemm_available()) {
             const index_t n = c.shape[1], k = a.shape[1];
+            const index_t m = c.shape[0];
             parallel_chunks((n + onednn_score_keys - 1) / onednn_score_keys, [&](index_t p) {
                 const index_t lo = p * onednn_score_keys, w = std::min(onednn_score_keys, n - lo);
                 const View<const K, 2> part = tb == Trans::yes
                                                   ? View<const K, 2>(b.data + lo * b.strides[0], {w, k}, b.strides)
                                                   : View<const K, 2>(b.data + lo, {k, w}, b.strides);
-                onednn::gemm<bf16, float>(Trans::no, tb, alpha, a, part, beta,
-                                          View<float, 2>(c.data + lo, {c.shape[0], w}, c.strides));
+                thread_local std::vector<float> scratch;
+                scratch.resize(std::size_t(m * onednn_score_keys));
+                const View<float, 2> s(scratch.data(), {m, w}, {onednn_score_keys, 1});
+                float* out = c.data + lo;
+                for (index_t i = 0; beta != 0.0f && i < m; ++i)
+                    std::copy_n(out + i * c.strides[0], w, s.data + i * onednn_score_keys);
+                onednn::gemm<bf16, float>(Trans::no, tb, alpha, a, part, beta, s);
+                for (index_t i = 0; i < m; ++i) std::copy_n(s.data + i * onednn_score_keys, w, out + i * c.strides[0]);
             });
             return;
         }

@@ -73,10 +73,27 @@ struct Entry {
     std::size_t scratch_bytes = 0;
 };
 
+/// The primitives created so far, kept for the process's life.
+struct Primitives {
+    std::mutex mutex;
+    std::map<Key, Entry> cache;
+};
+inline Primitives& primitives() {
+    static Primitives p;
+    return p;
+}
+
+/// How many primitives have been created (a product whose shape or strides vary from call to call creates more).
+inline std::size_t primitive_count() {
+    Primitives& p = primitives();
+    const std::lock_guard<std::mutex> lock(p.mutex);
+    return p.cache.size();
+}
+
 inline const Entry& primitive(const Key& key) {
-    static std::mutex mutex;
-    static std::map<Key, Entry> cache;
-    const std::lock_guard<std::mutex> lock(mutex);
+    Primitives& p = primitives();
+    const std::lock_guard<std::mutex> lock(p.mutex);
+    auto& cache = p.cache;
     if (auto it = cache.find(key); it != cache.end()) return it->second;
     const auto [m, n, k, ta, tb, lda, ldb, ldc, alpha, beta, ab_bf16, c_bf16] = key;
     using dt = dnnl::memory::data_type;
