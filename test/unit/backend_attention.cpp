@@ -496,19 +496,61 @@ TEST_CASE(
     std::vector<float> o(std::size_t(H * dv));
     const std::vector<index_t> offsets = {0, 1}, extents = {capacity};
     const auto decode_tokens = [&](index_t first, index_t count) {  // one token at each cache length in turn
-        const std::size_t before = backend::cpu_detail::onednn::primitive_count();
+        const std::size_t before = backend::cpu_detail::onednn::primitives_made();
         for (index_t held = first; held < first + count; ++held) {
             const Tensor<index_t, 1> lengths = to_device<cpu>(std::vector<index_t>{held});
             Ops::latent_decode(View<const bf16, 3>(q.data(), {1, H, W}, {H * W, W, 1}),
                                View<const bf16, 2>(cache.data() + held * W, {1, W}, {W, 1}), rows, lengths.view(),
                                offsets, extents, dv, 0.05f, View<float, 3>(o.data(), {1, H, dv}, {H * dv, dv, 1}));
         }
-        return backend::cpu_detail::onednn::primitive_count() - before;
+        return backend::cpu_detail::onednn::primitives_made() - before;
     };
     // 40 tokens, 1001 to 1040 keys: panels of 512, 512 and 1 to 40 keys; the row stride of the scores changes with
     // every token, and must not be part of what the primitives are made for
     CHECK(decode_tokens(1000, 40) <= 41);
     CHECK(decode_tokens(1000, 40) == 0);  // the same lengths again: nothing new
+}
+
+TEST_CASE(
+    "attention_decode on the CPU with f32 products on oneDNN: one key/value head per query head makes a primitive "
+    "per width of the last panel of keys, not per token, and decodes as the library's kernels do") {
+    using Ops = backend::AttentionOps<cpu>;
+    const backend::F32Gemm was = backend::cpu_detail::f32_gemm_choice();
+    const index_t H = 2, d = 64, dv = 32, capacity = 1100;
+    const Problem cache(capacity, H, H, 1, d, 0, dv, false, 340);  // G = 1: each token's scores have one row
+    const OnDevice<cpu> dev(cache);
+    const Mat q = random_matrix(1, H * d, 341);
+    backend::AttentionQueries<cpu> queries;
+    queries.q[0] = heads<const float, cpu>(q.data(), H * d, 1, 0, H, d, d);
+    Mat o({1, H * dv});
+    const std::vector<index_t> offsets = {0, 1};
+    const auto decode = [&](index_t held) {  // one token against the first `held` + 1 rows of the cache
+        backend::AttentionKeys<cpu> keys = dev.keys;
+        for (auto* view : {&keys.k[0], &keys.v}) view->shape[0] = held + 1;
+        Ops::attention_decode(queries, std::span(&keys, 1), offsets, 0.125f,
+                              heads<float, cpu>(o.data(), H * dv, 1, 0, H, dv, dv));
+        return o.clone();
+    };
+    std::vector<Mat> library;
+    backend::set_f32_gemm(backend::F32Gemm::library);
+    for (index_t held = 1000; held < 1040; ++held) library.push_back(decode(held));
+    backend::set_f32_gemm(backend::F32Gemm::onednn);
+    const auto primitives_made = [&](index_t first) {  // one token at each of 40 cache lengths in turn
+        const std::size_t before = backend::cpu_detail::onednn::primitives_made();
+        for (index_t held = first; held < first + 40; ++held) {
+            CAPTURE(held);
+            const Mat got = decode(held);
+            if (first == 1000)
+                for (index_t c = 0; c < H * dv; ++c)
+                    CHECK(got(0, c) == doctest::Approx(library[std::size_t(held - 1000)](0, c)).epsilon(1e-5));
+        }
+        return backend::cpu_detail::onednn::primitives_made() - before;
+    };
+    // 1001 to 1040 keys: the scores and P V each in panels of 512, 512 and 1 to 40 keys; 512 more keys add a whole
+    // panel and nothing new (over all of a token's keys: new primitives for both products at every token)
+    CHECK(primitives_made(1000) <= 2 * 41);
+    CHECK(primitives_made(1512) == 0);
+    backend::set_f32_gemm(was);
 }
 #endif
 

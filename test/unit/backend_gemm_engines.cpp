@@ -501,6 +501,37 @@ TEST_CASE("gemm on the CPU, f32 on each engine: every transpose, alpha and beta,
     check_path<float, float>("oneDNN f32");
 }
 
+#if MOONMOE_WITH_ONEDNN
+TEST_CASE(
+    "oneDNN's primitives: the most recently used are held, at most Primitives::capacity, and a product whose "
+    "primitive was dropped makes it again and multiplies right") {
+    namespace onednn = backend::cpu_detail::onednn;
+    const index_t k = 40, n = 24, shapes = index_t(onednn::Primitives::capacity) + 30;
+    std::vector<float> a(std::size_t(shapes * k)), b(std::size_t(n * k)), c(std::size_t(shapes * n));
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = float(int(i % 7) - 3) / 4;
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(int(i % 5) - 2) / 2;
+    const auto multiply = [&](index_t m) {  // C [m, n] = A [m, k] B [n, k]^T, every m a shape of its own
+        onednn::gemm<float, float>(Trans::no, Trans::yes, 1.0f, View<const float, 2>(a.data(), {m, k}),
+                                   View<const float, 2>(b.data(), {n, k}), 0.0f, View<float, 2>(c.data(), {m, n}));
+        for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j) {
+                double want = 0;  // small multiples of 1/8: exact in f32
+                for (index_t p = 0; p < k; ++p) want += double(a[std::size_t(i * k + p)]) * b[std::size_t(j * k + p)];
+                REQUIRE(c[std::size_t(i * n + j)] == want);
+            }
+    };
+    const std::size_t made = onednn::primitives_made();
+    for (index_t m = 1; m <= shapes; ++m) multiply(m);
+    CHECK(onednn::primitives_made() - made == std::size_t(shapes));  // no other test multiplies 24 columns over 40
+    CHECK(onednn::primitives_held() == onednn::Primitives::capacity);
+    multiply(shapes);  // held: nothing made
+    CHECK(onednn::primitives_made() - made == std::size_t(shapes));
+    multiply(1);  // dropped long ago: made again
+    CHECK(onednn::primitives_made() - made == std::size_t(shapes) + 1);
+    CHECK(onednn::primitives_held() == onednn::Primitives::capacity);
+}
+#endif
+
 TEST_CASE("gemm and gemm_bf16 through oneDNN and the few-rows kernel: repeatable bit for bit at a fixed thread count") {
     const Bf16GemmChoice restore;
     const testing::ThreadCount restore_threads;

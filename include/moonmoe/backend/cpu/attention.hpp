@@ -87,44 +87,51 @@ View<T, 2> group_rows(const View<T, 3>& x, index_t r, index_t h0, index_t G) {
 /// in the thousands), the packed kernel on widened queries about twice oneDNN's time (docs/cpu_gemm.md).
 inline bool bf16_scores() { return amx_gemm_available() || native_bf16(); }
 
-/// Keys per oneDNN call of the scores: panels fixed by the number of keys, not by the threads, so that a token's
-/// scores do not depend on the thread count (oneDNN's order of summation may depend on a product's width). Each
-/// panel is written into a scratch of this width and copied into C: oneDNN's primitives are made per shape and
-/// strides, and C's row stride (the token's key count) changes every token, so writing C directly made new
-/// primitives for every panel of every token, kept for good; this way only the last panel's width varies (at most
-/// onednn_score_keys primitives per shape of queries and cache).
-inline constexpr index_t onednn_score_keys = 512;
+/// Keys per oneDNN call of a token's products against its cache, fixed by the number of keys and not by the threads,
+/// so that results do not depend on the thread count (oneDNN's order of summation may depend on a product's width):
+/// oneDNN makes a primitive per shape and strides (onednn.hpp), and a token's key count changes every token, so
+/// products over all its keys made new primitives for every token; in panels of this many only the last panel's
+/// size varies (at most this many primitives per shape of queries and cache).
+inline constexpr index_t onednn_key_panel = 512;
 
 /// C = alpha A op(B) + beta C for attention's rows A (queries or probabilities) against keys or values B: f32 on the
 /// CPU's f32 engine; f32 A and bf16 B (a latent cache as stored) on the packed kernel, which widens B block by block
-/// as it packs; bf16 A and B (where bf16_scores holds) on the AMX kernel, which reads B, the cache, straight into
-/// its tiles (gemm_amx.hpp), else on oneDNN's bf16 matmul.
+/// as it packs; bf16 A and B (where bf16_scores holds) on the AMX kernel, which reads B, the cache, straight into its
+/// tiles (gemm_amx.hpp), else on oneDNN's bf16 matmul. On oneDNN in panels of keys (onednn_key_panel): the scores'
+/// columns through a scratch of fixed width (for_each_fixed_panel), P V's inner size added panel by panel in order, P's
+/// part copied into a scratch of fixed row stride.
 template <class Q, class K>
 void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 2> b, float beta, View<float, 2> c) {
-    if constexpr (std::is_same_v<Q, bf16>) {
+    constexpr bool both_bf16 = std::is_same_v<Q, bf16>, both_f32 = std::is_same_v<Q, float> && std::is_same_v<K, float>;
 #if MOONMOE_WITH_ONEDNN
-        if (!amx_gemm_available()) {
-            const index_t n = c.shape[1], k = a.shape[1];
-            const index_t m = c.shape[0];
-            parallel_chunks((n + onednn_score_keys - 1) / onednn_score_keys, [&](index_t p) {
-                const index_t lo = p * onednn_score_keys, w = std::min(onednn_score_keys, n - lo);
-                const View<const K, 2> part = tb == Trans::yes
-                                                  ? View<const K, 2>(b.data + lo * b.strides[0], {w, k}, b.strides)
-                                                  : View<const K, 2>(b.data + lo, {k, w}, b.strides);
-                thread_local std::vector<float> scratch;
-                scratch.resize(std::size_t(m * onednn_score_keys));
-                const View<float, 2> s(scratch.data(), {m, w}, {onednn_score_keys, 1});
-                float* out = c.data + lo;
-                for (index_t i = 0; beta != 0.0f && i < m; ++i)
-                    std::copy_n(out + i * c.strides[0], w, s.data + i * onednn_score_keys);
-                onednn::gemm<bf16, float>(Trans::no, tb, alpha, a, part, beta, s);
-                for (index_t i = 0; i < m; ++i) std::copy_n(s.data + i * onednn_score_keys, w, out + i * c.strides[0]);
-            });
+    if constexpr (both_bf16 || both_f32) {
+        const index_t m = c.shape[0], k = a.shape[1];
+        const bool on_onednn =
+            both_bf16 ? !amx_gemm_available() : f32_gemm_engine(Trans::no, tb, m) == GemmEngine::onednn;
+        if (on_onednn && m > 0 && k > 0) {
+            if (tb == Trans::yes)  // the scores: the keys are C's columns
+                for_each_fixed_panel<K>(tb, b, beta != 0.0f, c, onednn_key_panel,
+                                        [&](View<const K, 2> keys, View<float, 2> s) {
+                                            onednn::gemm<K, float>(Trans::no, tb, alpha, a, keys, beta, s);
+                                        });
+            else {  // P V: the keys are the inner size, and P's row stride is the key count: panels copied
+                thread_local std::vector<Q> scratch;
+                scratch.resize(std::size_t(m * onednn_key_panel));
+                for (index_t lo = 0; lo < k; lo += onednn_key_panel) {
+                    const index_t w = std::min(onednn_key_panel, k - lo);
+                    for (index_t i = 0; i < m; ++i)
+                        std::copy_n(a.data + i * a.strides[0] + lo, w, scratch.data() + i * onednn_key_panel);
+                    onednn::gemm<K, float>(
+                        Trans::no, tb, alpha, View<const Q, 2>(scratch.data(), {m, w}, {onednn_key_panel, 1}),
+                        View<const K, 2>(b.data + lo * b.strides[0], {w, b.shape[1]}, b.strides), lo ? 1.0f : beta, c);
+                }
+            }
             return;
         }
+    }
 #endif
-        gemm_amx(Trans::no, tb, alpha, a, b, beta, c);
-    } else if constexpr (std::is_same_v<K, float>)
+    if constexpr (both_bf16) gemm_amx(Trans::no, tb, alpha, a, b, beta, c);
+    else if constexpr (both_f32)
         BlasOps<cpu>::gemm<float>(Trans::no, tb, alpha, a, b, beta, c);
     else
         gemm_packed<float, K>(Trans::no, tb, alpha, a, b, beta, c);

@@ -109,6 +109,31 @@ void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, 
     });
 }
 
+/// C [m, n] = product(A, op(B)'s columns, C's columns) over panels of `width` columns fixed by n, on the pool, each
+/// written into the thread's scratch of row stride `width` and then copied into C (C's part copied in first where
+/// the product reads C, beta != 0). For products whose n and C's row stride change from call to call, such as a
+/// decoded token's scores against its growing cache: oneDNN makes a primitive per shape and strides (onednn.hpp), so
+/// writing C directly made new ones for every panel of every token; through the scratch only the last panel's width
+/// varies (at most `width` shapes per m and k). Cut by the shape, not by the threads, so results do not depend on
+/// the thread count.
+template <class T, class Product>
+void for_each_fixed_panel(Trans tb, View<const T, 2> B, bool reads_c, View<float, 2> C, index_t width,
+                          Product&& product) {
+    const index_t m = C.shape[0], n = C.shape[1], k = tb == Trans::yes ? B.shape[1] : B.shape[0];
+    parallel_chunks((n + width - 1) / width, [&](index_t p) {
+        const index_t lo = p * width, w = std::min(width, n - lo);
+        const View<const T, 2> part = tb == Trans::yes ? View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides)
+                                                       : View<const T, 2>(B.data + lo, {k, w}, B.strides);
+        thread_local std::vector<float> scratch;
+        scratch.resize(std::size_t(m * width));
+        const View<float, 2> s(scratch.data(), {m, w}, {width, 1});
+        float* out = C.data + lo;
+        for (index_t i = 0; reads_c && i < m; ++i) std::copy_n(out + i * C.strides[0], w, s.data + i * width);
+        product(part, s);
+        for (index_t i = 0; i < m; ++i) std::copy_n(s.data + i * width, w, out + i * C.strides[0]);
+    });
+}
+
 /// A tile of a SYRK's C [n, n] on or below the diagonal: rows [r0, r1), columns [c0, c1).
 struct LowerTile {
     index_t r0, r1, c0, c1;

@@ -7,7 +7,8 @@
 // Threads: the library's own pool cuts a product into panels (cpu/blas.hpp's onednn_panels) and each panel is one
 // oneDNN call on one thread (OpenMP's thread count set to 1 on that thread for the call), so oneDNN's OpenMP teams
 // never spin against the pool, and results are repeatable for a fixed thread count.
-// Primitives are created once per (shape, strides, transposes, alpha, beta, operand and C types) and kept.
+// Primitives are made once per (shape, strides, transposes, alpha, beta, operand and C types) and the 1024 most
+// recently used are kept.
 #pragma once
 
 #include <string>
@@ -18,7 +19,9 @@
 #include "../blas.hpp"
 
 #if MOONMOE_WITH_ONEDNN
+#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -73,28 +76,37 @@ struct Entry {
     std::size_t scratch_bytes = 0;
 };
 
-/// The primitives created so far, kept for the process's life.
+/// The primitives most recently used, at most `capacity` of them (the least recently used is dropped when a new one
+/// would pass it), and how many were made in all. Each primitive holds oneDNN's generated kernels, about 70 KB on
+/// AMD Zen 4, and takes 0.15-2 ms to make: products of varying shapes (an expert's token count, a prompt's length)
+/// would otherwise add one for good per shape; 1024 of them hold about 70 MB.
 struct Primitives {
+    static constexpr std::size_t capacity = 1024;
+    using Held = std::shared_ptr<const Entry>;  // a thread's product keeps its primitive while another drops it
     std::mutex mutex;
-    std::map<Key, Entry> cache;
+    std::list<std::pair<Key, Held>> recent;  // most recently used first
+    std::map<Key, std::list<std::pair<Key, Held>>::iterator> index;
+    std::size_t made = 0;
 };
 inline Primitives& primitives() {
     static Primitives p;
     return p;
 }
 
-/// How many primitives have been created (a product whose shape or strides vary from call to call creates more).
-inline std::size_t primitive_count() {
+/// How many primitives have been made in this process (a product whose shape or strides vary from call to call
+/// makes more), and how many are held now.
+inline std::size_t primitives_made() {
     Primitives& p = primitives();
     const std::lock_guard<std::mutex> lock(p.mutex);
-    return p.cache.size();
+    return p.made;
+}
+inline std::size_t primitives_held() {
+    Primitives& p = primitives();
+    const std::lock_guard<std::mutex> lock(p.mutex);
+    return p.recent.size();
 }
 
-inline const Entry& primitive(const Key& key) {
-    Primitives& p = primitives();
-    const std::lock_guard<std::mutex> lock(p.mutex);
-    auto& cache = p.cache;
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
+inline Entry make_primitive(const Key& key) {
     const auto [m, n, k, ta, tb, lda, ldb, ldc, alpha, beta, ab_bf16, c_bf16] = key;
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
@@ -116,7 +128,31 @@ inline const Entry& primitive(const Key& key) {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, engine());
     e.matmul = dnnl::matmul(pd);
     e.scratch_bytes = pd.scratchpad_desc().get_size();
-    return cache.emplace(key, std::move(e)).first->second;
+    return e;
+}
+
+/// The primitive for `key`: the held one, or a new one (made outside the lock, so that other threads' products
+/// need not wait for oneDNN's code generation).
+inline Primitives::Held primitive(const Key& key) {
+    Primitives& p = primitives();
+    {
+        const std::lock_guard<std::mutex> lock(p.mutex);
+        if (auto it = p.index.find(key); it != p.index.end()) {
+            p.recent.splice(p.recent.begin(), p.recent, it->second);
+            return it->second->second;
+        }
+    }
+    auto made = std::make_shared<const Entry>(make_primitive(key));
+    const std::lock_guard<std::mutex> lock(p.mutex);
+    ++p.made;
+    if (auto it = p.index.find(key); it != p.index.end()) return it->second->second;  // another thread was faster
+    p.recent.emplace_front(key, made);
+    p.index.emplace(key, p.recent.begin());
+    if (p.recent.size() > Primitives::capacity) {
+        p.index.erase(p.recent.back().first);
+        p.recent.pop_back();
+    }
+    return made;
 }
 
 /// OpenMP's thread count set to 1 on this thread while alive (restored also when oneDNN throws).
@@ -153,7 +189,8 @@ void gemm(Trans ta, Trans tb, float alpha, View<const T, 2> A, View<const T, 2> 
                   beta,
                   std::is_same_v<T, bf16>,
                   std::is_same_v<TC, bf16>};
-    const Entry& e = primitive(key);
+    const Primitives::Held held = primitive(key);
+    const Entry& e = *held;
     dnnl::memory a(e.a, engine(), const_cast<T*>(A.data));
     dnnl::memory b(e.b, engine(), const_cast<T*>(B.data));
     dnnl::memory c(e.c, engine(), C.data);
