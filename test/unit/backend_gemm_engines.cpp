@@ -532,18 +532,29 @@ TEST_CASE(
 }
 #endif
 
-TEST_CASE("gemm and gemm_bf16 through oneDNN and the few-rows kernel: repeatable bit for bit at a fixed thread count") {
+TEST_CASE(
+    "gemm and gemm_bf16 through oneDNN and the few-rows kernels: repeatable bit for bit at a fixed thread count, the "
+    "few-rows kernels at any") {
     const Bf16GemmChoice restore;
     const testing::ThreadCount restore_threads;
     const auto repeatable = [](const Case& c, auto tag) {
         using TA = decltype(tag);
         const Run<float> first = run<float, TA>(c, 3), second = run<float, TA>(c, 3);
         CHECK(first.got == second.got);
+        return first.got;
     };
+    // 40 rows in the lanes against 1100 rows of W: 18 blocks of tiles, each through 5 (bf16) or 3 (f32) chunks of k
+    const Case few{40, 1100, 3000, Trans::no, Trans::yes, 1.0f, 0.0f, 0};
+    std::vector<double> one_thread[2];
     for (int t : {1, 2}) {
         set_threads(t);
         backend::set_bf16_gemm(Bf16Gemm::library);
-        repeatable(Case{40, 1100, 3000, Trans::no, Trans::yes, 1.0f, 0.0f, 0}, bf16{});
+        backend::set_f32_gemm(F32Gemm::library);
+        const std::vector<double> got[2] = {repeatable(few, bf16{}), repeatable(few, float{})};
+        for (int i = 0; i < 2; ++i) {
+            if (t == 1) one_thread[i] = got[i];
+            CHECK(got[i] == one_thread[i]);
+        }
         if (!backend::cpu_detail::onednn_built()) continue;
         backend::set_f32_gemm(F32Gemm::onednn);
         repeatable(Case{300, 1100, 257, Trans::no, Trans::yes, 1.0f, 0.0f, 0}, float{});

@@ -258,7 +258,7 @@ MOONMOE_TARGET_AVX512_BF16 void tokens_rows(const std::uint32_t* xt, const bf16*
 
 /// X's rows in the lanes, V vectors of them: X^T packed as k-pairs, then k in chunks whose X^T fits 64 KiB while
 /// every tile of W passes it (AMD Zen 4, 64 x 2048 x 7168: 9.6-9.8 ms at one thread, 10.0-10.2 with 256 KiB, as the
-/// f32 kernel's chunks), the tiles' sums kept between chunks; the tiles on the pool.
+/// f32 kernel's chunks), the tiles' sums kept between chunks; blocks of tiles on the pool.
 template <int V>
 void tokens(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta, View<float, 2> C) {
     const index_t n = W.shape[0], m = X.shape[0], k = X.shape[1], kp = (k + 1) / 2;
@@ -267,16 +267,11 @@ void tokens(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float bet
     parallel_for((kp + 127) / 128,
                  [&](index_t b) { pack_x_pairs(X, V, 128 * b, std::min(kp, 128 * b + 128), xt.data()); });
     auto sums = Tensor<float, 1>::for_overwrite(Shape<1>{kp > chunk ? n * V * 16 : 0});
-    const index_t items = (n + NR - 1) / NR;
-    for (index_t p0 = 0; p0 < kp; p0 += chunk) {
-        const index_t pairs = std::min(chunk, kp - p0);
-        const bool first = p0 == 0, last = p0 + pairs == kp;
-        parallel_for(items, [&](index_t b) {
-            const index_t j0 = b * NR;
-            tokens_rows<V>(xt.data() + p0 * V * 16, W.data, W.strides[0], k, j0, std::min(NR, n - j0), p0, pairs,
-                           sums.data(), first, last, m, alpha, beta, C.data, C.strides[0]);
-        });
-    }
+    row_blocks_through_chunks(n, tiles_per_block * NR, kp, chunk,
+                              [&](index_t j0, index_t rows, index_t p0, index_t pairs, bool first, bool last) {
+                                  tokens_rows<V>(xt.data() + p0 * V * 16, W.data, W.strides[0], k, j0, rows, p0, pairs,
+                                                 sums.data(), first, last, m, alpha, beta, C.data, C.strides[0]);
+                              });
 }
 
 /// W's rows in the lanes: tiles of 16 rows of W (the last one short) on the pool.
