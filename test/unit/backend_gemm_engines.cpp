@@ -279,7 +279,8 @@ TEST_CASE(
 
 TEST_CASE(
     "syrk_bf16 on the CPU, all of its ways (widened to the f32 SYRK, the AMX kernel's lower tiles mirrored as written, "
-    "oneDNN's lower row panels mirrored): exactly symmetric, f32 and bf16 C, against double") {
+    "the few-rows kernel's and oneDNN's lower row panels mirrored): exactly symmetric, f32 and bf16 C, against "
+    "double") {
     const Bf16GemmChoice restore;
     // three of the f32 SYRK's 256-row blocks, the last partial; on the AMX kernel: X packed (k short of a tile) over
     // two k blocks (2048) with row tails, X read in place (whole tiles) over three, and X W^T's few-rows path (n <=
@@ -333,6 +334,11 @@ TEST_CASE(
                 for (index_t j = 0; j <= i; ++j)
                     differ += lower[std::size_t(i * n + j)].bits != full[std::size_t(i * n + j)].bits;
             CHECK(differ == 0);
+        }
+        if (backend::cpu_detail::small_gemm_bf16_available()) {
+            backend::set_bf16_gemm(Bf16Gemm::library);
+            run(bf16{}, "VDPBF16PS few-rows kernel, lower row panels of 32 up to 2048 rows, else widened", n, k);
+            run(0.0f, "VDPBF16PS few-rows kernel, lower row panels of 32 up to 2048 rows, else widened", n, k);
         }
         if (!backend::cpu_detail::native_bf16()) continue;
         backend::set_bf16_gemm(Bf16Gemm::onednn);

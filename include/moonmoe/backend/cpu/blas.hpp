@@ -390,23 +390,45 @@ struct BlasOps<cpu> {
     /// C = alpha X X^T + beta C with a bf16 X [n, k] and a symmetric C [n, n] (f32 or bf16), each element rounded
     /// once. Where gemm_bf16 would widen X X^T to f32 (cpu/gemm_engine.hpp), X is widened once and the f32 SYRK runs
     /// on it (half the FLOPs of the product); on the AMX kernel, its tiles on and below the diagonal, each mirrored
-    /// as it is written (half the FLOPs too); on oneDNN's native bf16 kernels, the lower triangle in row panels of
-    /// n / 8 rows (64 to 256), each one single-threaded oneDNN product of up to 2048 columns, then mirrored: 56-63 %
-    /// of the FLOPs, 0.58-0.72x the full product's time on AMD Zen 4 (docs/cpu_gemm.md; square blocks of 256 had run
-    /// slower than the whole product: docs/precision.md). Either way C comes out exactly symmetric.
+    /// as it is written (half the FLOPs too); elsewhere, where bf16 runs natively, the lower triangle in row panels,
+    /// each the product of its rows against those up to its last on one thread, then mirrored: panels of 32 rows on
+    /// the library's VDPBF16PS kernel where the rules give it X W^T of 32 rows, up to 2048 rows of X (53 % of the
+    /// FLOPs at 576), else
+    /// of n / 8 rows (64 to 256) on oneDNN in pieces of up to 2048 columns (56-63 % of the FLOPs, 0.58-0.72x the full
+    /// product's time on AMD Zen 4: docs/cpu_gemm.md; square blocks of 256 had run slower than the whole product:
+    /// docs/precision.md). Either way C comes out exactly symmetric.
     template <class TC = bf16>
     static void syrk_bf16(float alpha, View<const bf16, 2> X, float beta, View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "syrk_bf16: C is float or bf16");
         contract::check_syrk<bf16>("syrk_bf16", X, C);
-        const index_t n = X.shape[0];
+        const index_t n = X.shape[0], k = X.shape[1];
         const GemmEngine e = bf16_gemm_engine(Trans::no, Trans::yes, n);
         if (e == GemmEngine::amx) {  // the tiles on and below the diagonal, each mirrored as it is written
             cpu_detail::gemm_amx<TC>(Trans::no, Trans::yes, alpha, X, X, beta, C, true);
             return;
         }
+        // The lower triangle in row panels, each the X W^T of its rows against the rows up to its last, mirrored: in
+        // panels of syrk_few_rows on the library's VDPBF16PS kernel where the rules give X W^T of that many rows to
+        // it and n is at most syrk_few_rows_max_n, else on oneDNN in panels of n/8 rows (64-256) cut in pieces of at
+        // most 2048 columns. On AMD Zen 4 at two threads, the first against the second: 576 x 7168 6.4 against 8.0 ms,
+        // 2048 x 7168 79 against 85, 512 x 16384 12.2 against 16.5 (docs/cpu_gemm.md). The panels cover nothing when n
+        // or k is 0, where the full product's beta C is what remains to do.
+        const bool tiles = n > 0 && k > 0,
+                   few_rows = tiles && n <= cpu_detail::syrk_few_rows_max_n &&
+                              cpu_detail::small_gemm_bf16_available() &&
+                              (e == GemmEngine::library || e == GemmEngine::onednn) &&
+                              bf16_gemm_engine(Trans::no, Trans::yes, cpu_detail::syrk_few_rows) == GemmEngine::library;
+        if (few_rows) {
+            cpu_detail::syrk_on_tiles<bf16, TC>(
+                X, C, cpu_detail::syrk_few_rows, n, [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
+                    with_f32_c(beta, c,
+                               [&](View<float, 2> c32) { cpu_detail::gemm_small_nt_bf16(alpha, a, b, beta, c32); });
+                });
+            return;
+        }
         if (e == GemmEngine::onednn) {
 #if MOONMOE_WITH_ONEDNN
-            if (n > 0 && X.shape[1] > 0) {
+            if (tiles) {
                 const index_t rows = std::clamp<index_t>((n / 8 + 15) / 16 * 16, 64, 256);
                 cpu_detail::syrk_on_tiles<bf16, TC>(X, C, rows, cpu_detail::onednn_panels.max_width,
                                                     [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
