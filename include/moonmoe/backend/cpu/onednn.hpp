@@ -78,7 +78,7 @@ struct Entry {
 
 /// The primitives most recently used, at most `capacity` of them (the least recently used is dropped when a new one
 /// would pass it), and how many were made in all. Each primitive holds oneDNN's generated kernels, about 70 KB on
-/// AMD Zen 4, and takes 0.15-2 ms to make: products of varying shapes (an expert's token count, a prompt's length)
+/// AMD Zen 4, and takes 0.15-0.2 ms to make: products of varying shapes (an expert's token count, a prompt's length)
 /// would otherwise add one for good per shape; 1024 of them hold about 70 MB.
 struct Primitives {
     static constexpr std::size_t capacity = 1024;
