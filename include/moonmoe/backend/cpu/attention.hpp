@@ -98,8 +98,8 @@ inline constexpr index_t onednn_key_panel = 512;
 /// CPU's f32 engine; f32 A and bf16 B (a latent cache as stored) on the packed kernel, which widens B block by block
 /// as it packs; bf16 A and B (where bf16_scores holds) on the AMX kernel, which reads B, the cache, straight into its
 /// tiles (gemm_amx.hpp), else on oneDNN's bf16 matmul. On oneDNN in panels of keys (onednn_key_panel): the scores'
-/// columns through a scratch of fixed width (for_each_fixed_panel), P V's inner size added panel by panel in order, P's
-/// part copied into a scratch of fixed row stride.
+/// columns through a scratch of fixed width (for_each_fixed_panel), P V's inner size added panel by panel in order
+/// (for_each_inner_panel).
 template <class Q, class K>
 void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 2> b, float beta, View<float, 2> c) {
     constexpr bool both_bf16 = std::is_same_v<Q, bf16>, both_f32 = std::is_same_v<Q, float> && std::is_same_v<K, float>;
@@ -114,18 +114,11 @@ void attention_product(Trans tb, float alpha, View<const Q, 2> a, View<const K, 
                                         [&](View<const K, 2> keys, View<float, 2> s) {
                                             onednn::gemm<K, float>(Trans::no, tb, alpha, a, keys, beta, s);
                                         });
-            else {  // P V: the keys are the inner size, and P's row stride is the key count: panels copied
-                thread_local std::vector<Q> scratch;
-                scratch.resize(std::size_t(m * onednn_key_panel));
-                for (index_t lo = 0; lo < k; lo += onednn_key_panel) {
-                    const index_t w = std::min(onednn_key_panel, k - lo);
-                    for (index_t i = 0; i < m; ++i)
-                        std::copy_n(a.data + i * a.strides[0] + lo, w, scratch.data() + i * onednn_key_panel);
-                    onednn::gemm<K, float>(
-                        Trans::no, tb, alpha, View<const Q, 2>(scratch.data(), {m, w}, {onednn_key_panel, 1}),
-                        View<const K, 2>(b.data + lo * b.strides[0], {w, b.shape[1]}, b.strides), lo ? 1.0f : beta, c);
-                }
-            }
+            else  // P V: the keys are the inner size, and P's row stride is the key count
+                for_each_inner_panel<Q, K>(a, b, beta, onednn_key_panel,
+                                           [&](View<const Q, 2> p, View<const K, 2> values, float beta_p) {
+                                               onednn::gemm<K, float>(Trans::no, tb, alpha, p, values, beta_p, c);
+                                           });
             return;
         }
     }

@@ -134,6 +134,32 @@ void for_each_fixed_panel(Trans tb, View<const T, 2> B, bool reads_c, View<float
     });
 }
 
+/// C [m, n] = product(A's columns, B's rows, beta) over panels of `width` of the inner size k, in order: the first
+/// panel with the caller's beta, the later ones added (beta 1), A's part copied into the thread's scratch of row
+/// stride `width`. For products whose inner size and A's row stride change from call to call, such as a decoded
+/// token's P V against its growing cache: through the scratch only the last panel's size varies, so oneDNN makes at
+/// most `width` primitives per m and n instead of one per token (for_each_fixed_panel does the same for C's columns).
+/// The panels run in turn, each product on the pool as it chooses.
+template <class T, class TB, class Product>
+void for_each_inner_panel(View<const T, 2> A, View<const TB, 2> B, float beta, index_t width, Product&& product) {
+    const index_t m = A.shape[0], k = A.shape[1];
+    thread_local std::vector<T> scratch;
+    scratch.resize(std::size_t(m * width));
+    for (index_t lo = 0; lo < k; lo += width) {
+        const index_t w = std::min(width, k - lo);
+        for (index_t i = 0; i < m; ++i) std::copy_n(A.data + i * A.strides[0] + lo, w, scratch.data() + i * width);
+        product(View<const T, 2>(scratch.data(), {m, w}, {width, 1}),
+                View<const TB, 2>(B.data + lo * B.strides[0], {w, B.shape[1]}, B.strides), lo ? 1.0f : beta);
+    }
+}
+
+/// Rows per panel of syrk_bf16's lower triangle on the few-rows VDPBF16PS kernel (gemm_small_bf16.hpp), and the most
+/// rows of X it takes there. X X^T at two threads on AMD Zen 4: 576 x 7168 in panels of 64 / 48 / 32 / 16 rows
+/// 7.1 / 6.6 / 6.4 / 6.4 ms (oneDNN's panels 8.0); in panels of 32, 2048 x 7168 79 ms (85), but 4096 x 4096 218-244
+/// (205) and 7168 x 8192 1167 (1147), where each panel streams thousands of X's rows from memory and oneDNN's larger
+/// panels run nearer its peak.
+inline constexpr index_t syrk_few_rows = 32, syrk_few_rows_max_n = 2048;
+
 /// A tile of a SYRK's C [n, n] on or below the diagonal: rows [r0, r1), columns [c0, c1).
 struct LowerTile {
     index_t r0, r1, c0, c1;
@@ -393,10 +419,9 @@ struct BlasOps<cpu> {
     /// as it is written (half the FLOPs too); elsewhere, where bf16 runs natively, the lower triangle in row panels,
     /// each the product of its rows against those up to its last on one thread, then mirrored: panels of 32 rows on
     /// the library's VDPBF16PS kernel where the rules give it X W^T of 32 rows, up to 2048 rows of X (53 % of the
-    /// FLOPs at 576), else
-    /// of n / 8 rows (64 to 256) on oneDNN in pieces of up to 2048 columns (56-63 % of the FLOPs, 0.58-0.72x the full
-    /// product's time on AMD Zen 4: docs/cpu_gemm.md; square blocks of 256 had run slower than the whole product:
-    /// docs/precision.md). Either way C comes out exactly symmetric.
+    /// FLOPs at 576), else of n / 8 rows (64 to 256) on oneDNN in pieces of up to 2048 columns (56-63 % of the FLOPs,
+    /// 0.58-0.72x the full product's time on AMD Zen 4: docs/cpu_gemm.md; square blocks of 256 had run slower than
+    /// the whole product: docs/precision.md). Either way C comes out exactly symmetric.
     template <class TC = bf16>
     static void syrk_bf16(float alpha, View<const bf16, 2> X, float beta, View<std::type_identity_t<TC>, 2> C) {
         static_assert(contract::bf16_gemm_output<TC>, "syrk_bf16: C is float or bf16");
@@ -470,7 +495,7 @@ private:
         if constexpr (std::is_same_v<TC, float>) {
             body(C);
         } else {
-            Tensor<float, 2> c(C.shape);  // zeroed
+            auto c = Tensor<float, 2>::for_overwrite(C.shape);  // the body writes all of it, reading it where beta != 0
             if (beta != 0.0f) MapOps<cpu>::cast<float, bf16>(C, c.view());
             body(c.view());
             MapOps<cpu>::cast<bf16, float>(c.view(), C);

@@ -47,12 +47,6 @@ inline bool small_gemm_bf16_available() noexcept {
 #endif
 }
 
-/// Rows per panel of syrk_bf16's lower triangle on this kernel (cpu/blas.hpp), and the most rows of X it takes. X X^T
-/// at two threads on AMD Zen 4: 576 x 7168 in panels of 64 / 48 / 32 / 16 rows 7.1 / 6.6 / 6.4 / 6.4 ms (oneDNN's
-/// panels 8.0); in panels of 32, 2048 x 7168 79 ms (85), but 4096 x 4096 218-244 (205) and 7168 x 8192 1167 (1147),
-/// where each panel streams thousands of X's rows from memory and oneDNN's larger panels run nearer its peak.
-inline constexpr index_t syrk_few_rows = 32, syrk_few_rows_max_n = 2048;
-
 /// Whether C = X W^T with bf16 X and W of this shape runs on gemm_small_nt_bf16: as takes_small_gemm (k >= 256,
 /// n >= 64), up to small_gemm_bf16_rows rows of X, on a CPU with AVX512_BF16.
 inline bool takes_small_gemm_bf16(Trans ta, Trans tb, index_t m, index_t n, index_t k) {
