@@ -634,6 +634,28 @@ TEST_CASE("the measured rules: the first rule of this CPU whose rows hold, else 
           GemmEngine::library);
 }
 
+TEST_CASE("the measured rules: per CPU and form, ranges of rows that do not overlap, and AMX only on AMX") {
+    using backend::GemmRule;
+    const auto& rules = backend::measured_gemm_rules;
+    for (std::size_t i = 0; i < std::size(rules); ++i) {
+        const GemmRule& r = rules[i];
+        CAPTURE(r.cpu);
+        CAPTURE(i);
+        CHECK(r.min_rows >= 1);
+        CHECK(r.min_rows <= r.max_rows);
+        if (r.engine == GemmEngine::amx) {  // only a bf16 product, only where the ISA names AMX
+            CHECK(r.bf16);
+            CHECK(r.cpu.find("amx") != std::string_view::npos);
+        }
+        for (std::size_t j = i + 1; j < std::size(rules); ++j) {
+            const GemmRule& o = rules[j];
+            if (o.cpu != r.cpu || o.bf16 != r.bf16 || o.ta != r.ta || o.tb != r.tb) continue;
+            CAPTURE(j);
+            CHECK((o.max_rows < r.min_rows || r.max_rows < o.min_rows));  // a later rule would never be reached
+        }
+    }
+}
+
 TEST_CASE("the CPU as the rules name it: CPUID's vendor, family and model, as /proc/cpuinfo shows them") {
     const std::string signature = backend::cpu_detail::cpu_signature();
     MESSAGE("this CPU: " << signature);
