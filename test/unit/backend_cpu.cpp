@@ -101,7 +101,8 @@ void check_few_rows_kernel(Product product, XAt x, WAt w, const Mat& C0, index_t
                       doctest::Approx(0.5 * s + beta * C0(i, 1 + j)).epsilon(1e-5).scale(std::sqrt(double(k))));
             }
         }
-        for (index_t m : {1, 2, 5, 8, 9, 16, 17, 33, 40, 63}) {
+        for (index_t m : {1, 2, 5, 8, 9, 16, 17, 33, 40, 63, 64, 65, 96, 100, 129}) {
+            if (m >= rows) break;
             CAPTURE(m);
             const Mat some = product(m, beta);
             CHECK(std::memcmp(some.data(), all.data(), std::size_t(m * (n + 2)) * sizeof(float)) == 0);
@@ -135,14 +136,15 @@ TEST_CASE("the few-rows f32 kernel: a row of C is the same bits whatever the oth
 TEST_CASE("the few-rows bf16 kernel on AVX512_BF16: against double, and a row of C the same bits whatever the others") {
     // gemm_small_bf16.hpp: bf16 X and W multiplied as they are by VDPBF16PS, each element of C one chain over the
     // k-pairs in order, with W's rows in the vector lanes up to 8 rows of X and X's rows in them from 9 (1 to 4
-    // vectors, k in chunks of 1024, 512, 336 and 256 k-pairs with the sums kept between them). k = 4133 is odd (its
-    // last element paired with zero) and crosses chunks for every number of vectors; n = 79 leaves short tiles of
-    // W's rows in both layouts. Called directly, so that it runs whatever engine the CPU's rules choose.
+    // vectors, k in chunks of 1024, 512, 336 and 256 k-pairs with the sums kept between them; beyond 64 rows, panels
+    // of 32 rows: 150 rows are four and a panel of 22, whose second vector holds 6). k = 4133 is odd (its last
+    // element paired with zero) and crosses chunks for every number of vectors; n = 79 leaves short tiles of W's rows
+    // in both layouts. Called directly, so that it runs whatever engine the CPU's rules choose.
     if (!backend::cpu_detail::small_gemm_bf16_available()) {
         MESSAGE("no AVX512_BF16 on this CPU (or build): the bf16 few-rows kernel does not exist here");
         return;
     }
-    const index_t rows = 64, n = 79, k = 4133;
+    const index_t rows = 150, n = 79, k = 4133;
     const auto bf16_matrix = [](index_t r, index_t c, std::uint64_t seed) {
         const Mat f = random_matrix(r, c, seed);
         Tensor<bf16, 2, cpu> b({r, c});

@@ -1,5 +1,5 @@
-// moonmoe/backend/cpu/gemm_small_bf16.hpp: C = alpha X W^T + beta C with bf16 X and W and few rows of X, on
-// AVX512_BF16's dot products of k-pairs, without packing W.
+// moonmoe/backend/cpu/gemm_small_bf16.hpp: C = alpha X W^T + beta C with bf16 X and W and up to a few hundred rows
+// of X, on AVX512_BF16's dot products of k-pairs, without packing W.
 //
 // VDPBF16PS (Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 2) adds to each of 16 f32 lanes the
 // products of a pair of bf16 elements, a[2l] b[2l] + a[2l + 1] b[2l + 1]: 32 multiply-adds per instruction, where the
@@ -12,7 +12,10 @@
 //   words (transpose16), each vector (one k-pair of 16 rows of W) dotted with X's k-pair broadcast;
 // - more rows of X, X's rows in the lanes: X^T packed as k-pairs (16 rows of X per vector, zeros past m), each k-pair
 //   of W broadcast from memory onto up to four vectors of X's rows; k in chunks whose X^T stays near the core, each
-//   tile's sums kept between chunks.
+//   tile's sums kept between chunks. Beyond 64 rows, X in panels of 32 rows (two vectors), every panel passing each
+//   block of W's rows while that block is in L2, so that W, the large operand, is read from memory once and never
+//   packed or transposed, where a packing GEMM transposes it (an expert's W of 2048 x 7168 on AMD Zen 5 at two
+//   threads, paired runs: 128 tokens 0.89-0.93x oneDNN's time, 192 tokens 0.93-1.0x; docs/cpu_gemm.md).
 // So on this kernel a row's bits depend neither on the other rows of X nor on the thread count (batched decoding
 // bitwise equal to decoding alone wherever the rules send both here). They differ from the f32 kernels' (which sum k
 // one value at a time) in rounding only.
@@ -33,9 +36,10 @@
 
 namespace moonmoe::backend::cpu_detail {
 
-/// The most rows of X that gemm_small_nt_bf16 takes (at 192 rows of X against an expert's W, oneDNN's packing
-/// kernel was 12 % faster on AMD Zen 4: docs/cpu_gemm.md).
-inline constexpr index_t small_gemm_bf16_rows = small_gemm_rows;
+/// The most rows of X that gemm_small_nt_bf16 takes: from 512 rows, oneDNN's packing kernels win on the CPUs measured
+/// (an expert's W of 2048 x 7168 against 512 tokens on AMD Zen 5: 16.9 against 16.3 ms at two threads; 256 tokens
+/// 8.5 against 8.9; docs/cpu_gemm.md).
+inline constexpr index_t small_gemm_bf16_rows = 512;
 
 /// Whether gemm_small_nt_bf16 may be called: the running CPU has AVX-512 with AVX512_BF16 (and AVX512BW, for the
 /// masked loads of a k tail).
@@ -197,16 +201,18 @@ MOONMOE_TARGET_AVX512_BF16 void tokens_tile(const std::uint32_t* xt, const bf16*
         }
         return;
     }
-    // rows_tile's arithmetic, on a vector of C's column gathered and scattered through t
-    alignas(64) float t[16] = {};
+    // each vector of rows of X transposed in registers (zeros past NR), so that C's rows take NR columns at a time
+    // (C's columns gathered and scattered an element at a time had 192 x 2048 x 7168 at 7.3 ms, two threads; 6.7)
+    const __mmask16 columns = __mmask16((1u << unsigned(NR)) - 1u);
     MOONMOE_UNROLL_16 for (int v = 0; v < V; ++v) {
-        const index_t lanes = std::min<index_t>(16, m - 16 * v);
-        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) {
-            float* e = c + 16 * v * ldc + j;
-            if (beta != 0.0f)
-                for (index_t l = 0; l < lanes; ++l) t[l] = e[l * ldc];
-            _mm512_store_ps(t, finish(acc[v][j], alpha, beta, _mm512_load_ps(t)));
-            for (index_t l = 0; l < lanes; ++l) e[l * ldc] = t[l];
+        __m512 r[16];
+        MOONMOE_UNROLL_16 for (int j = 0; j < NR; ++j) r[j] = acc[v][j];
+        MOONMOE_UNROLL_16 for (int j = NR; j < 16; ++j) r[j] = _mm512_setzero_ps();
+        transpose16(r);  // r[l]: row 16 v + l of X against the NR rows of W
+        for (index_t l = 0; l < std::min<index_t>(16, m - 16 * v); ++l) {
+            float* e = c + (16 * v + l) * ldc;
+            const __m512 old = beta != 0.0f ? _mm512_maskz_loadu_ps(columns, e) : _mm512_setzero_ps();
+            _mm512_mask_storeu_ps(e, columns, finish(r[l], alpha, beta, old));
         }
     }
 }
@@ -256,21 +262,31 @@ MOONMOE_TARGET_AVX512_BF16 void tokens_rows(const std::uint32_t* xt, const bf16*
                           ldc);
 }
 
-/// X's rows in the lanes, V vectors of them: X^T packed as k-pairs, then k in chunks whose X^T fits 64 KiB while
-/// every tile of W passes it (AMD Zen 4, 64 x 2048 x 7168: 9.6-9.8 ms at one thread, 10.0-10.2 with 256 KiB, as the
-/// f32 kernel's chunks), the tiles' sums kept between chunks; blocks of tiles on the pool.
+/// X's rows in the lanes, in panels of 16 V rows (all but the last whole): each panel's X^T packed as k-pairs, then k
+/// in chunks whose X^T fits 64 KiB per panel while every tile of W passes it (AMD Zen 4, 64 x 2048 x 7168: 9.6-9.8 ms
+/// at one thread, 10.0-10.2 with 256 KiB, as the f32 kernel's chunks), the tiles' sums kept between chunks; blocks of
+/// tiles on the pool, each block's rows of W passing every panel in a chunk while they are in L2, so that W is read
+/// from memory once however many rows X has.
 template <int V>
 void tokens(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta, View<float, 2> C) {
     const index_t n = W.shape[0], m = X.shape[0], k = X.shape[1], kp = (k + 1) / 2;
-    constexpr index_t NR = tile_rows<V>, chunk = (index_t(1) << 16) / (64 * V) / 16 * 16;  // k-pairs
-    auto xt = Tensor<std::uint32_t, 1>::for_overwrite(Shape<1>{kp * V * 16});
-    parallel_for((kp + 127) / 128,
-                 [&](index_t b) { pack_x_pairs(X, V, 128 * b, std::min(kp, 128 * b + 128), xt.data()); });
-    auto sums = Tensor<float, 1>::for_overwrite(Shape<1>{kp > chunk ? n * V * 16 : 0});
+    constexpr index_t NR = tile_rows<V>, width = 16 * V, chunk = (index_t(1) << 16) / (4 * width) / 16 * 16;  // k-pairs
+    const index_t panels = (m + width - 1) / width, panel_words = kp * width, packs = (kp + 127) / 128;
+    const auto panel = [&](index_t t) { return std::min(width, m - t * width); };  // its rows of X
+    auto xt = Tensor<std::uint32_t, 1>::for_overwrite(Shape<1>{panels * panel_words});
+    parallel_for(panels * packs, [&](index_t q) {
+        const index_t t = q / packs, b = q % packs;
+        const View<const bf16, 2> x(X.data + t * width * X.strides[0], {panel(t), k}, X.strides);
+        pack_x_pairs(x, V, 128 * b, std::min(kp, 128 * b + 128), xt.data() + t * panel_words);
+    });
+    auto sums = Tensor<float, 1>::for_overwrite(Shape<1>{kp > chunk ? panels * n * width : 0});
     row_blocks_through_chunks(n, tiles_per_block * NR, kp, chunk,
                               [&](index_t j0, index_t rows, index_t p0, index_t pairs, bool first, bool last) {
-                                  tokens_rows<V>(xt.data() + p0 * V * 16, W.data, W.strides[0], k, j0, rows, p0, pairs,
-                                                 sums.data(), first, last, m, alpha, beta, C.data, C.strides[0]);
+                                  for (index_t t = 0; t < panels; ++t)
+                                      tokens_rows<V>(xt.data() + t * panel_words + p0 * width, W.data, W.strides[0], k,
+                                                     j0, rows, p0, pairs, sums.data() + t * n * width, first, last,
+                                                     panel(t), alpha, beta, C.data + t * width * C.strides[0],
+                                                     C.strides[0]);
                               });
 }
 
@@ -287,9 +303,9 @@ void rows(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta,
 
 }  // namespace dp
 
-/// C [m, n] = alpha X [m, k] W [n, k]^T + beta C with bf16 X and W, m <= small_gemm_bf16_rows, rows of every operand
-/// contiguous: one chain of VDPBF16PS over the k-pairs per element (header comment). Call only when
-/// small_gemm_bf16_available().
+/// C [m, n] = alpha X [m, k] W [n, k]^T + beta C with bf16 X and W, rows of every operand contiguous (any m; the
+/// engines send it up to small_gemm_bf16_rows): one chain of VDPBF16PS over the k-pairs per element (header comment).
+/// Call only when small_gemm_bf16_available().
 inline void gemm_small_nt_bf16(float alpha, View<const bf16, 2> X, View<const bf16, 2> W, float beta,
                                View<float, 2> C) {
     const index_t m = X.shape[0];
@@ -306,6 +322,7 @@ inline void gemm_small_nt_bf16(float alpha, View<const bf16, 2> X, View<const bf
     case 8: return dp::rows<8>(alpha, X, W, beta, C);
     default: break;  // X's rows in the lanes
     }
+    if (m > 4 * 16) return dp::tokens<2>(alpha, X, W, beta, C);  // panels of 32 rows of X
     switch ((m + 15) / 16) {
     case 1: return dp::tokens<1>(alpha, X, W, beta, C);
     case 2: return dp::tokens<2>(alpha, X, W, beta, C);
