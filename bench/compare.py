@@ -20,7 +20,10 @@ torch.optim.Muon. A row short of its goal reads "**below**" and is listed under 
 memory (its `of_read`, bytes per second over the rate at which its binary read as many bytes, at least 0.5) says how
 close it reads to that rate, and for a product PyTorch's rate on the same bytes beside it: where both are near 1, the
 memory, not the code, sets the row's time. With --one-thread FILE (ours again at 1 thread), a column gives each row's two-thread speed-up
-(its 1-thread time / this time; goal 1.8 on K2 rows, meaningful on a quiet machine only).
+(its 1-thread time / this time; goal 1.8 on K2 rows, meaningful on a quiet machine only). A K2 row below that goal
+that reads at least READ_BOUND of the read rate at two threads also gives the memory's own speed-up in the two runs,
+the rate at which two threads read as many bytes over one thread's (from both runs' `of_read`: t1 of_read1 /
+t2 of_read2): a row at the read rate on both thread counts speeds up by that much and no more.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ TWO_THREAD_GOAL = 1.8
 DECODE_STEP = re.compile(r"^mla/decode_step_bf16/k2/sequences:1/")  # the decode rows with issue 28's goals
 DECODE_COPY_GOAL = 0.70  # the decode row's bytes per second over the same run's copy bandwidth (`of_copy`)
 READ_NOTE = 0.5  # rows reading at least this fraction of the read rate for their bytes (`of_read`) say so in notes
+READ_BOUND = 0.9  # a row reading at least this fraction at two threads is bound by the memory (module docstring)
 
 
 def k2_row(name: str) -> bool:
@@ -174,7 +178,7 @@ def ratio(torch_ms, ours_ms) -> str:
 
 
 def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch: dict,
-                one_thread: dict[str, float] | None = None) -> str:
+                one_thread: dict[str, tuple[float, float | None]] | None = None) -> str:
     rate, rate_source = sgemm_rate(ours_ctx, ours)
     lines = []
     cpu = torch_ctx.get("cpu") if torch_ctx else None
@@ -271,12 +275,18 @@ def build_table(ours_ctx: dict, ours: list[dict], torch_ctx: dict | None, torch:
         cells = [f"`{name}`", sig3(ms), sig3(t_ms) if t_ms is not None else "—", ratio(t_ms, ms), target,
                  sig3(flops * 1e-9) if flops else "—", f"{of_sgemm * 100:.1f}%" if of_sgemm is not None else "—"]
         if scaling:
-            one = one_thread.get(name)
+            one, one_read = one_thread.get(name, (None, None))
             speedup = one / ms if one and ms and math.isfinite(ms) else None
             cell = f"{speedup:.2f}" if speedup else "—"
             if speedup and k2_row(name) and speedup < TWO_THREAD_GOAL:
                 cell += " **below**"
-                below.append(f"`{name}`: two threads {speedup:.2f}x one thread (goal {TWO_THREAD_GOAL:g})")
+                why = f"`{name}`: two threads {speedup:.2f}x one thread (goal {TWO_THREAD_GOAL:g})"
+                if of_read is not None and of_read >= READ_BOUND and one_read:
+                    memory = one * one_read / (ms * of_read)  # two threads' read rate over one thread's
+                    cell += f" (memory {memory:.2f})"
+                    why += (f"; it reads at {of_read:.2f} of the read rate, and two threads read {memory:.2f}x one "
+                            "thread's rate in these runs")
+                below.append(why)
             cells.append(cell)
         cells += [peak_column(r, t), "; ".join(notes)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -323,7 +333,7 @@ def main() -> None:
         one_ctx, one_rows = load_ours(args.one_thread)
         if str(one_ctx.get("threads", "1")) != "1":
             print(f"compare.py: --one-thread results ran with {one_ctx.get('threads')} threads", file=sys.stderr)
-        one_thread = {r["name"]: r["ms"] for r in one_rows if math.isfinite(r["ms"])}
+        one_thread = {r["name"]: (r["ms"], counter(r, "of_read")) for r in one_rows if math.isfinite(r["ms"])}
     text = build_table(ours_ctx, ours, torch_ctx, torch, one_thread)
     print(text, end="")
     if args.markdown:

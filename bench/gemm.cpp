@@ -75,6 +75,7 @@ void register_benchmarks() {
         {"nt", Trans::no, Trans::yes, 1024, 16384, 512},   // kv_b_proj
         {"nt", Trans::no, Trans::yes, 1024, 7168, 8192},   // o_proj
         {"nt", Trans::no, Trans::yes, 192, 2048, 7168},    // one expert's gate_proj at 192 tokens (a busy expert)
+        {"nt", Trans::no, Trans::yes, 96, 2048, 7168},     // ... at 96 tokens (4096 tokens x 8 / 384 experts: ~85)
         {"nt", Trans::no, Trans::yes, 64, 2048, 7168},     // ... at 64 tokens
         {"nt", Trans::no, Trans::yes, 16, 2048, 7168},     // ... at 16 tokens (1024 tokens x 8 / 384 experts: ~21)
         {"nt", Trans::no, Trans::yes, 1, 7168, 8192},      // o_proj decoding one token

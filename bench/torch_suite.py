@@ -63,6 +63,7 @@ SUITE = [
     ("gemm/nt/m:1024/n:16384/k:512", False),   # kv_b
     ("gemm/nt/m:1024/n:7168/k:8192", False),   # o
     ("gemm/nt/m:192/n:2048/k:7168", False),    # one expert's gate at 192 tokens (a busy expert)
+    ("gemm/nt/m:96/n:2048/k:7168", False),     # ... at 96 tokens
     ("gemm/nt/m:64/n:2048/k:7168", False),     # ... at 64 tokens
     ("gemm/nt/m:16/n:2048/k:7168", False),     # ... at 16 tokens
     ("gemm/nt/m:1/n:7168/k:8192", False),      # o_proj decoding one token

@@ -5,10 +5,11 @@ include/moonmoe/backend/cpu/gemm_engine.hpp (its header comment says what a rule
     python3 tools/gemm_rules.py [--bench build/bench/bench_gemm] [--min-time 0.3] [--repetitions 2]
 
 Runs the benchmark suite's Kimi K2 products (bench/gemm.cpp: the MLA projections at 1024 tokens, an expert's gate at
-192, 64 and 16 tokens, o_proj for one decoded token, the backward forms X W and dY^T X) with every engine forced in
+192, 96, 64 and 16 tokens, o_proj for one decoded token, the backward forms X W and dY^T X) with every engine forced in
 turn (MOONMOE_F32_GEMM, MOONMOE_BF16_GEMM), at one and at two threads (MOONMOE_BENCH_THREADS), each row the best of
 its repetitions. Rows are grouped by operand type, transposes and rows of op(A) (CLASSES: one, a decoded token;
-tiny 2..16, sparse experts; few 17..64, busier experts up to the few-rows kernels' limit; some 65..255; many >= 256).
+tiny 2..16, sparse experts; few 17..64, busier experts up to the f32 few-rows kernel's limit; some 65..127, an
+expert's share of a batch of thousands of tokens; more 128..255; many >= 256).
 In a group, an engine replaces the default only where the geometric mean of its time over the default's, over the
 group's rows at both thread counts, is at most 1 - MARGIN. f32 is decided first; the bf16 "widened" engine then runs
 on the f32 engine chosen for its group. Neighbouring classes of one form that chose the same engine are written as one
@@ -25,14 +26,14 @@ import sys
 
 MARGIN = 0.05
 # classes of rows of op(A): (name, fewest, most) as the rules write them; rows between the classes keep the default
-CLASSES = (("one", 1, 1), ("tiny", 2, 16), ("few", 17, 64), ("some", 65, 255), ("many", 256, None))
-ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|192|1024|2048)/n:[0-9]+/k:[0-9]+$"
+CLASSES = (("one", 1, 1), ("tiny", 2, 16), ("few", 17, 64), ("some", 65, 127), ("more", 128, 255), ("many", 256, None))
+ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|96|192|1024|2048)/n:[0-9]+/k:[0-9]+$"
 
 
 def run(bench, env_extra, threads, min_time, reps, bf16):
     env = dict(os.environ, MOONMOE_BENCH_THREADS=str(threads), **env_extra)
     family = "gemm_bf16" if bf16 else "gemm"
-    out = subprocess.run([bench, f"--benchmark_filter=^{family}/(nn|nt|tn)/m:(1|16|64|192|1024|2048)/",
+    out = subprocess.run([bench, f"--benchmark_filter=^{family}/(nn|nt|tn)/m:(1|16|64|96|192|1024|2048)/",
                           f"--benchmark_min_time={min_time}", f"--benchmark_repetitions={reps}",
                           "--benchmark_format=json"], env=env, check=True, capture_output=True, text=True)
     data = json.loads(out.stdout)

@@ -36,9 +36,9 @@
 
 namespace moonmoe::backend::cpu_detail {
 
-/// The most rows of X that gemm_small_nt_bf16 takes: from 512 rows, oneDNN's packing kernels win on the CPUs measured
-/// (an expert's W of 2048 x 7168 against 512 tokens on AMD Zen 5: 16.9 against 16.3 ms at two threads; 256 tokens
-/// 8.5 against 8.9; docs/cpu_gemm.md).
+/// The most rows of X that gemm_small_nt_bf16 takes: from 512 rows, oneDNN's packing kernels win on AMD Zen 5, the
+/// one CPU where the kernel was timed at these sizes (an expert's W of 2048 x 7168 against 512 tokens: 16.9 against
+/// 16.3 ms at two threads; 256 tokens 8.5 against 8.9; docs/cpu_gemm.md).
 inline constexpr index_t small_gemm_bf16_rows = 512;
 
 /// Whether gemm_small_nt_bf16 may be called: the running CPU has AVX-512 with AVX512_BF16 (and AVX512BW, for the
