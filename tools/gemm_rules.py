@@ -27,13 +27,15 @@ import sys
 MARGIN = 0.05
 # classes of rows of op(A): (name, fewest, most) as the rules write them; rows between the classes keep the default
 CLASSES = (("one", 1, 1), ("tiny", 2, 16), ("few", 17, 64), ("some", 65, 127), ("more", 128, 255), ("many", 256, None))
-ROWS = r"^gemm(_bf16)?/(nn|nt|tn)/m:(1|16|64|96|192|1024|2048)/n:[0-9]+/k:[0-9]+$"
+# the suite's Kimi K2 products that the rules are measured on: by form and by rows of op(A) (token counts)
+PRODUCTS = r"(nn|nt|tn)/m:(1|16|64|96|192|1024|2048)/"
+ROWS = rf"^gemm(_bf16)?/{PRODUCTS}n:[0-9]+/k:[0-9]+$"
 
 
 def run(bench, env_extra, threads, min_time, reps, bf16):
     env = dict(os.environ, MOONMOE_BENCH_THREADS=str(threads), **env_extra)
     family = "gemm_bf16" if bf16 else "gemm"
-    out = subprocess.run([bench, f"--benchmark_filter=^{family}/(nn|nt|tn)/m:(1|16|64|96|192|1024|2048)/",
+    out = subprocess.run([bench, f"--benchmark_filter=^{family}/{PRODUCTS}",
                           f"--benchmark_min_time={min_time}", f"--benchmark_repetitions={reps}",
                           "--benchmark_format=json"], env=env, check=True, capture_output=True, text=True)
     data = json.loads(out.stdout)

@@ -15,7 +15,7 @@
 //   tile's sums kept between chunks. Beyond 64 rows, X in panels of 32 rows (two vectors), every panel passing each
 //   block of W's rows while that block is in L2, so that W, the large operand, is read from memory once and never
 //   packed or transposed, where a packing GEMM transposes it (an expert's W of 2048 x 7168 on AMD Zen 5 at two
-//   threads, paired runs: 128 tokens 0.89-0.93x oneDNN's time, 192 tokens 0.93-1.0x; docs/cpu_gemm.md).
+//   threads, paired runs: 128 tokens 0.89-0.93x oneDNN's time, 192 tokens 0.91-1.0x; docs/cpu_gemm.md).
 // So on this kernel a row's bits depend neither on the other rows of X nor on the thread count (batched decoding
 // bitwise equal to decoding alone wherever the rules send both here). They differ from the f32 kernels' (which sum k
 // one value at a time) in rounding only.
