@@ -435,6 +435,41 @@ TEST_CASE("the packed kernels' parts of C's columns: whole panels, every column 
 }
 
 TEST_CASE(
+    "oneDNN's C written dense: for 2 to 255 rows a C whose rows are not contiguous is handed over as a dense copy, "
+    "read in only where asked, and copied back, and any other C as it is") {
+    using backend::cpu_detail::onednn_dense_c;
+    for (const index_t m : {1, 2, 100, 255, 256})
+        for (const index_t pitch : {7, 9})  // C [m, 7] on its own or 7 columns of 9
+            for (const bool reads_c : {false, true}) {
+                CAPTURE(m);
+                CAPTURE(pitch);
+                CAPTURE(reads_c);
+                std::vector<float> c(std::size_t(m * pitch));
+                for (std::size_t i = 0; i < c.size(); ++i) c[i] = float(i);
+                const View<float, 2> C(c.data(), {m, 7}, {pitch, 1});
+                const bool dense_copy = pitch != 7 && m >= 2 && m <= 255;
+                bool handed_dense = false, read_in = true;
+                onednn_dense_c<float>(C, reads_c, [&](View<float, 2> out) {
+                    handed_dense = out.strides[0] == 7;
+                    CHECK((out.data == C.data) == !dense_copy);
+                    for (index_t i = 0; i < m; ++i)
+                        for (index_t j = 0; j < 7; ++j) {
+                            float& v = out.data[i * out.strides[0] + j];
+                            read_in = read_in && v == float(i * pitch + j);
+                            v = -float(i * 7 + j);
+                        }
+                });
+                CHECK(handed_dense == (pitch == 7 || dense_copy));
+                CHECK(read_in == (reads_c || !dense_copy));
+                std::size_t wrong = 0;
+                for (index_t i = 0; i < m; ++i)
+                    for (index_t j = 0; j < pitch; ++j)
+                        wrong += c[std::size_t(i * pitch + j)] != (j < 7 ? -float(i * 7 + j) : float(i * pitch + j));
+                CHECK(wrong == 0);
+            }
+}
+
+TEST_CASE(
     "gemm_bf16 on the AMX kernel: A's rows read in place, a bf16 C rounded once as bf16::from_float rounds, NaN as "
     "0x7FC0") {
     const Bf16GemmChoice restore;

@@ -72,6 +72,12 @@ inline constexpr PanelSizes eigen_panels{256, 4, 0};
 /// time of Eigen's 256 / four per thread (q_a 99 -> 83 ms, X W [2048, 2048] 70 -> 57 ms): each re-packs the other
 /// operand, which oneDNN's packing makes dearer than Eigen's.
 inline constexpr PanelSizes onednn_panels{768, 2, 2048};
+/// The rows of op(A) for which a product on oneDNN whose C rows are not contiguous (a panel of C's columns, a pitched
+/// C) is written into a dense scratch first (onednn_dense_c): oneDNN 2.6.3's brgemm matmul takes only a dense C and
+/// otherwise falls back to its gemm:jit kernels, which on AMD Zen 5 took 1.1-1.6x brgemm's time from 16 to 192 rows
+/// (X W^T [96, 2048] x 7168 in two panels at two threads: f32 8.2 against 7.0 ms, bf16 4.3 against 3.5), but 0.75x
+/// at one row and 0.9-1.0x at 1024 (docs/cpu_gemm.md, "AMD Zen 5: oneDNN's panels written dense").
+inline constexpr index_t onednn_dense_c_min_rows = 2, onednn_dense_c_max_rows = 255;
 inline GemmSplit gemm_split(index_t m, index_t n, index_t k, int threads, PanelSizes sizes = eigen_panels) {
     const bool along_n = n >= m;
     const index_t L = along_n ? n : m;
@@ -109,13 +115,36 @@ void for_each_panel(Trans ta, Trans tb, View<const T, 2> A, View<const T, 2> B, 
     });
 }
 
+/// Runs product(s) with s a copy of C [m, n] in this thread's scratch, its rows `pitch` apart (pitch >= n; C's values
+/// copied in first where the product reads C, beta != 0), then copies s into C.
+template <class TC, class Product>
+void through_scratch(View<TC, 2> C, index_t pitch, bool reads_c, Product&& product) {
+    const index_t m = C.shape[0], n = C.shape[1];
+    thread_local std::vector<TC> scratch;
+    scratch.resize(std::size_t(m * pitch));
+    const View<TC, 2> s(scratch.data(), {m, n}, {pitch, 1});
+    for (index_t i = 0; reads_c && i < m; ++i) std::copy_n(C.data + i * C.strides[0], n, s.data + i * pitch);
+    product(s);
+    for (index_t i = 0; i < m; ++i) std::copy_n(s.data + i * pitch, n, C.data + i * C.strides[0]);
+}
+
+/// product(C) on oneDNN: through a dense scratch where C's rows are not contiguous and op(A) has the rows for which
+/// that is faster (onednn_dense_c_min_rows), else on C as it is.
+template <class TC, class Product>
+void onednn_dense_c(View<TC, 2> C, bool reads_c, Product&& product) {
+    const index_t m = C.shape[0];
+    if (C.strides[0] != C.shape[1] && m >= onednn_dense_c_min_rows && m <= onednn_dense_c_max_rows)
+        through_scratch<TC>(C, C.shape[1], reads_c, product);
+    else
+        product(C);
+}
+
 /// C [m, n] = product(A, op(B)'s columns, C's columns) over panels of `width` columns fixed by n, on the pool, each
-/// written into the thread's scratch of row stride `width` and then copied into C (C's part copied in first where
-/// the product reads C, beta != 0). For products whose n and C's row stride change from call to call, such as a
-/// decoded token's scores against its growing cache: oneDNN makes a primitive per shape and strides (onednn.hpp), so
-/// writing C directly made new ones for every panel of every token; through the scratch only the last panel's width
-/// varies (at most `width` shapes per m and k). Cut by the shape, not by the threads, so results do not depend on
-/// the thread count.
+/// written into the thread's scratch of row stride `width` and then copied into C (through_scratch). For products
+/// whose n and C's row stride change from call to call, such as a decoded token's scores against its growing cache:
+/// oneDNN makes a primitive per shape and strides (onednn.hpp), so writing C directly made new ones for every panel
+/// of every token; through the scratch only the last panel's width varies (at most `width` shapes per m and k). Cut
+/// by the shape, not by the threads, so results do not depend on the thread count.
 template <class T, class Product>
 void for_each_fixed_panel(Trans tb, View<const T, 2> B, bool reads_c, View<float, 2> C, index_t width,
                           Product&& product) {
@@ -124,13 +153,8 @@ void for_each_fixed_panel(Trans tb, View<const T, 2> B, bool reads_c, View<float
         const index_t lo = p * width, w = std::min(width, n - lo);
         const View<const T, 2> part = tb == Trans::yes ? View<const T, 2>(B.data + lo * B.strides[0], {w, k}, B.strides)
                                                        : View<const T, 2>(B.data + lo, {k, w}, B.strides);
-        thread_local std::vector<float> scratch;
-        scratch.resize(std::size_t(m * width));
-        const View<float, 2> s(scratch.data(), {m, w}, {width, 1});
-        float* out = C.data + lo;
-        for (index_t i = 0; reads_c && i < m; ++i) std::copy_n(out + i * C.strides[0], w, s.data + i * width);
-        product(part, s);
-        for (index_t i = 0; i < m; ++i) std::copy_n(s.data + i * width, w, out + i * C.strides[0]);
+        through_scratch<float>(View<float, 2>(C.data + lo, {m, w}, C.strides), width, reads_c,
+                               [&](View<float, 2> s) { product(part, s); });
     });
 }
 
@@ -247,7 +271,9 @@ struct BlasOps<cpu> {
                 for_each_panel<float, float>(
                     ta, tb, A, B, C, k,
                     [&](View<const float, 2> a, View<const float, 2> b, View<float, 2> c) {
-                        onednn::gemm<float, float>(ta, tb, alpha, a, b, beta, c);
+                        onednn_dense_c<float>(c, beta != 0.0f, [&](View<float, 2> out) {
+                            onednn::gemm<float, float>(ta, tb, alpha, a, b, beta, out);
+                        });
                     },
                     onednn_panels);
                 return;
@@ -356,7 +382,9 @@ struct BlasOps<cpu> {
             cpu_detail::for_each_panel<bf16, TC>(
                 ta, tb, A, B, C, shape.k,
                 [&](View<const bf16, 2> a, View<const bf16, 2> b, View<TC, 2> c) {
-                    cpu_detail::onednn::gemm<bf16, TC>(ta, tb, alpha, a, b, beta, c);
+                    cpu_detail::onednn_dense_c<TC>(c, beta != 0.0f, [&](View<TC, 2> out) {
+                        cpu_detail::onednn::gemm<bf16, TC>(ta, tb, alpha, a, b, beta, out);
+                    });
                 },
                 cpu_detail::onednn_panels);
             return;

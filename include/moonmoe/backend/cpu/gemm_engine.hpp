@@ -115,19 +115,20 @@ inline constexpr GemmRule measured_gemm_rules[] = {
     // "AMD Zen 5: the rules measured"): f32 X W, X W^T and dY^T X from 256 rows, and X W^T from 65, on oneDNN
     // (0.60-0.68x the library's time; the packed kernel 3-6 % behind it) and X W^T of one row too (0.78x); f32 X W^T
     // of 2 to 64 rows on the library's few-rows kernel (oneDNN 1.4-2.4x its time at two threads); bf16 X W^T of 2 to
-    // 255 rows on the library's VDPBF16PS kernel, everything else bf16 on oneDNN's native kernels (widened to f32,
-    // 2.0x their time). The kernel's share grew run by run: 2-64 rows first (0.50x oneDNN's time at 16 rows, 0.81x
+    // 127 rows on the library's VDPBF16PS kernel, everything else bf16 on oneDNN's native kernels (widened to f32,
+    // 2.0x their time). The kernel's share moved run by run: 2-64 rows first (0.50x oneDNN's time at 16 rows, 0.81x
     // at 64), 2-127 with the suite's 96-row expert (0.92x at 96 rows; 192 rows 1.02x, "AMD Zen 5: an expert of 96
-    // tokens, ..."), 2-255 in a third run on a quiet host (192 rows 0.949x, at the margin; 128-192 rows alternating
-    // with oneDNN at two threads 0.86-0.95x, 192 rows at one thread 0.99-1.0x; "AMD Zen 5: the README's table
-    // measured again, ..."). One row stays on oneDNN: the kernel took 1.27x its time in that run (0.90x in the
-    // first, when the 117 MB weight was read at another rate of the memory's; paired runs after it, 2.7-2.9 ms
-    // against 3.4-3.5 at two threads).
+    // tokens, ..."), 2-255 in a third run on a quiet host (192 rows 0.949x, at the margin; "AMD Zen 5: the README's
+    // table measured again, ..."), and 2-127 again in a fourth, once oneDNN's panels of C's columns were written dense
+    // (blas.hpp's onednn_dense_c_min_rows; 128-255 rows 1.01x, 192 rows 6.9 against 6.6 ms at two threads; "AMD Zen
+    // 5: oneDNN's panels written dense"). One row stays on oneDNN: the kernel took 1.27x its time in the third run
+    // and 0.96x in the fourth (0.90x in the first, when the 117 MB weight was read at another rate of the memory's;
+    // in paired runs after it oneDNN took 2.7-2.9 ms and the kernel 3.4-3.5 at two threads).
     {"AuthenticAMD 26.2 avx512_core_bf16", false, Trans::no, Trans::no, 256, max_rows, GemmEngine::onednn},
     {"AuthenticAMD 26.2 avx512_core_bf16", false, Trans::no, Trans::yes, 1, 1, GemmEngine::onednn},
     {"AuthenticAMD 26.2 avx512_core_bf16", false, Trans::no, Trans::yes, 65, max_rows, GemmEngine::onednn},
     {"AuthenticAMD 26.2 avx512_core_bf16", false, Trans::yes, Trans::no, 256, max_rows, GemmEngine::onednn},
-    {"AuthenticAMD 26.2 avx512_core_bf16", true, Trans::no, Trans::yes, 2, 255, GemmEngine::library},
+    {"AuthenticAMD 26.2 avx512_core_bf16", true, Trans::no, Trans::yes, 2, 127, GemmEngine::library},
     // Intel Xeon family 6 model 167 with AMX (KVM guest, 2 vCPUs; oneDNN 2.6.3's ISA avx512_core_amx);
     // tools/gemm_rules.py on 2026-11-28, after the AMX kernel's blocks of op(B) became 256 columns wide
     // (docs/cpu_gemm.md, "Wider blocks of op(B) on AMX"): f32 on oneDNN from 17 rows (0.77-0.84x the library's

@@ -6,7 +6,9 @@
 //
 // Threads: the library's own pool cuts a product into panels (cpu/blas.hpp's onednn_panels) and each panel is one
 // oneDNN call on one thread (OpenMP's thread count set to 1 on that thread for the call), so oneDNN's OpenMP teams
-// never spin against the pool, and results are repeatable for a fixed thread count.
+// never spin against the pool, and results are repeatable for a fixed thread count. A panel of C's columns (or a
+// pitched C) of 2 to 255 rows is written into a dense scratch and copied into C, which lets oneDNN run its brgemm
+// kernels instead of gemm:jit (cpu/blas.hpp's onednn_dense_c_min_rows).
 // Primitives are made once per (shape, strides, transposes, alpha, beta, operand and C types) and the 1024 most
 // recently used are kept.
 #pragma once
