@@ -115,7 +115,8 @@ TEST_CASE("the few-rows f32 kernel: a row of C is the same bits whatever the oth
     // lanes up to 8 rows of X, with X's rows in them from 9 (1 to 4 vectors of 16 rows, k in chunks with the sums
     // kept between them: 4096, 2048, 1360 and 1024 values of k). Called directly, so that it runs whatever engine
     // the CPU's rules choose for Ops::gemm. n = 79 leaves a short tile of W's rows in both layouts (16 x 4 + 15;
-    // 12 x 6 + 4 + 3 x 1), k = 4133 a tail of 5 and more than one chunk for every number of vectors.
+    // 10 x 7 + 2 x 4 + 1, 12 x 6 + 4 + 3 x 1, ...), k = 4133 a tail of 5 and more than one chunk for every number of
+    // vectors.
     if (!backend::cpu_detail::small_gemm_available()) {
         MESSAGE("no AVX-512 on this CPU (or build): the few-rows kernel does not exist here");
         return;

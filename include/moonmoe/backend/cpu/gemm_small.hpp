@@ -364,10 +364,14 @@ MOONMOE_TARGET_AVX512 inline void pack_x_transposed(View<const float, 2> X, inde
     }
 }
 
-/// The tiles of X's rows in the lanes, for V vectors of rows: NR rows of W per tile, so V x NR sums (24 of the 32
-/// registers) beside V vectors of X and one broadcast element of W.
+/// The tiles of X's rows in the lanes, for V vectors of rows: NR rows of W per tile, so V x NR sums (up to 24 of
+/// the 32 registers) beside V vectors of X and one broadcast element of W. One vector (9-16 rows of X) takes 10 rows
+/// of W, not 12: each row of a tile is a stream from memory, and with both cores streaming, 10 streams a core kept
+/// pace better (16 x 2048 x 7168 at two threads 1.24-1.40 against 1.38-1.45 ms, at one thread 2.37-2.52 against
+/// 2.43-2.51; AMD Zen 5, docs/cpu_gemm.md, "AMD Zen 5: the f32 expert of 16 tokens").
 template <int V>
-inline constexpr int chain_tile_rows = V <= 2   ? 12
+inline constexpr int chain_tile_rows = V == 1   ? 10
+                                       : V == 2 ? 12
                                        : V == 3 ? 8
                                                 : 6;
 
