@@ -74,7 +74,7 @@ inline constexpr PanelSizes eigen_panels{256, 4, 0};
 inline constexpr PanelSizes onednn_panels{768, 2, 2048};
 /// The rows of op(A) for which a product on oneDNN whose C rows are not contiguous (a panel of C's columns, a pitched
 /// C) is written into a dense scratch first (onednn_dense_c): oneDNN 2.6.3's brgemm matmul takes only a dense C and
-/// otherwise falls back to its gemm:jit kernels, which on AMD Zen 5 took 1.1-1.6x brgemm's time from 16 to 192 rows
+/// otherwise falls back to its gemm:jit kernels, which on AMD Zen 5 took 1.1-1.6x brgemm's time from 17 to 192 rows
 /// (X W^T [96, 2048] x 7168 in two panels at two threads: f32 8.2 against 7.0 ms, bf16 4.3 against 3.5), but 0.75x
 /// at one row and 0.9-1.0x at 1024 (docs/cpu_gemm.md, "AMD Zen 5: oneDNN's panels written dense").
 inline constexpr index_t onednn_dense_c_min_rows = 2, onednn_dense_c_max_rows = 255;
